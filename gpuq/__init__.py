@@ -1,0 +1,28 @@
+"""gpuq: quantize and dequantize tensors where they live.
+
+CUDA kernels for GPU arrays, a blocked multi-threaded NumPy backend for host
+arrays; one numerical contract, bit-identical on both (see README.md).
+
+>>> import numpy as np, gpuq
+>>> q = gpuq.quantize(np.array([0.5, 1.5, -3.0], np.float32), 1.0)
+>>> q, gpuq.dequantize(q, 1.0)
+(array([ 0,  2, -3], dtype=int8), array([ 0.,  2., -3.], dtype=float32))
+"""
+
+from .api import dequantize, quantize
+from .backends.numpy_backend import get_num_threads, set_num_threads
+from .ops import Dequantize, DynamicDequantize, DynamicQuantize, Quantize
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "quantize",
+    "dequantize",
+    "Quantize",
+    "Dequantize",
+    "DynamicQuantize",
+    "DynamicDequantize",
+    "get_num_threads",
+    "set_num_threads",
+    "__version__",
+]

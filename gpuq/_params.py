@@ -1,0 +1,132 @@
+"""Validation of scales, zero points and ``out``: one helper for every entry point.
+
+Host values (Python scalars, lists, NumPy arrays) are checked on the host and,
+for a device ``src``, uploaded by the backend. Device arrays are checked for
+dtype and shape on the host and for values on the device (one reduction and a
+synchronisation; ``check_values=False`` skips it in hot loops).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._dispatch import is_device_array
+from ._dtypes import INT32_MAX, INT32_MIN
+
+
+def _shape_ok(shape, scheme) -> bool:
+    expected = scheme.param_shape
+    if tuple(shape) == expected:
+        return True
+    if scheme.kind == "tensor":
+        return len(shape) <= 1 and int(np.prod(shape)) == 1
+    return False
+
+
+def _check_shape(arr, scheme, argname):
+    if _shape_ok(arr.shape, scheme):
+        return
+    expected = scheme.param_shape
+    if scheme.kind == "tensor":
+        raise ValueError(
+            f"{argname} must have exactly 1 element for per-tensor (de)quantization, "
+            f"got shape {tuple(arr.shape)}"
+        )
+    if len(expected) == 1 and arr.ndim == 1:
+        raise ValueError(
+            f"{argname} must have {expected[0]} elements for {scheme.describe()}, got {arr.shape[0]}"
+        )
+    raise ValueError(
+        f"{argname} must have shape {expected} for {scheme.describe()}, got shape {tuple(arr.shape)}"
+    )
+
+
+def _host_array(obj, argname, backend):
+    if is_device_array(obj):
+        if backend.name == "numpy":
+            raise TypeError(
+                f"{argname} is a device (CUDA) array but src is a host NumPy array; gpuq does not "
+                f"copy between host and device behind your back: pass host {argname} or a device src"
+            )
+        return None
+    try:
+        return np.asarray(obj)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{argname} must be an array, a list or a number, got {obj!r}") from exc
+
+
+def scales_param(obj, scheme, ct, backend, src, *, argname="scales", check_values=True):
+    """``obj`` as a ``ct`` array of ``scheme.param_shape`` on ``src``'s backend.
+
+    Raises ``TypeError`` for a non-floating array and ``ValueError`` for a wrong
+    shape or a scale that is not finite and > 0 (after rounding to ``ct``).
+    """
+    if obj is None:
+        raise TypeError(f"{argname} is required, got None")
+    arr = _host_array(obj, argname, backend)
+    if arr is None:
+        dev = backend.as_cupy(obj)
+        if dev.dtype.kind != "f":
+            raise TypeError(f"{argname} must be a floating array (float32), got {dev.dtype}")
+        _check_shape(dev, scheme, argname)
+        dev = backend.to_param(dev.astype(ct, copy=False).reshape(scheme.param_shape), src)
+        if check_values:
+            backend.check_scales(dev, argname)
+        return dev
+    from_array = isinstance(obj, (np.ndarray, np.generic))
+    if arr.dtype.kind != "f" and (from_array or arr.dtype.kind not in "iu"):
+        raise TypeError(f"{argname} must be floating (float32), got {arr.dtype}")
+    _check_shape(arr, scheme, argname)
+    arr = arr.astype(ct).reshape(scheme.param_shape)
+    bad = ~(np.isfinite(arr) & (arr > 0))
+    if bad.any():
+        i = np.unravel_index(int(np.argmax(bad)), arr.shape)
+        where = f" at index {tuple(int(j) for j in i)}" if arr.ndim else ""
+        raise ValueError(f"{argname} must be finite and > 0 in {ct.name}, got {arr[i]}{where}")
+    return backend.to_param(arr, src)
+
+
+def zps_param(obj, scheme, backend, src, *, argname="zps", check_values=True):
+    """``obj`` as an int32 array of ``scheme.param_shape``, or None (symmetric).
+
+    Raises ``TypeError`` for non-integer zero points and ``ValueError`` for a
+    wrong shape or a value outside int32.
+    """
+    if obj is None:
+        return None
+    arr = _host_array(obj, argname, backend)
+    if arr is None:
+        dev = backend.as_cupy(obj)
+        if dev.dtype.kind not in "iu":
+            raise TypeError(f"{argname} must be integers (int8, uint8 or int32), got {dev.dtype}")
+        _check_shape(dev, scheme, argname)
+        info = np.iinfo(dev.dtype)
+        if check_values and (info.max > INT32_MAX or info.min < INT32_MIN):
+            backend.check_int32(dev, argname)
+        return backend.to_param(dev.astype(np.int32, copy=False).reshape(scheme.param_shape), src)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{argname} must be integers (int8, uint8 or int32), got {arr.dtype}")
+    _check_shape(arr, scheme, argname)
+    if arr.size and (int(arr.min()) < INT32_MIN or int(arr.max()) > INT32_MAX):
+        bad = int(arr.min()) if int(arr.min()) < INT32_MIN else int(arr.max())
+        raise ValueError(f"{argname} must fit int32 [{INT32_MIN}, {INT32_MAX}], got {bad}")
+    return backend.to_param(arr.astype(np.int32).reshape(scheme.param_shape), src)
+
+
+def out_array(out, src, dtype, backend):
+    """A fresh output for ``src``, or the caller's ``out`` after checking it."""
+    if out is None:
+        return backend.empty(src, src.shape, dtype)
+    if backend.name == "numpy":
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"out must be a NumPy array for a NumPy src, got {type(out).__name__}")
+    elif not is_device_array(out):
+        raise TypeError(f"out must be a device array for a device src, got {type(out).__name__}")
+    else:
+        out = backend.as_cupy(out)
+    if out.dtype != dtype:
+        raise TypeError(f"out must have dtype {dtype.name}, got {out.dtype}")
+    if tuple(out.shape) != tuple(src.shape):
+        raise ValueError(f"out must have shape {tuple(src.shape)} (the shape of src), got {tuple(out.shape)}")
+    backend.check_out(out, src)
+    return out

@@ -1,0 +1,197 @@
+"""Cutting a broadcast problem into cache-sized blocks.
+
+A problem is ``x`` (src view), ``o`` (out view, same shape) and parameter
+arrays broadcastable to ``x`` (scales, zero points). The parameters vary
+along some dims ("scale dims") and are constant along the others.
+
+Two block layouts:
+
+* flat: ``x`` and ``o`` are contiguous and the parameters vary along at most
+  one merged dim, so the problem is ``(outer, C, inner)`` with parameter
+  index ``c`` -- per-tensor, per-channel on any axis, adjacent multi-axis,
+  and per-group along the last axis. Blocks are contiguous 1-D ranges; the
+  parameters of a block are a scalar, a column (rows of ``inner`` elements),
+  or, where ``inner`` is too short for NumPy's inner loop, expanded to one
+  value per element into per-thread scratch (a tiled pattern or a gather).
+* n-d: anything else (strided views, parameters varying along several
+  non-adjacent dims). Blocks are n-d sub-views and NumPy broadcasts.
+
+Every layout hands the same block function the same kind of arguments, so the
+arithmetic lives in one place (``numpy_backend``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+#: Elements per block: the float scratch of a block (128 KiB as float32) and
+#: its slices of src/out stay in a core's L2 cache.
+BLOCK = 1 << 15
+#: Shortest row worth a NumPy inner loop; shorter rows expand their parameters.
+INNER_MIN = 512
+
+
+def lower(x, o, params):
+    """Drop size-1 dims and merge neighbouring dims that can be merged.
+
+    Two dims merge when src and out are contiguous across them and every
+    parameter either varies along both (and is contiguous across them) or
+    along neither. Returns ``(shape, x, o, params, scale_dims)``.
+    """
+    keep = [i for i, d in enumerate(x.shape) if d != 1]
+    shape = [x.shape[i] for i in keep]
+    xs = [x.strides[i] for i in keep]
+    os_ = [o.strides[i] for i in keep]
+    pst = [[(p.shape[i], p.strides[i]) for i in keep] for p in params]
+    j = 0
+    while j + 1 < len(shape):
+        mergeable = (
+            xs[j] == xs[j + 1] * shape[j + 1]
+            and os_[j] == os_[j + 1] * shape[j + 1]
+            and all(_param_mergeable(ps[j], ps[j + 1]) for ps in pst)
+        )
+        if mergeable:
+            shape[j] *= shape[j + 1]
+            xs[j], os_[j] = xs[j + 1], os_[j + 1]
+            for ps in pst:
+                (d0, _), (d1, s1) = ps[j], ps[j + 1]
+                ps[j] = (d0 * d1, s1)
+                del ps[j + 1]
+            del shape[j + 1], xs[j + 1], os_[j + 1]
+        else:
+            j += 1
+    as_strided = np.lib.stride_tricks.as_strided
+    x2 = as_strided(x, shape, xs, writeable=False)
+    o2 = as_strided(o, shape, os_)
+    p2 = [as_strided(p, [d for d, _ in ps], [s for _, s in ps], writeable=False) for p, ps in zip(params, pst)]
+    scale_dims = sorted({i for p in p2 for i, d in enumerate(p.shape) if d > 1})
+    return tuple(shape), x2, o2, p2, scale_dims
+
+
+def _param_mergeable(a, b) -> bool:
+    (da, sa), (db, sb) = a, b
+    if da == 1 and db == 1:
+        return True
+    return da > 1 and db > 1 and sa == sb * db
+
+
+class FlatPlan:
+    """Blocks of a contiguous ``(outer, C, inner)`` problem, ``params`` 1-D of length C."""
+
+    def __init__(self, x, o, params, outer, channels, inner):
+        self.x = x.reshape(-1)
+        self.o = o.reshape(-1)
+        self.size = self.x.size
+        self.params = params
+        self.outer, self.channels, self.inner = outer, channels, inner
+        n = outer * channels * inner
+        if channels == 1:
+            self.mode, self.step = "scalar", BLOCK
+            self.params = [p.reshape(()) for p in params]
+            self.nblocks = -(-n // BLOCK)
+        elif inner >= BLOCK:
+            # One channel's row is longer than a block: chunks of a row, scalar params.
+            self.mode = "rowchunk"
+            self.chunks = -(-inner // BLOCK)
+            self.nblocks = outer * channels * self.chunks
+        elif inner >= INNER_MIN:
+            # Several whole rows per block, a column of params.
+            self.mode = "rows"
+            self.rows_per_block = BLOCK // inner
+            self.nblocks = -(-(outer * channels) // self.rows_per_block)
+            self.x2 = self.x.reshape(outer * channels, inner)
+            self.o2 = self.o.reshape(outer * channels, inner)
+        elif channels * inner <= BLOCK:
+            # Short rows, short period: the params pattern of whole periods, tiled once.
+            period = channels * inner
+            self.mode = "pattern"
+            self.step = (BLOCK // period) * period
+            self.patterns = [np.tile(np.repeat(p, inner), self.step // period) for p in params]
+            self.nblocks = -(-n // self.step)
+        else:
+            # Short rows, many channels: gather each block's params into scratch.
+            self.mode = "gather"
+            self.channels_per_block = BLOCK // inner
+            self.cblocks = -(-channels // self.channels_per_block)
+            self.nblocks = outer * self.cblocks
+            self.gather_index = np.arange(self.channels_per_block * inner, dtype=np.intp) // inner
+
+    def block(self, b, scratch):
+        """The views and parameter values of block ``b``."""
+        mode = self.mode
+        if mode == "scalar" or mode == "pattern":
+            lo = b * self.step
+            hi = min(lo + self.step, self.x.size)
+            if mode == "scalar":
+                return self.x[lo:hi], self.o[lo:hi], self.params
+            return self.x[lo:hi], self.o[lo:hi], [p[: hi - lo] for p in self.patterns]
+        if mode == "rowchunk":
+            row, chunk = divmod(b, self.chunks)
+            lo = row * self.inner + chunk * BLOCK
+            hi = min(lo + BLOCK, (row + 1) * self.inner)
+            c = row % self.channels
+            return self.x[lo:hi], self.o[lo:hi], [p[c] for p in self.params]
+        if mode == "rows":
+            r0 = b * self.rows_per_block
+            r1 = min(r0 + self.rows_per_block, self.outer * self.channels)
+            chans = np.arange(r0, r1) % self.channels
+            return self.x2[r0:r1], self.o2[r0:r1], [p[chans][:, None] for p in self.params]
+        outer_i, cb = divmod(b, self.cblocks)
+        c0 = cb * self.channels_per_block
+        c1 = min(c0 + self.channels_per_block, self.channels)
+        lo = (outer_i * self.channels + c0) * self.inner
+        hi = lo + (c1 - c0) * self.inner
+        idx = self.gather_index[: hi - lo]
+        expanded = []
+        for i, p in enumerate(self.params):
+            buf = scratch.buffer(("param", i), p.dtype)
+            expanded.append(np.take(p[c0:c1], idx, out=buf[: hi - lo]))
+        return self.x[lo:hi], self.o[lo:hi], expanded
+
+
+class NdPlan:
+    """Blocks of a general broadcast problem: n-d sub-views of at most ~BLOCK elements."""
+
+    def __init__(self, x, o, params):
+        self.blocks = []
+        self.size = x.size
+        shape = x.shape
+        if x.size <= BLOCK:
+            self.blocks.append((x, o, params))
+            self.nblocks = 1
+            return
+        # The longest trailing sub-tensor that fits a block ends at dim d:
+        # chunk along d, iterate over every index of the dims before it.
+        tail = 1
+        d = len(shape) - 1
+        while d >= 0 and tail * shape[d] <= BLOCK:
+            tail *= shape[d]
+            d -= 1
+        step = max(1, BLOCK // tail)
+        for idx in itertools.product(*(range(n) for n in shape[:d])):
+            for a in range(0, shape[d], step):
+                sl = idx + (slice(a, a + step),)
+                ps = [p[tuple(i if p.shape[j] > 1 else 0 for j, i in enumerate(idx))
+                        + (slice(a, a + step) if p.shape[d] > 1 else slice(None),)]
+                      for p in params]
+                self.blocks.append((x[sl], o[sl], ps))
+        self.nblocks = len(self.blocks)
+
+    def block(self, b, scratch):
+        return self.blocks[b]
+
+
+def plan(x, o, params):
+    """Choose the block layout for one broadcast problem."""
+    shape, x2, o2, p2, scale_dims = lower(x, o, params)
+    if x2.flags.c_contiguous and o2.flags.c_contiguous and len(scale_dims) <= 1:
+        if not scale_dims:
+            return FlatPlan(x2, o2, [p.reshape(()) for p in p2], 1, 1, math.prod(shape))
+        (k,) = scale_dims
+        outer, inner = math.prod(shape[:k]), math.prod(shape[k + 1:])
+        return FlatPlan(x2, o2, [np.ascontiguousarray(p).reshape(-1) for p in p2], outer, shape[k], inner)
+    return NdPlan(x2, o2, p2)
+

@@ -1,0 +1,162 @@
+"""Op objects faithful to the oneDNN Graph specs (../shared/spec/).
+
+Attributes are given and validated at construction; inputs come in the
+specs' index order at call. Each op calls :func:`gpuq.quantize` or
+:func:`gpuq.dequantize`; the static ops keep their scales/zps on the host
+and, for device inputs, upload them once per device and dtype.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._dispatch import backend_for
+from ._dtypes import FLOAT_DTYPES, QUANT_RANGE, as_dtype, compute_dtype
+from ._params import scales_param, zps_param
+from ._scheme import Scheme
+from .api import dequantize, quantize
+
+__all__ = ["Quantize", "Dequantize", "DynamicQuantize", "DynamicDequantize"]
+
+_QTYPES = ("per_tensor", "per_channel")
+
+
+def _check_qtype(qtype, axis):
+    if qtype not in _QTYPES:
+        raise ValueError(f"qtype must be one of {', '.join(_QTYPES)}, got {qtype!r}")
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"axis must be an integer, got {axis!r}")
+    return None if qtype == "per_tensor" else int(axis)
+
+
+class _Static:
+    """Static scales/zps checked once at construction, uploaded once per device."""
+
+    def __init__(self, scales, zps, qtype, axis):
+        self.qtype, self.axis = qtype, axis
+        self._axis = _check_qtype(qtype, axis)
+        s = np.asarray(scales)
+        if s.ndim != 1:
+            raise ValueError(f"scales must be a 1-D list, got shape {s.shape}")
+        if qtype == "per_tensor" and s.size != 1:
+            raise ValueError(f"scales must have exactly 1 element for qtype='per_tensor', got {s.size}")
+        # Checked against a stand-in scheme whose shape fits; the call checks the real shape.
+        stand_in = Scheme.build((s.size,), None if self._axis is None else 0)
+        from .backends.numpy_backend import NumpyBackend
+
+        self._scales = scales_param(scales, stand_in, np.dtype(np.float32), NumpyBackend, None)
+        self._zps = None
+        if zps is not None:
+            z = np.asarray(zps)
+            if z.shape != s.shape:
+                raise ValueError(f"zps must have {s.size} elements like scales, got shape {z.shape}")
+            self._zps = zps_param(zps, stand_in, NumpyBackend, None)
+        self._device_params = {}
+
+    def _params(self, src, ct):
+        backend, arr = backend_for(src)
+        scales = self._scales.astype(ct).reshape(-1)
+        if backend.name == "numpy":
+            return scales, self._zps
+        key = (backend.device_key(arr), ct)
+        if key not in self._device_params:
+            self._device_params[key] = (
+                backend.to_param(scales, arr),
+                None if self._zps is None else backend.to_param(self._zps.reshape(-1), arr),
+            )
+        return self._device_params[key]
+
+    def _reshaped(self, params):
+        # per_tensor takes one element of any shape; per-channel a 1-D list.
+        scales, zps = params
+        if self._axis is None:
+            return scales.reshape(()), None if zps is None else zps.reshape(())
+        return params
+
+
+class Quantize(_Static):
+    """oneDNN Graph Quantize: static scales/zps attributes, input ``src``.
+
+    Examples
+    --------
+    >>> import numpy as np, gpuq
+    >>> q = gpuq.Quantize(scales=[0.5], zps=[10], dtype="u8")
+    >>> q(np.array([1.0, -1.0, 200.0], np.float32))
+    array([ 12,   8, 255], dtype=uint8)
+    """
+
+    def __init__(self, scales, zps=None, qtype="per_tensor", axis=1, dtype="int8"):
+        super().__init__(scales, zps, qtype, axis)
+        self.dtype = as_dtype(dtype, "dtype", tuple(QUANT_RANGE))
+
+    def __call__(self, src, *, out=None):
+        backend, arr = backend_for(src)
+        ct = compute_dtype(arr.dtype) if arr.dtype in FLOAT_DTYPES else np.dtype(np.float32)
+        scales, zps = self._reshaped(self._params(arr, ct))
+        return quantize(src, scales, zps, axis=self._axis, dtype=self.dtype, out=out,
+                        check_values=False)
+
+
+class Dequantize(_Static):
+    """oneDNN Graph Dequantize: static scales/zps attributes, input ``src``.
+
+    ``dtype`` (float32 by default, the spec's; float16/float64 as nGraph's ``type``).
+
+    Examples
+    --------
+    >>> import numpy as np, gpuq
+    >>> d = gpuq.Dequantize(scales=[2.0, 0.5], zps=[0, 4], qtype="per_channel", axis=0)
+    >>> d(np.array([[1, 2], [4, 6]], np.int8))
+    array([[2., 4.],
+           [0., 1.]], dtype=float32)
+    """
+
+    def __init__(self, scales, zps=None, qtype="per_tensor", axis=1, dtype="float32"):
+        super().__init__(scales, zps, qtype, axis)
+        self.dtype = as_dtype(dtype, "dtype", FLOAT_DTYPES)
+
+    def __call__(self, src, *, out=None):
+        scales, zps = self._reshaped(self._params(src, compute_dtype(self.dtype)))
+        return dequantize(src, scales, zps, axis=self._axis, dtype=self.dtype, out=out,
+                          check_values=False)
+
+
+class DynamicQuantize:
+    """oneDNN Graph DynamicQuantize: inputs ``(src, scales, zps=None)``.
+
+    Examples
+    --------
+    >>> import numpy as np, gpuq
+    >>> op = gpuq.DynamicQuantize(qtype="per_channel", axis=0)
+    >>> op(np.array([[2.5, 3.5], [1.0, -8.0]], np.float32), np.array([1.0, 2.0], np.float32))
+    array([[ 2,  4],
+           [ 0, -4]], dtype=int8)
+    """
+
+    def __init__(self, qtype="per_tensor", axis=1, dtype="int8"):
+        self.qtype, self.axis = qtype, axis
+        self._axis = _check_qtype(qtype, axis)
+        self.dtype = as_dtype(dtype, "dtype", tuple(QUANT_RANGE))
+
+    def __call__(self, src, scales, zps=None, *, out=None):
+        return quantize(src, scales, zps, axis=self._axis, dtype=self.dtype, out=out)
+
+
+class DynamicDequantize:
+    """oneDNN Graph DynamicDequantize: inputs ``(src, scales, zps=None)``.
+
+    Examples
+    --------
+    >>> import numpy as np, gpuq
+    >>> op = gpuq.DynamicDequantize()
+    >>> op(np.array([0, 3, 255], np.uint8), np.array([2.0], np.float32), np.array([128], np.int32))
+    array([-256., -250.,  254.], dtype=float32)
+    """
+
+    def __init__(self, qtype="per_tensor", axis=1, dtype="float32"):
+        self.qtype, self.axis = qtype, axis
+        self._axis = _check_qtype(qtype, axis)
+        self.dtype = as_dtype(dtype, "dtype", FLOAT_DTYPES)
+
+    def __call__(self, src, scales, zps=None, *, out=None):
+        return dequantize(src, scales, zps, axis=self._axis, dtype=self.dtype, out=out)
