@@ -104,7 +104,7 @@ class Scheme:
     def pieces(self) -> list:
         """The tensor as broadcast problems (see the module docstring)."""
         rank = len(self.shape)
-        whole = (slice(None),) * rank
+        whole = (Ellipsis,)  # not (): indexing a 0-d array with () gives a scalar copy
         if self.kind == "tensor":
             return [Piece(whole, self.shape, (), (1,) * rank)]
         if self.kind in ("channel", "axes"):

@@ -82,8 +82,10 @@ class FlatPlan:
     """Blocks of a contiguous ``(outer, C, inner)`` problem, ``params`` 1-D of length C."""
 
     def __init__(self, x, o, params, outer, channels, inner):
-        self.x = x.reshape(-1)
-        self.o = o.reshape(-1)
+        # as_strided, not reshape: a reshape of a 0-d or odd-strided view may copy,
+        # and writes into a copy would be lost.
+        self.x = np.lib.stride_tricks.as_strided(x, (x.size,), (x.itemsize,), writeable=False)
+        self.o = np.lib.stride_tricks.as_strided(o, (o.size,), (o.itemsize,))
         self.size = self.x.size
         self.params = params
         self.outer, self.channels, self.inner = outer, channels, inner

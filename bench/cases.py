@@ -1,0 +1,207 @@
+"""Benchmark cases: one (de)quantize problem each, and the default case lists.
+
+A :class:`Case` names an operation (``quantize``/``dequantize``), a scheme
+(per-tensor, per-channel on the first/middle/last axis with C channels,
+multi-axis, per-group), a float dtype (the input of quantize, the output of
+dequantize), a code dtype (int8/uint8), whether zero points are given, and a
+target element count. :func:`Case.shape` turns the target count into a
+concrete shape (the real element count may differ slightly; every rate uses
+the real count).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+#: Group size of the per-group scheme (along the last axis).
+GROUP = 128
+#: Last-axis length of the per-group scheme.
+GROUP_ROW = 4096
+#: Size of the small-tensor latency cases.
+LATENCY_SIZE = 4096
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmark problem; see the module docstring."""
+
+    op: str  # "quantize" | "dequantize"
+    scheme: str  # "tensor" | "first" | "middle" | "last" | "axes" | "group"
+    size: int
+    channels: int = 1
+    fdtype: str = "float32"
+    qdtype: str = "int8"
+    zps: bool = True
+    latency: bool = False
+
+    @property
+    def name(self) -> str:
+        """A short unique label, e.g. ``q/last64/f32>s8/zp``."""
+        sch = self.scheme if self.scheme in ("tensor", "axes", "group") else f"{self.scheme}{self.channels}"
+        if self.scheme == "group":
+            sch = f"group{GROUP}"
+        f = {"float32": "f32", "float16": "f16", "float64": "f64"}[self.fdtype]
+        q = {"int8": "s8", "uint8": "u8"}[self.qdtype]
+        types = f"{f}>{q}" if self.op == "quantize" else f"{q}>{f}"
+        tag = "zp" if self.zps else "sym"
+        op = "q" if self.op == "quantize" else "dq"
+        return f"{op}/{sch}/{types}/{tag}/{_size_label(self.size)}"
+
+    def shape(self) -> tuple:
+        """A concrete shape of about ``size`` elements for this scheme."""
+        n, c = self.size, self.channels
+        if self.scheme == "tensor":
+            return (max(1, n // 1024), 1024) if n >= 1024 else (n,)
+        if self.scheme == "first":
+            return (c, max(1, n // c))
+        if self.scheme == "last":
+            return (max(1, n // c), c)
+        if self.scheme == "middle":
+            side = max(1, round(math.sqrt(n / c)))
+            return (side, c, max(1, n // (c * side)))
+        if self.scheme == "axes":
+            # Two non-adjacent axes (0 and 2): the general multi-axis map.
+            a, b = 16, 64
+            return (a, max(1, n // (a * b)), b)
+        if self.scheme == "group":
+            return (max(1, n // GROUP_ROW), GROUP_ROW)
+        raise ValueError(f"unknown scheme {self.scheme!r}")
+
+    def axis(self):
+        """The ``axis`` argument of gpuq for this scheme."""
+        return {"tensor": None, "first": 0, "middle": 1, "last": -1, "axes": (0, 2), "group": -1}[self.scheme]
+
+    def group_size(self):
+        return GROUP if self.scheme == "group" else None
+
+    def param_shape(self) -> tuple:
+        """Shape of scales/zps as gpuq takes them."""
+        shape = self.shape()
+        if self.scheme == "tensor":
+            return ()
+        if self.scheme in ("first", "middle", "last"):
+            return (shape[self.axis()],)
+        if self.scheme == "axes":
+            return (shape[0], shape[2])
+        return shape[:-1] + (-(-shape[-1] // GROUP),)
+
+    def bcast_shape(self) -> tuple:
+        """Shape of scales/zps broadcastable against the (expanded) input."""
+        shape = self.shape()
+        if self.scheme == "tensor":
+            return (1,) * len(shape)
+        if self.scheme in ("first", "middle", "last"):
+            k = self.axis() % len(shape)
+            return tuple(d if i == k else 1 for i, d in enumerate(shape))
+        if self.scheme == "axes":
+            return (shape[0], 1, shape[2])
+        return self.view_shape()[:-1] + (1,)  # per-group: one scale per row of the group view
+
+    def view_shape(self) -> tuple:
+        """The shape peers see: per-group splits the last axis into (groups, GROUP)."""
+        shape = self.shape()
+        if self.scheme == "group":
+            return shape[:-1] + (shape[-1] // GROUP, GROUP)
+        return shape
+
+    def numel(self) -> int:
+        return math.prod(self.shape())
+
+    def bytes_moved(self) -> int:
+        """Bytes read + written: the float tensor and the code tensor once each."""
+        n = self.numel()
+        return n * (np.dtype(self.fdtype).itemsize + np.dtype(self.qdtype).itemsize)
+
+
+def _size_label(n: int) -> str:
+    for unit, div in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= div and n % div == 0:
+            return f"{n // div}{unit}"
+    return str(n)
+
+
+def parse_size(text: str) -> int:
+    """``"64M"`` -> 67108864; plain integers pass through."""
+    text = text.strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    if text and text[-1] in mult:
+        return int(float(text[:-1]) * mult[text[-1]])
+    return int(text)
+
+
+def _channel_cases(op, size, fdtype="float32", qdtype="int8", zps=True, channels=(3, 64, 4096)):
+    return [Case(op, pos, size, c, fdtype, qdtype, zps) for pos in ("first", "middle", "last") for c in channels]
+
+
+def full_cases(size: int) -> list:
+    """The full set at one size (the GPU default): every scheme, both ops, both code types."""
+    cases = []
+    for op in ("quantize", "dequantize"):
+        for qd, zp in itertools.product(("int8", "uint8"), (True, False)):
+            cases.append(Case(op, "tensor", size, 1, "float32", qd, zp))
+        cases += _channel_cases(op, size)
+        cases.append(Case(op, "axes", size))
+        cases.append(Case(op, "group", size))
+        cases.append(Case(op, "tensor", size, fdtype="float16"))
+        cases.append(Case(op, "last", size, 64, fdtype="float16"))
+        cases.append(Case(op, "last", size, 64, qdtype="uint8"))
+        cases.append(Case(op, "last", size, 64, zps=False))
+    return cases
+
+
+def cpu_default_cases(size: int) -> list:
+    """The CPU default: a subset that runs in a few minutes on 2 cores.
+
+    Every scheme and every per-channel axis at C=64 (first, middle, last),
+    plus the collapse-prone shapes (C=3 first, C=4096 last and middle),
+    uint8, symmetric, and float16 on per-tensor; both ops.
+    """
+    cases = []
+    for op in ("quantize", "dequantize"):
+        cases += [
+            Case(op, "tensor", size),
+            Case(op, "tensor", size, zps=False),
+            Case(op, "tensor", size, qdtype="uint8"),
+            Case(op, "tensor", size, fdtype="float16"),
+            Case(op, "first", size, 3),
+            Case(op, "first", size, 64),
+            Case(op, "middle", size, 64),
+            Case(op, "middle", size, 4096),
+            Case(op, "last", size, 64),
+            Case(op, "last", size, 4096),
+            Case(op, "axes", size),
+            Case(op, "group", size),
+        ]
+    return cases
+
+
+def latency_cases() -> list:
+    """Small tensors: per-call wall time, Python dispatch included."""
+    n = LATENCY_SIZE
+    return [
+        Case("quantize", "tensor", n, latency=True),
+        Case("quantize", "last", n, 64, latency=True),
+        Case("dequantize", "tensor", n, latency=True),
+        Case("dequantize", "last", n, 64, latency=True),
+    ]
+
+
+def quick_cases() -> list:
+    """A seconds-long smoke set (tests): a few schemes at 256K elements, one latency case."""
+    n = 1 << 18
+    return [
+        Case("quantize", "tensor", n),
+        Case("quantize", "last", n, 64),
+        Case("quantize", "group", n),
+        Case("dequantize", "tensor", n),
+        Case("dequantize", "first", n, 3, qdtype="uint8"),
+        Case("quantize", "tensor", LATENCY_SIZE, latency=True),
+    ]
+
+
+def with_size(cases, size):
+    return [replace(c, size=size) if not c.latency else c for c in cases]
