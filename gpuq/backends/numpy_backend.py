@@ -8,13 +8,17 @@ GIL, so two cores quantize about twice as fast as one.
 
 Why each step is exact (float32 compute; float64 is the same with more room):
 
-* ``rint(x / s)`` is one IEEE division and round-half-to-even.
-* Adding the zero point in float32 is exact while ``|zp| <= 2**23``: a sum
-  below 2**24 in magnitude is an exact integer, and a larger one saturates on
-  the same side whatever its rounding. Zero points beyond 2**23 take the
-  "wide" path: clamp to +/-2**32 (so that any int32 zp keeps the side), then
-  int64 arithmetic.
-* Dequantize ``(q - zp)`` is exact in float32 for ``|zp| <= 2**23``; beyond,
+* ``x / s`` is one IEEE division. Clamping it to ``[qmin - zp, qmax - zp]``
+  before rounding equals clamping after (the bounds are integers).
+* Rounding is the magic-number trick: ``t + 1.5 * 2**23`` has an ulp of 1 for
+  ``|t| < 2**22``, so the hardware rounds half to even and the integer lands in
+  the low bits; its low byte is ``rint(t) mod 256``. Adding ``zp mod 256`` in
+  bytes gives ``(rint(t) + zp) mod 256``, the code itself, because the clamp
+  already put ``rint(t) + zp`` inside [qmin, qmax]. That is four cheap passes
+  instead of rint + add + clamp + a slow saturating cast.
+* Zero points beyond 2**21 (float32) take the "wide" path: round, clamp to
+  +/-2**32 (so that any int32 zp keeps the side), then int64 arithmetic.
+* Dequantize ``(q - zp)`` is exact in float32 for ``|zp| <= 2**21``; beyond,
   the difference is formed in int64 and rounded to float32 once.
 """
 
@@ -32,8 +36,13 @@ from . import _blocks
 
 #: Tensors smaller than this run on the calling thread only.
 PARALLEL_MIN = 1 << 17
-#: Largest |zero point| whose float32 arithmetic is exact (see module docstring).
-NARROW_ZP = 2**23
+#: Largest |zero point| of the float32 fast path: clamped values then stay below
+#: 2**22 in magnitude, where the magic-number rounding is exact.
+NARROW_ZP = 2**21
+#: Adding 1.5 * 2**(mantissa bits) rounds to an integer, half to even, and leaves
+#: that integer in the low bits of the sum.
+_MAGIC = {np.dtype(np.float32): np.float32(1.5 * 2**23), np.dtype(np.float64): np.float64(1.5 * 2**52)}
+_INT_OF = {np.dtype(np.float32): np.dtype(np.int32), np.dtype(np.float64): np.dtype(np.int64)}
 #: Rounded values are clamped here before int64 arithmetic in the wide path.
 WIDE_CLAMP = float(2**32)
 
@@ -131,43 +140,57 @@ def _run_range(work, block_fn) -> None:
 
 def _quantize_block(xb, ob, params, scratch, *, qmin, qmax, ct, wide):
     s = params[0]
-    z = params[1] if len(params) > 1 else None
     t = scratch.like("t", ct, xb)
     np.divide(xb, s, out=t)
-    np.rint(t, out=t)
+    has_nan = np.isnan(t.min())  # one cheap reduction finds the rare block with a NaN
     if wide:
-        np.clip(t, -WIDE_CLAMP, WIDE_CLAMP, out=t)
-        _replace_nan(t, 0)
-        w = scratch.like("w", _I64, xb)
-        np.copyto(w, t, casting="unsafe")
-        np.add(w, z, out=w)
-        np.clip(w, qmin, qmax, out=ob, casting="unsafe")
+        _quantize_wide(t, ob, params[1], scratch, qmin, qmax, has_nan)
         return
-    if z is not None:
-        np.add(t, z, out=t)
-    _replace_nan(t, 0 if z is None else z)
-    np.clip(t, qmin, qmax, out=ob, casting="unsafe")
+    lo, hi, zp_byte = (params[1], params[2], params[3]) if len(params) > 1 else (qmin, qmax, None)
+    # Clamping before rounding equals clamping after it (the bounds are integers), and
+    # keeps |r| < 2**22 for the magic-number rounding below.
+    if np.ndim(lo) == 0:
+        np.clip(t, lo, hi, out=t)
+    else:  # np.clip is ~5x slower than maximum + minimum with array bounds
+        np.maximum(t, lo, out=t)
+        np.minimum(t, hi, out=t)
+    magic = _MAGIC[ct]
+    np.add(t, magic, out=t)  # rint, half to even: the sum's ulp is 1
+    if has_nan:
+        # NaN is taken as 0: its code is clamp(0 + zp) = clamp(0, lo, hi) + zp.
+        zero = np.clip(np.zeros((), ct), lo, hi) + magic
+        np.copyto(t, zero, where=np.isnan(t))
+    # The low byte of the sum's bits is rint(x / s) mod 256; adding zp mod 256 in
+    # bytes gives (r + zp) mod 256, which is the code since r + zp is in [qmin, qmax].
+    out_bytes = ob.view(np.uint8)
+    np.copyto(out_bytes, t.view(_INT_OF[ct]), casting="unsafe")
+    if zp_byte is not None:
+        np.add(out_bytes, zp_byte, out=out_bytes)
 
 
-def _replace_nan(t, value) -> None:
-    # NaN quantizes to the zero point; one cheap reduction finds the rare block that has one.
-    if np.isnan(t.min()):
-        np.copyto(t, value, where=np.isnan(t))
+def _quantize_wide(t, ob, zp, scratch, qmin, qmax, has_nan):
+    """Zero points beyond NARROW_ZP: the rounded value in int64, then + zp, then clamp."""
+    np.rint(t, out=t)
+    np.clip(t, -WIDE_CLAMP, WIDE_CLAMP, out=t)
+    if has_nan:
+        np.copyto(t, 0, where=np.isnan(t))
+    w = scratch.like("w", _I64, t)
+    np.copyto(w, t, casting="unsafe")
+    np.add(w, zp, out=w)
+    np.clip(w, qmin, qmax, out=ob, casting="unsafe")
 
 
 def _dequantize_block(qb, ob, params, scratch, *, ct, wide):
     s = params[0]
-    if len(params) == 1:
-        np.multiply(qb, s, out=ob, dtype=ct)
-        return
-    z = params[1]
     t = scratch.like("t", ct, qb)
     if wide:
         w = scratch.like("w", _I64, qb)
-        np.subtract(qb, z, out=w)
-        np.copyto(t, w, casting="unsafe")
+        np.subtract(qb, params[1], out=w)
+        np.copyto(t, w, casting="unsafe")  # one rounding to the compute type
     else:
-        np.subtract(qb, z, out=t, dtype=ct)
+        np.copyto(t, qb)
+        if len(params) > 1:
+            np.subtract(t, params[1], out=t)  # exact: |q - zp| < 2**24
     np.multiply(t, s, out=ob)
 
 
@@ -191,12 +214,22 @@ def _split_view(a, shape):
     return np.lib.stride_tricks.as_strided(a, shape, strides, writeable=a.flags.writeable)
 
 
-def _zero_point_params(zps, ct):
-    """The zero points as the block functions take them, and whether the wide path is needed."""
+def _zero_point_params(zps, ct, qdtype=None):
+    """The zero points as the block functions take them, and whether the wide path is needed.
+
+    Dequantize (``qdtype=None``) takes ``[zp]``; quantize takes the clamp bounds
+    ``qmin - zp``, ``qmax - zp`` and ``zp mod 256`` as a byte.
+    """
     if zps is None:
         return [], False
     wide = ct == _F32 and zps.size > 0 and (int(zps.min()) < -NARROW_ZP or int(zps.max()) > NARROW_ZP)
-    return [zps.astype(_I64 if wide else ct)], wide
+    if wide:
+        return [zps.astype(_I64)], True
+    if qdtype is None:
+        return [zps.astype(ct)], False
+    qmin, qmax = QUANT_RANGE[qdtype]
+    z = zps.astype(_I64)
+    return [(qmin - z).astype(ct), (qmax - z).astype(ct), (z % 256).astype(np.uint8)], False
 
 
 class NumpyBackend:
@@ -223,7 +256,7 @@ class NumpyBackend:
     def quantize(src, scheme, scales, zps, out) -> None:
         ct = scales.dtype
         qmin, qmax = QUANT_RANGE[out.dtype]
-        zparams, wide = _zero_point_params(zps, ct)
+        zparams, wide = _zero_point_params(zps, ct, out.dtype)
         fn = functools.partial(_quantize_block, qmin=qmin, qmax=qmax, ct=ct, wide=wide)
         _run(_plans(src, out, scheme, [scales] + zparams), fn)
 
