@@ -1,0 +1,209 @@
+"""Where the ``gpuq`` command runs: device choice, ``gpuq info`` and ``gpuq bench``.
+
+Nothing here imports CuPy unless asked about the GPU: ``--device cpu`` and a
+machine without CuPy never touch it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+from ._cli_io import CliError
+
+
+def cuda_unavailable_reason() -> str | None:
+    """Why gpuq cannot run on a GPU here, or ``None`` when it can (CuPy + a device + the backend)."""
+    if importlib.util.find_spec("cupy") is None:
+        return "CuPy is not installed (pip install 'gpuq[cuda12]' or 'gpuq[cuda13]')"
+    try:
+        import cupy
+
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # a CUDA driver missing or broken shows up as many types
+        return f"no usable CUDA device ({type(exc).__name__}: {' '.join(str(exc).split())})"
+    if count < 1:
+        return "no CUDA device is visible"
+    if importlib.util.find_spec("gpuq.backends.cuda_backend") is None:
+        return "this gpuq build has no CUDA backend (gpuq/backends/cuda_backend.py)"
+    return None
+
+
+class HostDevice:
+    """Arrays stay NumPy: the NumPy backend does the work."""
+
+    name = "cpu"
+    xp = np
+
+    @staticmethod
+    def put(a):
+        return a
+
+    @staticmethod
+    def get(a):
+        return None if a is None else np.asarray(a)
+
+
+class CudaDevice:
+    """Arrays go to the current CUDA device as CuPy arrays; results come back to the host."""
+
+    name = "cuda"
+
+    def __init__(self):
+        import cupy
+
+        self.xp = cupy
+
+    def put(self, a):
+        return self.xp.asarray(a)
+
+    def get(self, a):
+        if a is None or isinstance(a, np.ndarray):
+            return a
+        return self.xp.asnumpy(a)
+
+
+def pick_device(requested: str):
+    """``"cpu"``, ``"cuda"`` (an error without a GPU) or ``"auto"`` (the GPU when there is one).
+
+    >>> pick_device("cpu").name
+    'cpu'
+    """
+    if requested == "cpu":
+        return HostDevice()
+    reason = cuda_unavailable_reason()
+    if reason is None:
+        return CudaDevice()
+    if requested == "cuda":
+        raise CliError(f"--device cuda: {reason}; use --device cpu or auto")
+    return HostDevice()
+
+
+# -- gpuq info -----------------------------------------------------------------
+
+def info(compile_check: bool = True) -> dict:
+    """What ``gpuq info`` reports, as a dict (``"unavailable"`` where a part is missing).
+
+    ``compile_check`` compiles the kernels with NVRTC (a few seconds) when
+    libnvrtc is there.
+
+    >>> sorted(info(compile_check=False))[:3]
+    ['backend', 'cpu_threads', 'cuda_driver']
+    """
+    from . import __version__, get_num_threads
+
+    report = {
+        "gpuq": __version__,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "cpu_threads": get_num_threads(),
+        "backend": "numpy",
+        "gpu": "none",
+        "gpu_memory_gib": None,
+        "cupy": "not installed",
+        "cuda_runtime": "unavailable",
+        "cuda_driver": "unavailable",
+        "nvrtc": "unavailable",
+        "kernels_compile": "unavailable",
+    }
+    reason = cuda_unavailable_reason()
+    if reason is None:
+        report["backend"] = "cuda (GPU arrays; NumPy for host arrays)"
+    else:
+        report["gpu"] = f"none: {reason}"
+    if importlib.util.find_spec("cupy") is not None:
+        _cupy_info(report)
+    _nvrtc_info(report, compile_check)
+    return report
+
+
+def _cupy_info(report):
+    try:
+        import cupy
+
+        report["cupy"] = cupy.__version__
+        rt = cupy.cuda.runtime
+        report["cuda_runtime"] = _cuda_version(rt.runtimeGetVersion())
+        report["cuda_driver"] = _cuda_version(rt.driverGetVersion())
+        if rt.getDeviceCount() > 0:
+            props = rt.getDeviceProperties(cupy.cuda.Device().id)
+            name = props["name"]
+            report["gpu"] = name.decode() if isinstance(name, bytes) else str(name)
+            report["gpu_memory_gib"] = round(props["totalGlobalMem"] / 2**30, 1)
+    except Exception as exc:
+        report["cupy"] = report.get("cupy", "?") + f" (error: {' '.join(str(exc).split())})"
+
+
+def _cuda_version(v: int) -> str:
+    return f"{v // 1000}.{v % 1000 // 10}"
+
+
+def _nvrtc_info(report, compile_check=True):
+    # gpuq.backends.nvrtc_check drives NVRTC through ctypes (no CuPy, no GPU), so
+    # "do the kernels compile here" has an answer on any machine with libnvrtc.
+    # It is optional: its absence or failure is reported, never raised.
+    try:
+        from .backends import _kernels, nvrtc_check
+    except ImportError:
+        return
+    try:
+        path = nvrtc_check.find_libnvrtc()
+        if path is None:
+            report["nvrtc"] = "unavailable (libnvrtc not found: pip install nvidia-cuda-nvrtc)"
+            return
+        nvrtc = nvrtc_check.Nvrtc(path)
+        report["nvrtc"] = f"{'.'.join(map(str, nvrtc.version()))} ({path})"
+        if not compile_check:
+            report["kernels_compile"] = "not checked (--no-compile-check)"
+            return
+        # PTX for the oldest supported architecture: what every GPU's driver JITs
+        # from, and seconds rather than the minute the full SASS check takes.
+        start = time.perf_counter()
+        results = [nvrtc_check.compile_source(nvrtc, src, "compute_80") for src in _kernels.SOURCES]
+        took = time.perf_counter() - start
+        bad = [r for r in results if not r.ok]
+        kernels = sum(len(r.names) for r in results)
+        if bad:
+            first = " ".join(bad[0].describe().split())
+            report["kernels_compile"] = f"no: {first[:300]}"
+        else:
+            report["kernels_compile"] = (f"yes ({kernels} kernels in {len(results)} sources, "
+                                         f"compute_80 PTX, {took:.1f} s)")
+    except Exception as exc:
+        report["kernels_compile"] = f"unknown ({type(exc).__name__}: {' '.join(str(exc).split())})"
+
+
+# -- gpuq bench ----------------------------------------------------------------
+
+def run_bench(argv) -> int:
+    """Run ``bench.main(argv)`` from the current directory (the repository root)."""
+    cwd = os.getcwd()
+    added = cwd not in sys.path
+    if added:  # the console script does not put the working directory on sys.path
+        sys.path.insert(0, cwd)
+    try:
+        try:
+            bench = importlib.import_module("bench")
+        except ModuleNotFoundError as exc:
+            if exc.name != "bench":
+                raise CliError(f"the benchmarks need a module that is not installed: {exc.name} "
+                               f"(pip install '.[bench]')") from None
+            raise CliError(
+                f"no benchmark package here: 'bench' is not importable from {cwd}; run gpuq bench "
+                f"from the root of a gpuq source checkout (bench/ is not part of the wheel)"
+            ) from None
+        main = getattr(bench, "main", None)
+        if main is None:
+            raise CliError(f"the 'bench' package at {os.path.dirname(bench.__file__ or cwd)} "
+                           f"has no main(argv)")
+        rc = main(list(argv))
+    finally:
+        if added:
+            sys.path.remove(cwd)
+    return int(rc or 0)

@@ -1,0 +1,85 @@
+"""A small, deterministic, Llama-shaped checkpoint for trying ``gpuq quantize`` offline.
+
+``gpuq example tiny.safetensors`` writes it: 2 decoder layers, hidden size
+256, MLP size 688, vocabulary 1024, bfloat16 by default (as real checkpoints
+are), about 2.1 M parameters / 4.0 MiB. Weights are Gaussian (std 0.02) with
+a spread of per-row gains and a few outlier input columns, as trained weights
+have, so per-channel and per-group scales visibly beat per-tensor ones. The
+1-D norm weights and the rotary ``inv_freq`` buffer show what is kept in float.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+HIDDEN, MLP, VOCAB, LAYERS = 256, 688, 1024, 2
+
+
+def _weight(rng, rows, cols):
+    w = rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(0.02)
+    w *= np.exp(rng.normal(0.0, 0.5, size=(rows, 1))).astype(np.float32)  # per-row gains
+    outliers = rng.choice(cols, size=max(1, cols // 128), replace=False)
+    w[:, outliers] *= np.float32(8.0)  # a few large input channels
+    return w
+
+
+def example_tensors(seed: int = 0) -> dict:
+    """The example's tensors as float32 NumPy arrays, in checkpoint order.
+
+    >>> t = example_tensors()
+    >>> t["model.layers.0.mlp.down_proj.weight"].shape, len(t)
+    ((256, 688), 22)
+    """
+    rng = np.random.default_rng(seed)
+    t = {"model.embed_tokens.weight": _weight(rng, VOCAB, HIDDEN)}
+    for i in range(LAYERS):
+        p = f"model.layers.{i}."
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            t[p + f"self_attn.{name}.weight"] = _weight(rng, HIDDEN, HIDDEN)
+        t[p + "mlp.gate_proj.weight"] = _weight(rng, MLP, HIDDEN)
+        t[p + "mlp.up_proj.weight"] = _weight(rng, MLP, HIDDEN)
+        t[p + "mlp.down_proj.weight"] = _weight(rng, HIDDEN, MLP)
+        for name in ("input_layernorm", "post_attention_layernorm"):
+            t[p + f"{name}.weight"] = (1.0 + 0.05 * rng.standard_normal(HIDDEN)).astype(np.float32)
+    t["model.norm.weight"] = (1.0 + 0.05 * rng.standard_normal(HIDDEN)).astype(np.float32)
+    t["model.rotary_emb.inv_freq"] = (
+        1.0 / 10000.0 ** (np.arange(0, 64, 2, dtype=np.float32) / 64)).astype(np.float32)
+    t["lm_head.weight"] = _weight(rng, VOCAB, HIDDEN)
+    return t
+
+
+def write_example(path: str, *, dtype: str = "bfloat16", seed: int = 0) -> dict:
+    """Write the example checkpoint to ``path`` (.safetensors, .npz or .npy); return its summary.
+
+    ``.npy`` holds one tensor (``model.layers.0.mlp.down_proj.weight``); ``.npz``
+    cannot hold bfloat16 (NumPy would store it as raw bytes), so it needs
+    ``dtype="float16"`` or ``"float32"``.
+
+    >>> import tempfile, os
+    >>> out = os.path.join(tempfile.mkdtemp(), "tiny.npz")
+    >>> write_example(out, dtype="float16")["tensors"]
+    22
+    """
+    from ._cli_io import CliError, file_format, write_checkpoint
+
+    fmt = file_format(path, "OUT")
+    if dtype == "bfloat16":
+        if fmt != "safetensors":
+            raise CliError(f"--dtype bfloat16 needs a .safetensors OUT ({fmt} cannot hold "
+                           f"bfloat16); use --dtype float16 or float32")
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise CliError("bfloat16 needs ml_dtypes: pip install 'gpuq[cli]'") from None
+        target = np.dtype(ml_dtypes.bfloat16)
+    else:
+        target = np.dtype(dtype)
+    tensors = example_tensors(seed)
+    if fmt == "npy":
+        tensors = {"arr_0": tensors["model.layers.0.mlp.down_proj.weight"]}
+    # astype rounds to nearest even, as a framework's .to(bfloat16) does.
+    tensors = {k: v.astype(target) for k, v in tensors.items()}
+    write_checkpoint(path, fmt, tensors, None, {"format": "pt"} if fmt == "safetensors" else None)
+    return {"path": path, "tensors": len(tensors), "dtype": target.name,
+            "parameters": int(sum(v.size for v in tensors.values())),
+            "bytes": int(sum(v.nbytes for v in tensors.values()))}

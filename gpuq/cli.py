@@ -1,0 +1,251 @@
+"""The ``gpuq`` command: quantize checkpoints from the shell and see what it cost.
+
+::
+
+    gpuq example tiny.safetensors                       # a small bfloat16 checkpoint, offline
+    gpuq quantize tiny.safetensors -o tiny-int8.safetensors
+    gpuq quantize IN -o OUT --group-size 128 --symmetric --exclude 'lm_head.*' --json
+    gpuq dequantize tiny-int8.safetensors -o tiny-f32.safetensors
+    gpuq info
+    gpuq bench [ARGS...]                                # from the repository root
+
+Exit codes: 0 on success, 2 for bad input or usage (one ``gpuq: error: ...``
+line on stderr, no output file left behind), 130 on Ctrl-C. ``python -m gpuq``
+is the same command.
+
+>>> main(["quantize"])
+2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from ._cli_io import CliError
+from ._cli_select import DEFAULT_MIN_SIZE
+
+__all__ = ["main", "build_parser"]
+
+_QUANTIZE_HELP = f"""\
+Quantize the floating tensors of a checkpoint to int8/uint8 codes.
+
+Selected: floating tensors (float16, bfloat16, float32, float64) of rank >= 2
+with at least --min-size elements (default {DEFAULT_MIN_SIZE}), filtered by
+--include/--exclude globs; everything else is copied bit for bit.
+
+Scheme: per-channel along --axis (default 0, the output channels of a
+[out, in] weight); --per-tensor for one scale per tensor; --group-size G for
+one scale per G consecutive elements along --axis (default -1 with a group
+size: the input dimension). Scales and zero points come from
+gpuq.choose_qparams on each tensor (min/max; --symmetric for zero point 0).
+
+Output (same format as IN; an .npz for a .npy IN, whose array is named
+arr_0): for each quantized tensor NAME, the codes under NAME, float32
+NAME.scales and NAME.zps in the code dtype (no NAME.zps for symmetric int8:
+zero point 0), and the scheme in the gpuq metadata. The report compares each tensor with
+its float32 dequantization: SQNR = 10 log10(sum x^2 / sum (x - x_hat)^2) in
+float64 (inf when exact) and the max abs error.
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with usage errors as the same one line as every other gpuq error."""
+
+    def error(self, message):
+        self.exit(2, f"gpuq: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser for every subcommand."""
+    parser = _Parser(
+        prog="gpuq", description="Quantize and dequantize checkpoints with gpuq.")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    q = sub.add_parser("quantize", help="quantize a checkpoint (.safetensors, .npz, .npy)",
+                       description=_QUANTIZE_HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    q.add_argument("input", metavar="IN", help="input checkpoint: .safetensors, .npz or .npy")
+    q.add_argument("-o", "--output", metavar="OUT", required=True,
+                   help="output file, same format as IN (.npz for a .npy IN)")
+    g = q.add_mutually_exclusive_group()
+    g.add_argument("--axis", type=int, metavar="K",
+                   help="per-channel axis (default 0; -1 with --group-size)")
+    g.add_argument("--per-tensor", action="store_true", help="one scale per tensor")
+    q.add_argument("--group-size", type=int, metavar="G",
+                   help="one scale per G elements along --axis")
+    q.add_argument("--dtype", choices=("int8", "uint8"), default="int8",
+                   help="code type (default int8)")
+    q.add_argument("--symmetric", action="store_true",
+                   help="scale from max |x|, zero point 0 (128 for uint8)")
+    q.add_argument("--include", action="append", default=[], metavar="PATTERN",
+                   help="quantize only tensors whose name matches this glob (repeatable)")
+    q.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
+                   help="keep tensors whose name matches this glob in float (repeatable)")
+    q.add_argument("--min-size", type=int, default=DEFAULT_MIN_SIZE, metavar="N",
+                   help=f"quantize tensors of at least N elements (default {DEFAULT_MIN_SIZE})")
+    _common(q, json_help="print the report as JSON instead of a table")
+
+    d = sub.add_parser("dequantize", help="restore float tensors from a gpuq-quantized file",
+                       description="Restore float tensors from a file written by gpuq quantize; "
+                                   "other tensors are copied bit for bit. A .npz IN may be "
+                                   "written to a .npy OUT when it holds a single tensor.")
+    d.add_argument("input", metavar="IN", help="a file written by gpuq quantize")
+    d.add_argument("-o", "--output", metavar="OUT", required=True,
+                   help="output file, same format as IN")
+    d.add_argument("--dtype", choices=("float32", "float16"), default="float32",
+                   help="output float type (default float32)")
+    _common(d, json_help="print the summary as JSON")
+
+    i = sub.add_parser("info", help="version, backend, GPU, CUDA/NVRTC, kernel compile check")
+    i.add_argument("--json", action="store_true", help="print as JSON")
+    i.add_argument("--no-compile-check", action="store_true",
+                   help="skip compiling the kernels with NVRTC (takes a few seconds)")
+
+    b = sub.add_parser("bench", help="run the benchmarks (bench.main) from a source checkout",
+                       add_help=False)
+    b.add_argument("args", nargs=argparse.REMAINDER, help="passed to bench.main")
+
+    e = sub.add_parser("example", help="write a small Llama-shaped checkpoint to try gpuq on",
+                       description="Write a small deterministic checkpoint (2 layers, hidden "
+                                   "256, 2.1M parameters, 4 MiB in bfloat16): no download needed.")
+    e.add_argument("output", metavar="OUT", help=".safetensors (default choice), .npz or .npy")
+    e.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16",
+                   help="tensor dtype (default bfloat16; .npz/.npy need float16 or float32)")
+    e.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    return parser
+
+
+def _common(p, json_help):
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where to compute: cuda needs CuPy and a GPU; auto (default) uses the "
+                        "GPU when there is one")
+    p.add_argument("--json", action="store_true", help=json_help)
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+
+def _plan(args):
+    from ._cli_select import Plan
+
+    if args.group_size is not None and args.group_size < 1:
+        raise CliError(f"--group-size must be a positive integer, got {args.group_size}")
+    if args.per_tensor and args.group_size is not None:
+        raise CliError("--group-size needs an axis to group along; drop --per-tensor")
+    if args.min_size < 0:
+        raise CliError(f"--min-size must be >= 0, got {args.min_size}")
+    if args.per_tensor:
+        axis = None
+    elif args.axis is not None:
+        axis = args.axis
+    else:
+        axis = -1 if args.group_size is not None else 0
+    return Plan(axis=axis, group_size=args.group_size, dtype=args.dtype,
+                symmetric=args.symmetric)
+
+
+def _show_progress(args) -> bool:
+    return not args.quiet and sys.stderr.isatty()
+
+
+def _quantize(args) -> int:
+    from ._cli_env import pick_device
+    from ._cli_quant import run_quantize
+    from ._cli_report import format_table, to_json
+
+    plan = _plan(args)
+    device = pick_device(args.device)
+    report = run_quantize(args.input, args.output, plan, include=args.include,
+                          exclude=args.exclude, min_size=args.min_size, device=device,
+                          progress=_show_progress(args))
+    print(to_json(report) if args.json else format_table(report))
+    return 0
+
+
+def _dequantize(args) -> int:
+    from ._cli_env import pick_device
+    from ._cli_quant import run_dequantize
+    from ._cli_report import format_dequantize, to_json
+
+    device = pick_device(args.device)
+    report = run_dequantize(args.input, args.output, dtype=args.dtype, device=device,
+                            progress=_show_progress(args))
+    print(to_json(report) if args.json else format_dequantize(report))
+    return 0
+
+
+def _info(args) -> int:
+    from ._cli_env import info
+
+    report = info(compile_check=not args.no_compile_check)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        width = max(map(len, report))
+        for key, value in report.items():
+            print(f"{key.replace('_', ' '):<{width}}  {'-' if value is None else value}")
+    return 0
+
+
+def _bench(args) -> int:
+    from ._cli_env import run_bench
+
+    return run_bench(args.args)
+
+
+def _example(args) -> int:
+    from ._example import write_example
+
+    s = write_example(args.output, dtype=args.dtype, seed=args.seed)
+    print(f"wrote {s['path']}: {s['tensors']} tensors, {s['parameters']:,} parameters, "
+          f"{s['dtype']}, {s['bytes']:,} bytes")
+    return 0
+
+
+_COMMANDS = {"quantize": _quantize, "dequantize": _dequantize, "info": _info,
+             "bench": _bench, "example": _example}
+
+
+def main(argv=None) -> int:
+    """Run the ``gpuq`` command with ``argv`` (default ``sys.argv[1:]``); return the exit code.
+
+    >>> main(["quantize", "missing.safetensors", "-o", "out.safetensors"])
+    2
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:
+        # Everything after "bench" belongs to bench.main, --help included.
+        return _run(_bench, argparse.Namespace(args=argv[1:]))
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse already printed "gpuq: error: ..." (code 2) or help (0)
+        return int(exc.code or 0)
+    if args.version:
+        from . import __version__
+
+        print(f"gpuq {__version__}")
+        return 0
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    return _run(_COMMANDS[args.command], args)
+
+
+def _run(command, args) -> int:
+    try:
+        return command(args)
+    except CliError as exc:
+        print(f"gpuq: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # stdout closed early (gpuq ... | head): not an error worth a traceback.
+        # Point stdout at devnull so the flush at exit does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        # atomic_output already removed its temporary file on the way up.
+        print("gpuq: interrupted", file=sys.stderr)
+        return 130
