@@ -1,8 +1,8 @@
 """Memory limits measured in the same run: a large copy, bytes read + written.
 
 Host: ``np.copyto`` of a 256 MiB buffer into a pre-faulted one, on one thread
-and split among ``threads`` threads (the reference for "% of copy" is the
-copy at the run's thread count, the same count every contender gets).
+and split among ``threads`` threads; the reference for "% of copy" is the
+better of the two (the ceiling at the run's thread count).
 Device: a device-to-device copy of a 1 GiB buffer, timed with CUDA events.
 """
 

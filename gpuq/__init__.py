@@ -12,12 +12,15 @@ arrays; one numerical contract, bit-identical on both (see README.md).
 from .api import dequantize, quantize
 from .backends.numpy_backend import get_num_threads, set_num_threads
 from .ops import Dequantize, DynamicDequantize, DynamicQuantize, Quantize
+from .qparams import choose_qparams, quantize_dynamic
 
 __version__ = "0.1.0"
 
 __all__ = [
     "quantize",
     "dequantize",
+    "choose_qparams",
+    "quantize_dynamic",
     "Quantize",
     "Dequantize",
     "DynamicQuantize",

@@ -124,6 +124,9 @@ class Dequantize(_Static):
 class DynamicQuantize:
     """oneDNN Graph DynamicQuantize: inputs ``(src, scales, zps=None)``.
 
+    ``qtype="per_group"`` with ``group_shape`` (one entry per dim of src, each
+    dividing it) takes scales/zps of shape ``src.shape / group_shape``.
+
     Examples
     --------
     >>> import numpy as np, gpuq
@@ -131,14 +134,19 @@ class DynamicQuantize:
     >>> op(np.array([[2.5, 3.5], [1.0, -8.0]], np.float32), np.array([1.0, 2.0], np.float32))
     array([[ 2,  4],
            [ 0, -4]], dtype=int8)
+    >>> op = gpuq.DynamicQuantize(qtype="per_group", group_shape=[1, 2])
+    >>> op(np.array([[2.5, 3.5, 1.0, -8.0]], np.float32), np.array([[1.0, 2.0]], np.float32))
+    array([[ 2,  4,  0, -4]], dtype=int8)
     """
 
-    def __init__(self, qtype="per_tensor", axis=1, dtype="int8"):
-        self.qtype, self.axis = qtype, axis
-        self._axis = _check_qtype(qtype, axis)
+    def __init__(self, qtype="per_tensor", axis=1, dtype="int8", group_shape=None):
+        self.qtype, self.axis, self.group_shape = qtype, axis, group_shape
+        self._axis, self._group = _check_dynamic_qtype(qtype, axis, group_shape)
         self.dtype = as_dtype(dtype, "dtype", tuple(QUANT_RANGE))
 
     def __call__(self, src, scales, zps=None, *, out=None):
+        if self._group is not None:
+            return _per_group(quantize, self._group, src, scales, zps, dtype=self.dtype, out=out)
         return quantize(src, scales, zps, axis=self._axis, dtype=self.dtype, out=out)
 
 
@@ -151,12 +159,91 @@ class DynamicDequantize:
     >>> op = gpuq.DynamicDequantize()
     >>> op(np.array([0, 3, 255], np.uint8), np.array([2.0], np.float32), np.array([128], np.int32))
     array([-256., -250.,  254.], dtype=float32)
+    >>> op = gpuq.DynamicDequantize(qtype="per_group", group_shape=[2, 1])
+    >>> op(np.array([[1, 2], [3, 4]], np.int8), np.array([[0.5, 2.0]], np.float32))
+    array([[0.5, 4. ],
+           [1.5, 8. ]], dtype=float32)
     """
 
-    def __init__(self, qtype="per_tensor", axis=1, dtype="float32"):
-        self.qtype, self.axis = qtype, axis
-        self._axis = _check_qtype(qtype, axis)
+    def __init__(self, qtype="per_tensor", axis=1, dtype="float32", group_shape=None):
+        self.qtype, self.axis, self.group_shape = qtype, axis, group_shape
+        self._axis, self._group = _check_dynamic_qtype(qtype, axis, group_shape)
         self.dtype = as_dtype(dtype, "dtype", FLOAT_DTYPES)
 
     def __call__(self, src, scales, zps=None, *, out=None):
+        if self._group is not None:
+            return _per_group(dequantize, self._group, src, scales, zps, dtype=self.dtype, out=out)
         return dequantize(src, scales, zps, axis=self._axis, dtype=self.dtype, out=out)
+
+
+def _check_dynamic_qtype(qtype, axis, group_shape):
+    """``(axis, group_shape)`` of a dynamic op: per_group gives ``(None, tuple)``."""
+    if qtype != "per_group":
+        if qtype not in _QTYPES:
+            raise ValueError(f"qtype must be one of {', '.join(_QTYPES)}, per_group, got {qtype!r}")
+        if group_shape is not None:
+            raise ValueError(
+                f"group_shape is only used with qtype='per_group', got group_shape={group_shape!r} "
+                f"with qtype={qtype!r}"
+            )
+        return _check_qtype(qtype, axis), None
+    if not isinstance(group_shape, (list, tuple)):
+        raise TypeError(f"group_shape must be a list of positive integers for qtype='per_group', "
+                        f"got {group_shape!r}")
+    for g in group_shape:
+        if isinstance(g, bool) or not isinstance(g, (int, np.integer)):
+            raise TypeError(f"group_shape must be a list of positive integers, got {list(group_shape)!r}")
+        if g < 1:
+            raise ValueError(f"group_shape must be a list of positive integers, got {list(group_shape)!r}")
+    return None, tuple(int(g) for g in group_shape)
+
+
+def _per_group(fn, group_shape, src, scales, zps, **kwargs):
+    """oneDNN per_group on top of gpuq's schemes.
+
+    One group dim > 1 is gpuq's ``axis=k, group_size=g``; none is one scale per
+    element (all axes); several split each grouped dim ``d`` into
+    ``(d / g, g)`` (a view) and quantize per multi-axis slot.
+    """
+    arr = backend_for(src)[1]
+    shape = tuple(arr.shape)
+    if len(group_shape) != len(shape):
+        raise ValueError(f"group_shape must have one entry per dim of src: src shape {shape}, "
+                         f"got group_shape {list(group_shape)}")
+    for i, (d, g) in enumerate(zip(shape, group_shape)):
+        if d % g:
+            raise ValueError(f"group_shape {list(group_shape)} must divide src shape {shape}: "
+                             f"dim {i} of size {d} is not a multiple of {g}")
+    pshape = tuple(d // g for d, g in zip(shape, group_shape))
+    for name, p in (("scales", scales), ("zps", zps)):
+        got = _shape_of(p)
+        if p is not None and got is not None and got != pshape:
+            raise ValueError(f"{name} must have shape {pshape} (src shape {shape} / group_shape "
+                             f"{list(group_shape)}), got shape {got}")
+    grouped = [i for i, g in enumerate(group_shape) if g > 1]
+    if len(grouped) <= 1:
+        if grouped:
+            (k,) = grouped
+            return fn(src, scales, zps, axis=k, group_size=group_shape[k], **kwargs)
+        return fn(src, scales, zps, axis=tuple(range(len(shape))), **kwargs)
+    split, axes = [], []
+    for d, g in zip(shape, group_shape):
+        axes.append(len(split))
+        split += [d // g, g] if g > 1 else [d]
+    out = kwargs.pop("out", None)
+    # Splitting a dim in two is always a view, so results land in ``out`` itself.
+    result = fn(arr.reshape(split), scales, zps, axis=tuple(axes),
+                out=None if out is None else out.reshape(split), **kwargs)
+    return out if out is not None else result.reshape(shape)
+
+
+def _shape_of(obj):
+    if obj is None:
+        return None
+    shape = getattr(obj, "shape", None)
+    if shape is not None:
+        return tuple(shape)
+    try:
+        return tuple(np.shape(obj))
+    except ValueError:  # ragged lists: quantize() reports them
+        return None

@@ -27,11 +27,14 @@ import math
 
 import numpy as np
 
-#: Elements per block: the float scratch of a block (128 KiB as float32) and
-#: its slices of src/out stay in a core's L2 cache.
-BLOCK = 1 << 15
-#: Shortest row worth a NumPy inner loop; shorter rows expand their parameters.
-INNER_MIN = 512
+#: Elements per block: the float32 scratch of a block (512 KiB) and its slices
+#: of src/out stay near a core's 1 MiB L2 cache, and a block is long enough that
+#: the Python cost of its handful of ufunc calls is small (bench/NOTES.md:
+#: 1 << 15 -> 1 << 17 took per-tensor quantize from 43 to 33 ms at 64M).
+BLOCK = 1 << 17
+#: Shortest row worth a NumPy inner loop; shorter rows expand their parameters
+#: (rows of 64+ broadcast faster than a gather, bench/NOTES.md).
+INNER_MIN = 64
 
 
 def lower(x, o, params):
@@ -149,8 +152,8 @@ class FlatPlan:
         idx = self.gather_index[: hi - lo]
         expanded = []
         for i, p in enumerate(self.params):
-            buf = scratch.buffer(("param", i), p.dtype)
-            expanded.append(np.take(p[c0:c1], idx, out=buf[: hi - lo]))
+            buf = scratch.buffer(("param", i), p.dtype, hi - lo)
+            expanded.append(np.take(p[c0:c1], idx, out=buf))
         return self.x[lo:hi], self.o[lo:hi], expanded
 
 

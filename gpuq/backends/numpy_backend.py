@@ -56,15 +56,16 @@ class _Scratch(threading.local):
     def __init__(self):
         self.buffers = {}
 
-    def buffer(self, key, dtype):
+    def buffer(self, key, dtype, size):
+        """A flat buffer of at least ``size`` elements (grown, never shrunk)."""
         buf = self.buffers.get((key, dtype))
-        if buf is None:
-            buf = self.buffers[(key, dtype)] = np.empty(_blocks.BLOCK, dtype)
-        return buf
+        if buf is None or buf.size < size:
+            buf = self.buffers[(key, dtype)] = np.empty(max(size, _blocks.BLOCK), dtype)
+        return buf[:size]
 
     def like(self, key, dtype, block):
         """A scratch view of ``dtype`` with the shape of ``block``."""
-        return self.buffer(key, dtype)[: block.size].reshape(block.shape)
+        return self.buffer(key, dtype, block.size).reshape(block.shape)
 
 
 _scratch = _Scratch()
@@ -206,12 +207,17 @@ def _plans(src, out, scheme, params):
 
 
 def _split_view(a, shape):
-    """``a`` with one dim split in two (or unchanged): always a view, never a copy."""
+    """``a`` with one dim split in two (or unchanged): a view, never a copy.
+
+    Splitting a dim is always expressible with strides, so NumPy's reshape
+    returns a view; the check guards the writes into ``out`` all the same.
+    """
     if a.shape == tuple(shape):
         return a
-    k = next(i for i, (d, e) in enumerate(zip(a.shape, shape)) if d != e)
-    strides = a.strides[:k] + (a.strides[k] * shape[k + 1], a.strides[k]) + a.strides[k + 1:]
-    return np.lib.stride_tricks.as_strided(a, shape, strides, writeable=a.flags.writeable)
+    v = a.reshape(shape)
+    if a.size and not np.shares_memory(v, a):
+        raise RuntimeError(f"gpuq internal error: reshaping {a.shape} to {shape} copied")
+    return v
 
 
 def _zero_point_params(zps, ct, qdtype=None):

@@ -1,0 +1,171 @@
+"""GPU peers: PyTorch quantized tensors, an eager torch expression, a naive CuPy
+expression, and a one-pass CuPy ``ElementwiseKernel``.
+
+Inputs are CuPy arrays; torch sees the same memory through DLPack (no copy).
+CuPy and torch are imported only when a GPU run builds these peers, so this
+module imports on a machine without either.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .contenders import NotApplicable, Prepared
+from .peers_cpu import TorchQuantized, _zps_or_zero
+
+
+def _bcast(case, a, xp):
+    return xp.asarray(a).reshape(case.bcast_shape())
+
+
+class TorchQuantizedCuda(TorchQuantized):
+    """``torch.quantize_per_tensor``/``per_channel``/``dequantize`` on the CUDA device."""
+
+    name = "torch"
+    timer = "torch"
+
+    def __init__(self, threads):
+        super().__init__(threads, device="cuda")
+
+
+class TorchEager:
+    """``torch.clamp(torch.round(x / s) + zp, qmin, qmax).to(q)`` and ``((q.float() - zp) * s)``."""
+
+    name = "torch eager"
+    is_peer = True
+    timer = "torch"
+
+    def __init__(self, threads):
+        import torch
+
+        self.torch = torch
+
+    def prepare(self, case, inputs, scales, zps):
+        torch = self.torch
+        xs = [torch.from_dlpack(x.reshape(case.view_shape())) for x in inputs]
+        dev = xs[0].device
+        s = torch.from_numpy(scales.reshape(case.bcast_shape())).to(dev)
+        z = None if zps is None else torch.from_numpy(zps.astype(np.float32).reshape(case.bcast_shape())).to(dev)
+        shape = case.shape()
+        if case.op == "quantize":
+            info = np.iinfo(case.qdtype)
+            qd = getattr(torch, case.qdtype)
+
+            def run(i):
+                t = torch.round(xs[i % len(xs)].float() / s)
+                if z is not None:
+                    t = t + z
+                return torch.clamp(t, info.min, info.max).to(qd).reshape(shape)
+        else:
+            fd = getattr(torch, case.fdtype)
+
+            def run(i):
+                t = xs[i % len(xs)].float()
+                if z is not None:
+                    t = t - z
+                return (t * s).to(fd).reshape(shape)
+        return Prepared(run, lambda r: r.cpu().numpy())
+
+
+class CupyNaive:
+    """``cp.clip(cp.rint(x / s) + zp, qmin, qmax).astype(q)``: one kernel per ufunc, full-size temporaries."""
+
+    name = "cupy naive"
+    is_peer = True
+    timer = "cupy"
+
+    def __init__(self, threads):
+        import cupy
+
+        self.cp = cupy
+
+    def prepare(self, case, inputs, scales, zps):
+        cp = self.cp
+        s = _bcast(case, scales, cp)
+        z = None if zps is None else _bcast(case, zps.astype(np.float32), cp)
+        xs = [x.reshape(case.view_shape()) for x in inputs]
+        shape = case.shape()
+        if case.op == "quantize":
+            info = np.iinfo(case.qdtype)
+
+            def run(i):
+                t = cp.rint(xs[i % len(xs)] / s)
+                if z is not None:
+                    t = t + z
+                return cp.clip(t, info.min, info.max).astype(case.qdtype).reshape(shape)
+        else:
+            def run(i):
+                t = xs[i % len(xs)].astype(cp.float32)
+                if z is not None:
+                    t = t - z
+                return (t * s).astype(case.fdtype).reshape(shape)
+        return Prepared(run, cp.asnumpy)
+
+
+_Q_BODY = """
+float r = rintf((float)x / s);
+r = fminf(fmaxf(r, -1073741824.0f), 1073741824.0f);
+long long v = (long long)r + (long long)zp;
+v = v < QMIN ? QMIN : (v > QMAX ? QMAX : v);
+y = (Q)v;
+"""
+_DQ_BODY = "y = (F)((float)((long long)q - (long long)zp) * s);"
+
+
+class CupyElementwise:
+    """One-pass ``cupy.ElementwiseKernel`` (broadcast scales): what a CuPy user would hand-write."""
+
+    name = "cupy elementwise"
+    is_peer = True
+    timer = "cupy"
+
+    def __init__(self, threads):
+        import cupy
+
+        self.cp = cupy
+        self._kernels = {}
+
+    def _kernel(self, case):
+        cp = self.cp
+        key = (case.op, case.fdtype, case.qdtype)
+        if key not in self._kernels:
+            info = np.iinfo(case.qdtype)
+            ctype = {"int8": "signed char", "uint8": "unsigned char"}[case.qdtype]
+            ftype = {"float32": "float", "float16": "float16", "float64": "double"}[case.fdtype]
+            if case.op == "quantize":
+                body = (_Q_BODY.replace("QMIN", f"{info.min}LL").replace("QMAX", f"{info.max}LL")
+                        .replace("(Q)", f"({ctype})"))
+                k = cp.ElementwiseKernel(f"{ftype} x, float32 s, int32 zp", f"{ctype} y", body,
+                                         f"bench_q_{case.fdtype}_{case.qdtype}",
+                                         options=("-ftz=false", "-prec-div=true", "-fmad=false"))
+            else:
+                body = _DQ_BODY.replace("(F)", f"({ftype})")
+                k = cp.ElementwiseKernel(f"{ctype} q, float32 s, int32 zp", f"{ftype} y", body,
+                                         f"bench_dq_{case.fdtype}_{case.qdtype}",
+                                         options=("-ftz=false", "-prec-div=true", "-fmad=false"))
+            self._kernels[key] = k
+        return self._kernels[key]
+
+    def prepare(self, case, inputs, scales, zps):
+        cp = self.cp
+        if case.fdtype == "float64":
+            raise NotApplicable("float64 not wired in this peer")
+        k = self._kernel(case)
+        s = _bcast(case, scales, cp)
+        z = _bcast(case, _zps_or_zero(case, zps).astype(np.int32), cp)
+        xs = [x.reshape(case.view_shape()) for x in inputs]
+        shape = case.shape()
+        dt = case.qdtype if case.op == "quantize" else case.fdtype
+        outs = [cp.empty(case.view_shape(), dt)]
+        return Prepared(lambda i: k(xs[i % len(xs)], s, z, outs[0]).reshape(shape), cp.asnumpy)
+
+
+def gpu_peers(threads):
+    """The GPU peers that import here, and ``(name, reason)`` for those that do not."""
+    peers, missing = [], []
+    for cls in (TorchQuantizedCuda, TorchEager, CupyNaive, CupyElementwise):
+        try:
+            peers.append(cls(threads))
+        except ImportError as exc:
+            missing.append((cls.name, f"not installed ({exc.name})"))
+    return peers, missing

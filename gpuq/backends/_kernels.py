@@ -1,0 +1,161 @@
+"""The CUDA kernel sources and every instantiation the dispatcher can request (no CuPy).
+
+Both the CUDA backend (which compiles with CuPy) and the NVRTC check (which
+compiles with the ``nvidia-cuda-nvrtc`` wheel and no GPU) read this module, so
+they compile the same source text with the same options and the same names.
+
+* :func:`kernels_dir`: ``gpuq/kernels`` in an installed wheel, ``<repo>/kernels``
+  in a source tree.
+* :func:`source_text`: a ``.cu`` file with its local ``#include "x.cuh"`` lines
+  expanded in place (so the source string, which is CuPy's on-disk cache key,
+  changes whenever a header changes).
+* :data:`OPTIONS`: the NVRTC options of the contract.
+* :data:`SOURCES`: ``{file name: function returning every name expression}``.
+  Another op family registers itself by adding an entry, e.g.
+  ``SOURCES["qparams.cu"] = qparams_names``.
+
+>>> quantize_name("float32", "int8", True, "channel")
+'gpuq::quantize<float, signed char, float, true, 1>'
+>>> len(SOURCES["quantize.cu"]()), len(SOURCES["dequantize.cu"]())
+(48, 48)
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+
+from .._dtypes import C_TYPES, FLOAT_DTYPES, QUANT_RANGE, compute_dtype
+from .cuda_qparams import kernel_names as qparams_names  # CuPy-free, like this module
+
+#: NVRTC options of the contract (DESIGN.md section 1). CuPy appends
+#: ``-ftz=true`` after these and NVRTC honours the last one, so the kernels do
+#: not rely on ``-ftz=false``: see kernels/contract.cuh.
+OPTIONS = ("-std=c++17", "-ftz=false", "-prec-div=true", "-fmad=false")
+
+#: Scheme index maps: the kernels' MAP template argument (kernels/elementwise.cuh).
+MAPS = {"tensor": 0, "channel": 1, "group": 2, "strided": 3}
+
+#: Most merged dims the strided (multi-axis) map walks (kMaxDims in elementwise.cuh).
+MAX_DIMS = 8
+
+_QUANT_DTYPES = tuple(QUANT_RANGE)
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
+
+
+def kernels_dir() -> Path:
+    """The directory holding the ``.cu``/``.cuh`` files.
+
+    >>> (kernels_dir() / "contract.cuh").is_file()
+    True
+    """
+    return _kernels_dir()
+
+
+@functools.cache
+def _kernels_dir() -> Path:
+    env = os.environ.get("GPUQ_KERNELS_DIR")
+    candidates = [Path(env)] if env else []
+    try:  # installed wheel: package gpuq.kernels (pyproject maps it to kernels/)
+        import importlib.util
+
+        spec = importlib.util.find_spec("gpuq.kernels")
+        if spec is not None and spec.submodule_search_locations:
+            candidates += [Path(p) for p in spec.submodule_search_locations]
+    except (ImportError, ValueError):
+        pass
+    candidates.append(Path(__file__).resolve().parents[2] / "kernels")  # source tree
+    for c in candidates:
+        if (c / "contract.cuh").is_file():
+            return c
+    raise FileNotFoundError(
+        "gpuq's CUDA sources (contract.cuh) were not found in any of: "
+        + ", ".join(str(c) for c in candidates)
+    )
+
+
+@functools.cache
+def source_text(name: str) -> str:
+    """``name`` (e.g. ``"quantize.cu"``) with local includes expanded once each.
+
+    ``#line`` directives keep compiler messages pointing at the real files.
+
+    >>> "quantize_rn_zp" in source_text("quantize.cu")
+    True
+    """
+    return _expand(name, set())
+
+
+def _expand(name: str, seen: set) -> str:
+    path = kernels_dir() / name
+    if name in seen:
+        return ""
+    seen.add(name)
+    out = [f'#line 1 "{name}"']
+    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+        m = _INCLUDE.match(line)
+        if m and (kernels_dir() / m.group(1)).is_file():
+            out.append(_expand(m.group(1), seen))
+            out.append(f'#line {lineno + 1} "{name}"')
+        elif line.strip() == "#pragma once":
+            out.append("")  # inlined once already; in one text it would warn "in main file"
+        else:
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def _c(dtype) -> str:
+    return C_TYPES[np.dtype(dtype)]
+
+
+def _flag(b: bool) -> str:
+    return "true" if b else "false"
+
+
+def quantize_name(src_dtype, code_dtype, has_zp: bool, map_name: str) -> str:
+    """The name expression of one quantize kernel (compute type follows ``src_dtype``)."""
+    ct = compute_dtype(np.dtype(src_dtype))
+    return (f"gpuq::quantize<{_c(src_dtype)}, {_c(code_dtype)}, {_c(ct)}, "
+            f"{_flag(has_zp)}, {MAPS[map_name]}>")
+
+
+def dequantize_name(code_dtype, out_dtype, has_zp: bool, map_name: str) -> str:
+    """The name expression of one dequantize kernel (compute type follows ``out_dtype``)."""
+    ct = compute_dtype(np.dtype(out_dtype))
+    return (f"gpuq::dequantize<{_c(code_dtype)}, {_c(out_dtype)}, {_c(ct)}, "
+            f"{_flag(has_zp)}, {MAPS[map_name]}>")
+
+
+@functools.cache
+def quantize_group(src_dtype, code_dtype) -> tuple:
+    """The names compiled together for one (src, code) dtype pair: zp x map."""
+    return tuple(quantize_name(src_dtype, code_dtype, z, m) for z in (False, True) for m in MAPS)
+
+
+@functools.cache
+def dequantize_group(code_dtype, out_dtype) -> tuple:
+    """The names compiled together for one (code, out) dtype pair: zp x map."""
+    return tuple(dequantize_name(code_dtype, out_dtype, z, m) for z in (False, True) for m in MAPS)
+
+
+def quantize_names() -> list:
+    """Every quantize instantiation the dispatcher can request."""
+    return [n for f in FLOAT_DTYPES for q in _QUANT_DTYPES for n in quantize_group(f, q)]
+
+
+def dequantize_names() -> list:
+    """Every dequantize instantiation the dispatcher can request."""
+    return [n for q in _QUANT_DTYPES for f in FLOAT_DTYPES for n in dequantize_group(q, f)]
+
+
+#: Source file -> function returning every name expression the dispatcher can
+#: request from it. The NVRTC check compiles all of them.
+SOURCES = {
+    "quantize.cu": quantize_names,
+    "dequantize.cu": dequantize_names,
+    "qparams.cu": qparams_names,
+}

@@ -1,0 +1,282 @@
+"""The CUDA backend: gpuq's kernels (kernels/*.cu) on CuPy arrays.
+
+Imported by the dispatcher only for device arrays; CuPy is imported inside
+the functions, so importing this module never touches CUDA.
+
+* Arrays: a ``cupy.ndarray`` is used as is; objects exposing
+  ``__cuda_array_interface__`` (Numba, PyTorch) or a CUDA ``__dlpack__``
+  (PyTorch, JAX) are wrapped zero-copy. Results are CuPy arrays on the
+  device of ``src`` (not device 0), computed on CuPy's current stream.
+* One kernel launch per call for every scheme (see :func:`lower`), no host
+  synchronisation on the call path, except the opt-out value check of
+  device-resident scales/zps (one reduction and one synchronisation).
+* Non-contiguous ``src`` is copied once with ``cupy.ascontiguousarray`` (one
+  extra read and write of src); a non-contiguous ``out`` is written through
+  a contiguous temporary and one copy into ``out``. Contiguous views at any
+  offset need no copy: units of 16 elements use 16-byte vectors from the first
+  aligned element on, with a scalar head and tail.
+* Compiled on first use per dtype pair, once per device architecture
+  (:mod:`gpuq.backends._cuda_compile`).
+
+>>> import cupy, gpuq                                   # doctest: +SKIP
+>>> x = cupy.asarray([0.5, 1.5, -300.0], cupy.float32)  # doctest: +SKIP
+>>> gpuq.quantize(x, 1.0)                               # doctest: +SKIP
+array([   0,    2, -128], dtype=int8)
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from .._dtypes import INT32_MAX, INT32_MIN
+from . import _kernels
+from ._cuda_compile import get_function, load_module  # noqa: F401  (load_module: public re-export)
+
+#: Threads per block (the kernels' __launch_bounds__).
+THREADS = 256
+
+
+def _cupy():
+    import cupy
+
+    return cupy
+
+
+def as_cupy(obj):
+    """``obj`` as a ``cupy.ndarray`` without copying.
+
+    >>> import torch                                    # doctest: +SKIP
+    >>> as_cupy(torch.ones(3, device="cuda")).shape     # doctest: +SKIP
+    (3,)
+    """
+    cupy = _cupy()
+    if isinstance(obj, cupy.ndarray):
+        return obj
+    if hasattr(obj, "__cuda_array_interface__"):
+        return cupy.asarray(obj)
+    if hasattr(obj, "__dlpack__"):
+        return cupy.from_dlpack(obj)
+    raise TypeError(
+        f"expected a CUDA array (CuPy, __cuda_array_interface__ or a CUDA __dlpack__), "
+        f"got {type(obj).__module__}.{type(obj).__qualname__}"
+    )
+
+
+def _device_id(arr) -> int:
+    return arr.device.id
+
+
+@functools.cache
+def _max_blocks(device_id: int) -> int:
+    """Enough resident blocks to fill the device once (grid-stride loops do the rest)."""
+    attrs = _cupy().cuda.Device(device_id).attributes
+    per_sm = max(1, attrs["MaxThreadsPerMultiProcessor"] // THREADS)
+    return attrs["MultiProcessorCount"] * per_sm
+
+
+# ---------------------------------------------------------------------------
+# Scheme -> index map
+
+
+def lower(scheme):
+    """The kernel index map for ``scheme`` on a C-contiguous src.
+
+    Returns ``(map_name, m0, m1, m2, dims)``; ``dims`` is a tuple for the
+    strided map (shapes then param strides of the merged dims), else None.
+    ``map_name`` ``"expand"`` means the parameters must be broadcast to the full
+    shape first (multi-axis with more than MAX_DIMS alternating dims).
+
+    >>> from gpuq._scheme import Scheme
+    >>> lower(Scheme.build((2, 3, 4), axis=1))
+    ('channel', 3, 4, 0, None)
+    >>> lower(Scheme.build((2, 3, 4), axis=(0, 2)))
+    ('strided', 3, 0, 0, (2, 3, 4, 4, 0, 1))
+    >>> lower(Scheme.build((6, 10), axis=1, group_size=4))
+    ('group', 10, 1, 4, None)
+    >>> lower(Scheme.build((6, 8), axis=1, group_size=4))
+    ('channel', 12, 4, 0, None)
+    """
+    shape = scheme.shape
+    if scheme.kind == "tensor":
+        return "tensor", 0, 0, 0, None
+    if scheme.kind == "group":
+        (k,) = scheme.axes
+        n, g = shape[k], scheme.group_size
+        inner = math.prod(shape[k + 1:])
+        if n % g == 0 and inner == 1:
+            # Full groups along the last (merged) axis: scale index = i // g.
+            return "channel", math.prod(shape) // g, g, 0, None
+        return "group", n, inner, g, None
+    axes = set(scheme.axes)
+    dims = []  # [size, varies_with_scale]; size-1 dims dropped, equal neighbours merged
+    for d, size in enumerate(shape):
+        if size == 1:
+            continue
+        scale = d in axes
+        if dims and dims[-1][1] == scale:
+            dims[-1][0] *= size
+        else:
+            dims.append([size, scale])
+    runs = [i for i, (_, s) in enumerate(dims) if s]
+    if not runs:
+        return "tensor", 0, 0, 0, None
+    if len(runs) == 1:
+        (i,) = runs
+        return "channel", dims[i][0], math.prod(size for size, _ in dims[i + 1:]), 0, None
+    if len(dims) > _kernels.MAX_DIMS:
+        return "expand", 0, 0, 0, None
+    pstrides, stride = [], 1
+    for size, scale in reversed(dims):
+        pstrides.append(stride if scale else 0)
+        stride *= size if scale else 1
+    sizes = tuple(size for size, _ in dims)
+    return "strided", len(dims), 0, 0, sizes + tuple(reversed(pstrides))
+
+
+@functools.lru_cache(maxsize=256)
+def _dims_array(device_id: int, dims: tuple):
+    cupy = _cupy()
+    with cupy.cuda.Device(device_id):
+        arr = cupy.asarray(np.asarray(dims, dtype=np.int64))
+        # Cached and reused from any stream later: make sure the upload has landed.
+        cupy.cuda.get_current_stream().synchronize()
+    return arr
+
+
+def _alignment(float_arr, code_arr, n: int):
+    """``(head, vec)`` for the kernels: the first element from which the float
+    side is 16-byte aligned, and which sides may use 16-byte vectors there."""
+    fa, isz = float_arr.data.ptr, float_arr.itemsize
+    if fa % isz:
+        return 0, 0  # not even element-aligned: scalar units only
+    head = min(((-fa) % 16) // isz, n)
+    vec = 1  # kVecFloat
+    if (code_arr.data.ptr + head) % 16 == 0:
+        vec |= 2  # kVecCode
+    return head, vec
+
+
+@functools.cache
+def _names(op: str, a, b):
+    group = (_kernels.quantize_group if op == "quantize" else _kernels.dequantize_group)(a, b)
+    maker = _kernels.quantize_name if op == "quantize" else _kernels.dequantize_name
+    return group, {(z, m): maker(a, b, z, m) for z in (False, True) for m in _kernels.MAPS}
+
+
+def _launch(op, src, out, scheme, scales, zps):
+    """One launch of the ``op`` kernel for contiguous ``src``/``out`` on src's device."""
+    cupy = _cupy()
+    n = src.size
+    map_name, m0, m1, m2, dims = lower(scheme)
+    if map_name == "expand":
+        # Rare: parameters broadcast to full size (n elements each), then p = i.
+        view = tuple(d if i in scheme.axes else 1 for i, d in enumerate(scheme.shape))
+        scales = cupy.ascontiguousarray(cupy.broadcast_to(scales.reshape(view), scheme.shape))
+        if zps is not None:
+            zps = cupy.ascontiguousarray(cupy.broadcast_to(zps.reshape(view), scheme.shape))
+        map_name, m0, m1 = "channel", n, 1
+    dims_arg = scales if dims is None else _dims_array(_device_id(src), dims)
+    if op == "quantize":
+        float_arr, code_arr, a, b = src, out, src.dtype, out.dtype
+    else:
+        float_arr, code_arr, a, b = out, src, src.dtype, out.dtype
+    group, names = _names(op, a, b)
+    fn = get_function(f"{op}.cu", group, names[(zps is not None, map_name)])
+    head, vec = _alignment(float_arr, code_arr, n)
+    units = 1 + -(-(n - head) // 16)
+    blocks = max(1, min(-(-units // THREADS), _max_blocks(_device_id(src))))
+    args = (src, out, scales, scales if zps is None else zps, np.int64(n), np.int64(head),
+            np.int32(vec), np.int64(m0), np.int64(m1), np.int64(m2), dims_arg)
+    fn((blocks,), (THREADS,), args, stream=cupy.cuda.get_current_stream())
+
+
+def _run(op, src, scheme, scales, zps, out):
+    cupy = _cupy()
+    with src.device:
+        x = src if src.flags.c_contiguous else cupy.ascontiguousarray(src)
+        y = out if out.flags.c_contiguous else cupy.empty(out.shape, out.dtype)
+        _launch(op, x, y, scheme, scales, zps)
+        if y is not out:
+            out[...] = y
+
+
+class CudaBackend:
+    """Device arrays (CuPy, or zero-copy wrappers of CUDA arrays); see the module docstring."""
+
+    name = "cuda"
+    as_cupy = staticmethod(as_cupy)
+
+    @staticmethod
+    def empty(src, shape, dtype):
+        """A new CuPy array on the device of ``src``."""
+        with src.device:
+            return _cupy().empty(shape, dtype)
+
+    @staticmethod
+    def to_param(arr, src):
+        """Host ``arr`` uploaded to src's device (C-contiguous); a device ``arr``
+        on src's device passes through; another device is a TypeError."""
+        cupy = _cupy()
+        if isinstance(arr, (np.ndarray, np.generic)):
+            with src.device:
+                return cupy.asarray(np.ascontiguousarray(arr))
+        dev = as_cupy(arr)
+        if _device_id(dev) != _device_id(src):
+            raise TypeError(
+                f"scales and zps must be on the device of src (CUDA device {_device_id(src)}), "
+                f"got an array on CUDA device {_device_id(dev)}; gpuq does not copy between "
+                f"devices behind your back"
+            )
+        return dev if dev.flags.c_contiguous else cupy.ascontiguousarray(dev)
+
+    @staticmethod
+    def check_scales(dev, argname) -> None:
+        """Finite and > 0, checked on the device: one reduction and one synchronisation."""
+        cupy = _cupy()
+        with dev.device:
+            bad = ~((dev > 0) & (dev < np.inf))  # NaN fails both comparisons
+            if not bool(bad.any()):
+                return
+            flat = int(bad.ravel().argmax())
+            value = cupy.asnumpy(dev.ravel()[flat])[()]
+        where = f" at index {tuple(int(j) for j in np.unravel_index(flat, dev.shape))}" if dev.ndim else ""
+        raise ValueError(f"{argname} must be finite and > 0 in {dev.dtype}, got {value}{where}")
+
+    @staticmethod
+    def check_int32(dev, argname) -> None:
+        """Every value within int32, checked on the device (min and max: two small reductions)."""
+        if dev.size == 0:
+            return
+        with dev.device:
+            lo, hi = int(dev.min()), int(dev.max())
+        if lo < INT32_MIN or hi > INT32_MAX:
+            bad = lo if lo < INT32_MIN else hi
+            raise ValueError(f"{argname} must fit int32 [{INT32_MIN}, {INT32_MAX}], got {bad}")
+
+    @staticmethod
+    def check_out(out, src) -> None:
+        if _device_id(out) != _device_id(src):
+            raise TypeError(
+                f"out must be on the device of src (CUDA device {_device_id(src)}), "
+                f"got an array on CUDA device {_device_id(out)}"
+            )
+        if _cupy().may_share_memory(out, src):
+            raise ValueError("out must not overlap src, got a view of the same memory")
+
+    @staticmethod
+    def device_key(arr):
+        """Key for parameters uploaded once per device by the op objects."""
+        return ("cuda", _device_id(arr))
+
+    @staticmethod
+    def quantize(src, scheme, scales, zps, out) -> None:
+        """``out[...] = quantize(src)``; scales in the compute dtype, zps int32 or None."""
+        _run("quantize", src, scheme, scales, zps, out)
+
+    @staticmethod
+    def dequantize(src, scheme, scales, zps, out) -> None:
+        """``out[...] = dequantize(src)``; scales in the compute dtype, zps int32 or None."""
+        _run("dequantize", src, scheme, scales, zps, out)

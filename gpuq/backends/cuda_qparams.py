@@ -1,0 +1,237 @@
+"""Quantization parameters from data on the GPU: launches of ``kernels/qparams.cu``.
+
+A scheme becomes one of two reductions over C-contiguous ``x`` (a view is
+copied to a contiguous temporary first):
+
+============================  =================================================
+scheme                        reduction (one launch, partial results by atomics)
+============================  =================================================
+per-tensor                    ``minmax_segments``: chunks of ``CHUNK``, one slot
+per-channel, last axis        ``minmax_columns``: ``[1, rows, C]``
+per-channel, other axes       ``minmax_segments``: rows of ``inner``, slot ``r % C``
+per-group, last axis          ``minmax_segments``: groups of each row
+per-group, other axes         ``minmax_columns``: ``[outer, n, inner]``
+multi-axis                    adjacent axes merge into one channel axis; others
+                              are moved to the front (a transposed copy)
+============================  =================================================
+
+then ``finalize`` (the formula, one thread per slot). ``quantize_dynamic``
+fuses all of it with the quantization where every block is one contiguous
+run (per-token rows, groups along the last axis, small per-tensor): one team
+per block reads it, computes its parameters and writes its codes.
+
+Importing this module does not import CuPy (the NVRTC check reads
+:func:`kernel_names`); the module is compiled on first use.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from .._dtypes import C_TYPES, FLOAT_DTYPES, QUANT_RANGE
+
+SOURCE = "qparams.cu"
+#: Elements per piece of a per-tensor (or long-row) reduction: one thread block each.
+CHUNK = 1 << 14
+#: Longest block a warp reduces; longer ones get a whole thread block.
+WARP_MAX = 1024
+#: Largest per-tensor tensor quantized by the fused kernel (one thread block).
+FUSED_TENSOR_MAX = 1 << 16
+THREADS = 256
+_MAX_BLOCKS = 1 << 16
+#: Order-preserving keys of +inf and -inf (kernels/qparams.cu, key_of): the identities.
+KEY_POS_INF = 0xFF800000
+KEY_NEG_INF = 0x007FFFFF
+_NULL = np.uint64(0)
+
+
+def _flag(b) -> str:
+    return "true" if b else "false"
+
+
+def segments_name(dtype, warp: bool) -> str:
+    return f"gpuq::minmax_segments<{C_TYPES[np.dtype(dtype)]}, {_flag(warp)}>"
+
+
+def columns_name(dtype) -> str:
+    return f"gpuq::minmax_columns<{C_TYPES[np.dtype(dtype)]}>"
+
+
+def fused_name(dtype, qdtype, warp: bool) -> str:
+    return (f"gpuq::dynamic_quantize_segments<{C_TYPES[np.dtype(dtype)]}, "
+            f"{C_TYPES[np.dtype(qdtype)]}, {_flag(warp)}>")
+
+
+FINALIZE = "gpuq::finalize"
+
+
+def kernel_names() -> list:
+    """Every name expression of ``qparams.cu`` the dispatcher can request.
+
+    >>> len(kernel_names()), kernel_names()[0]
+    (22, 'gpuq::minmax_segments<__half, false>')
+    """
+    names = [segments_name(f, w) for f in FLOAT_DTYPES for w in (False, True)]
+    names += [columns_name(f) for f in FLOAT_DTYPES]
+    names.append(FINALIZE)
+    names += [fused_name(f, q, w) for f in FLOAT_DTYPES for q in QUANT_RANGE for w in (False, True)]
+    return names
+
+
+@functools.cache
+def _names() -> tuple:
+    return tuple(kernel_names())
+
+
+def _function(name):
+    # Compiled on first use, cached per device (gpuq.backends._cuda_compile).
+    from ._cuda_compile import get_function
+
+    return get_function(SOURCE, _names(), name)
+
+
+def _launch(name, blocks, args):
+    # CuPy launches on the current stream.
+    _function(name)((int(blocks),), (THREADS,), args)
+
+
+# --- reductions --------------------------------------------------------------------------------
+
+def _layout(x, scheme):
+    """``x`` (contiguous, maybe transposed) and ``(kind, outer, n, inner, g)`` of its reduction."""
+    import cupy
+
+    x = cupy.ascontiguousarray(x)
+    shape, kind = x.shape, scheme.kind
+    if kind == "tensor":
+        return x, ("tensor", 1, x.size, 1, None)
+    if kind == "axes":
+        axes = scheme.axes
+        if axes != tuple(range(axes[0], axes[-1] + 1)):
+            # Non-adjacent axes: the slots' axes first, in order; a copy.
+            rest = tuple(i for i in range(len(shape)) if i not in axes)
+            x = cupy.ascontiguousarray(x.transpose(axes + rest))
+            axes = tuple(range(len(axes)))
+            shape = x.shape
+        a0, a1 = axes[0], axes[-1]
+        return x, ("channel", math.prod(shape[:a0]), math.prod(shape[a0:a1 + 1]),
+                   math.prod(shape[a1 + 1:]), None)
+    (k,) = scheme.axes
+    outer, n, inner = math.prod(shape[:k]), shape[k], math.prod(shape[k + 1:])
+    return x, (kind, outer, n, inner, scheme.group_size)
+
+
+def minmax_keys(x, scheme):
+    """Per-slot (lo, hi) of ``x`` as order-preserving uint32 keys, flat, on the device."""
+    import cupy
+
+    nslots = math.prod(scheme.param_shape)
+    lo = cupy.full(nslots, KEY_POS_INF, cupy.uint32)
+    hi = cupy.full(nslots, KEY_NEG_INF, cupy.uint32)
+    if x.size == 0:
+        return lo, hi
+    x, (kind, outer, n, inner, g) = _layout(x, scheme)
+    if kind == "tensor":
+        _segments(x, 1, n, CHUNK, 1, 0, lo, hi)
+    elif kind == "channel" and inner == 1:
+        _columns(x, 1, outer, n, outer, lo, hi)
+    elif kind == "channel":
+        _segments(x, outer * n, inner, min(inner, CHUNK), n, 0, lo, hi)
+    elif inner == 1:  # group along the last (merged) axis
+        _segments(x, outer, n, g, outer, 1, lo, hi)
+    else:
+        _columns(x, outer, n, inner, g, lo, hi)
+    return lo, hi
+
+
+def _segments(x, rows, n, g, pmod, jstride, lo, hi):
+    pieces = rows * -(-n // g)
+    warp = min(g, n) <= WARP_MAX
+    blocks = -(-pieces // (THREADS // 32)) if warp else pieces
+    _launch(segments_name(x.dtype, warp), min(blocks, _MAX_BLOCKS),
+            (x, np.int64(rows), np.int64(n), np.int64(g), np.int64(pmod), np.int32(jstride), lo, hi))
+
+
+def _columns(x, outer, n, inner, g, lo, hi):
+    slots = outer * -(-n // g) * inner
+    tall = min(g, n)
+    # Enough threads to fill the device: split each group's rows over blockIdx.y.
+    ysplit = max(1, min(65535, tall, (1 << 18) // max(slots, 1)))
+    rows_per_y = -(-tall // ysplit)
+    ysplit = -(-tall // rows_per_y)
+    fn = _function(columns_name(x.dtype))
+    fn((-(-slots // THREADS), ysplit), (THREADS,),
+       (x, np.int64(outer), np.int64(n), np.int64(inner), np.int64(g), np.int64(rows_per_y), lo, hi))
+
+
+# --- parameters ----------------------------------------------------------------------------------
+
+def _outputs(scheme, qmin, symmetric):
+    import cupy
+
+    scales = cupy.empty(scheme.param_shape, cupy.float32)
+    zps = None if (symmetric and qmin < 0) else cupy.empty(scheme.param_shape, cupy.int32)
+    return scales, zps, cupy.zeros(1, cupy.int32)
+
+
+def _raise_on_inf(flag):
+    # One 4-byte read-back: the only synchronisation of these calls.
+    if int(flag.get()[0]):
+        raise ValueError(
+            "x must be finite (and within float32) to choose quantization parameters, got +/-inf"
+        )
+
+
+def choose_qparams(x, scheme, qmin, qmax, symmetric, eps):
+    """Scales and zero points for device ``x`` (validated by ``gpuq.qparams``)."""
+    lo, hi = minmax_keys(x, scheme)
+    scales, zps, flag = _outputs(scheme, qmin, symmetric)
+    if lo.size:
+        _launch(FINALIZE, min(-(-lo.size // THREADS), _MAX_BLOCKS),
+                (lo, hi, np.int64(lo.size), np.int32(qmin), np.int32(qmax), np.int32(symmetric),
+                 np.float32(eps), scales, _NULL if zps is None else zps, flag))
+        _raise_on_inf(flag)
+    return scales, zps
+
+
+def _fused_rows(shape, scheme):
+    """``(rows, n, g)`` when every block is one contiguous run of C-order ``x``, else None."""
+    if scheme.kind == "tensor":
+        size = math.prod(shape)
+        return (1, size, size) if size <= FUSED_TENSOR_MAX else None
+    axes = scheme.axes
+    if scheme.kind == "group":
+        (k,) = axes
+        if math.prod(shape[k + 1:]) == 1:
+            return math.prod(shape[:k]), shape[k], scheme.group_size
+        return None
+    # channel / adjacent multi-axis with nothing before the axes: one row per slot.
+    if axes != tuple(range(axes[0], axes[-1] + 1)) or math.prod(shape[:axes[0]]) != 1:
+        return None
+    rows, n = math.prod(shape[axes[0]:axes[-1] + 1]), math.prod(shape[axes[-1] + 1:])
+    return rows, n, n
+
+
+def quantize_dynamic(x, scheme, qdtype, symmetric, eps):
+    """Codes, scales and zps in one launch where :func:`_fused_rows` allows, else None."""
+    import cupy
+
+    fused = _fused_rows(x.shape, scheme) if x.size else None
+    if fused is None:
+        return None
+    rows, n, g = fused
+    qmin, _ = QUANT_RANGE[np.dtype(qdtype)]
+    x = cupy.ascontiguousarray(x)
+    q = cupy.empty(x.shape, qdtype)
+    scales, zps, flag = _outputs(scheme, qmin, symmetric)
+    pieces = rows * -(-n // g)
+    warp = g <= WARP_MAX
+    blocks = -(-pieces // (THREADS // 32)) if warp else pieces
+    _launch(fused_name(x.dtype, qdtype, warp), min(blocks, _MAX_BLOCKS),
+            (x, q, np.int64(rows), np.int64(n), np.int64(g), np.int32(symmetric), np.float32(eps),
+             scales, _NULL if zps is None else zps, flag))
+    _raise_on_inf(flag)
+    return q, scales, zps

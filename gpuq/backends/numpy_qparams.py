@@ -1,0 +1,184 @@
+"""Quantization parameters from data on the host: blocked min/max, then the formula.
+
+Two steps, each in one place:
+
+* :func:`minmax` reduces ``x`` to the smallest and largest number of every
+  parameter slot (one slot per scale) with ``np.fmin.reduce`` /
+  ``np.fmax.reduce`` on views: NaN is ignored, and nothing the size of ``x``
+  is allocated. The tensor is cut into units of about ``UNIT`` elements; the
+  min and the max of a unit are taken back to back so that the second read
+  comes from cache. Units are shared among the NumPy backend's threads.
+* :func:`finalize` turns the per-slot (min, max) into scales and zero points
+  with parameter-sized float32 arithmetic. ``kernels/qparams.cu``
+  (``finalize_one``) states the same formula for the GPU, bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import _blocks
+from .numpy_backend import _run, get_num_threads
+
+#: Elements per reduction unit: its min and max pass both run over data in cache.
+UNIT = 1 << 17
+
+_F32 = np.dtype(np.float32)
+_F64 = np.dtype(np.float64)
+
+
+def choose_qparams(x, scheme, qmin, qmax, symmetric, eps):
+    """Scales and zero points for host ``x`` (validated by ``gpuq.qparams``)."""
+    lo, hi = minmax(x, scheme)
+    return finalize(lo, hi, qmin, qmax, symmetric, eps)
+
+
+def minmax(x, scheme):
+    """Per-slot ``(lo, hi)`` of ``x``, in ``x.dtype`` and of ``scheme.param_shape``.
+
+    NaN is ignored; a slot with no number (all NaN, or empty) gets NaN or
+    ``(+inf, -inf)``, which :func:`finalize` treats as an all-zero block.
+    """
+    lo = np.full(scheme.param_shape, np.inf, x.dtype)
+    hi = np.full(scheme.param_shape, -np.inf, x.dtype)
+    if x.size == 0:
+        return lo, hi
+    plans = []
+    for piece in scheme.pieces():
+        # Splitting one dim in two (a group piece) is always a view, never a copy.
+        xv = x[piece.src_index].reshape(piece.view_shape)
+        # ``...`` keeps a 0-d parameter a view (``a[()]`` would be a scalar copy).
+        pidx = piece.param_index or (Ellipsis,)
+        lv = lo[pidx].reshape(piece.param_view_shape)
+        hv = hi[pidx].reshape(piece.param_view_shape)
+        plans.append(_ReducePlan(xv, lv, hv))
+    _run(plans, _reduce_unit)
+    for plan in plans:
+        plan.combine()
+    return lo, hi
+
+
+class _ReducePlan:
+    """Units of one broadcast problem: ``x`` reduced into ``lo``/``hi`` (1 on reduced dims).
+
+    Units split the largest kept dim where there are enough slots to share
+    (disjoint outputs, no combining); otherwise (per-tensor, a few channels)
+    they split the largest reduced dim and each unit writes its own partial
+    slots, combined once at the end (a few times the parameter size).
+    """
+
+    def __init__(self, x, lo, hi):
+        shape, x2, _, (lo2, hi2), kept = _blocks.lower(x, x, [lo, hi])
+        # lower() hands parameters back read-only; the same layout, writeable.
+        as_strided = np.lib.stride_tricks.as_strided
+        self.lo = as_strided(lo, lo2.shape, lo2.strides)
+        self.hi = as_strided(hi, hi2.shape, hi2.strides)
+        self.x, self.size = x2, x.size
+        self.reduced = tuple(i for i in range(len(shape)) if i not in kept)
+        self.partial = None
+        threads = get_num_threads() if x.size >= 2 * UNIT else 1
+        nslots = math.prod(shape[i] for i in kept)
+        if not shape or threads == 1:
+            self.axis, self.nunits = None, 1
+        elif kept and (nslots >= 4 * threads or not self.reduced):
+            self.axis = max(kept, key=lambda i: shape[i])
+            self.nunits = min(shape[self.axis], 4 * threads)
+        else:
+            self.axis = max(self.reduced, key=lambda i: shape[i])
+            self.nunits = min(shape[self.axis], 2 * threads)
+            if self.nunits > 1:
+                self.partial = (np.empty((self.nunits,) + lo2.shape, lo.dtype),
+                                np.empty((self.nunits,) + hi2.shape, hi.dtype))
+        self.nblocks = self.nunits
+
+    def block(self, b, scratch):
+        if self.axis is None:
+            return self.x, (self.lo, self.hi), self.reduced
+        n = self.x.shape[self.axis]
+        a, e = n * b // self.nunits, n * (b + 1) // self.nunits
+        cut = (slice(None),) * self.axis + (slice(a, e),)
+        if self.partial is not None:
+            return self.x[cut], (self.partial[0][b], self.partial[1][b]), self.reduced
+        return self.x[cut], (self.lo[cut], self.hi[cut]), self.reduced
+
+    def combine(self):
+        if self.partial is not None:
+            np.fmin.reduce(self.partial[0], axis=0, out=self.lo)
+            np.fmax.reduce(self.partial[1], axis=0, out=self.hi)
+
+
+def _reduce_unit(x, out, reduced, scratch):
+    _reduce_seq(x, out[0], out[1], reduced, False)
+
+
+def _reduce_seq(x, lo, hi, reduced, accumulate):
+    """Reduce ``x`` into ``lo``/``hi`` on this thread, in cache-sized pieces."""
+    if x.size <= UNIT:
+        if accumulate:
+            np.fmin(lo, np.fmin.reduce(x, axis=reduced, keepdims=True), out=lo)
+            np.fmax(hi, np.fmax.reduce(x, axis=reduced, keepdims=True), out=hi)
+        else:
+            np.fmin.reduce(x, axis=reduced, keepdims=True, out=lo)
+            np.fmax.reduce(x, axis=reduced, keepdims=True, out=hi)
+        return
+    inner = x[0].size
+    dim0_reduced = 0 in reduced
+    if inner > UNIT:
+        # A row of dim 0 is bigger than a unit: walk the rows one at a time, one dim down.
+        sub_reduced = tuple(i - 1 for i in reduced if i)
+        for r in range(x.shape[0]):
+            j = 0 if dim0_reduced else r
+            _reduce_seq(x[r], lo[j], hi[j], sub_reduced, accumulate or (dim0_reduced and r > 0))
+        return
+    step = max(1, UNIT // inner)
+    for a in range(0, x.shape[0], step):
+        if dim0_reduced:
+            _reduce_seq(x[a:a + step], lo, hi, reduced, accumulate or a > 0)
+        else:
+            _reduce_seq(x[a:a + step], lo[a:a + step], hi[a:a + step], reduced, accumulate)
+
+
+@np.errstate(over="ignore", invalid="ignore", divide="ignore")
+def finalize(lo, hi, qmin, qmax, symmetric, eps):
+    """Scales (float32) and zero points (int32, or None) from per-slot ``lo``/``hi``.
+
+    ``lo``/``hi`` of any float dtype; float64 is rounded to float32 first
+    (rounding is monotonic, so this is the min/max of the rounded values).
+    Raises ``ValueError`` if a slot holds +/-inf or a value beyond float32.
+    """
+    lo32, hi32 = lo.astype(_F32), hi.astype(_F32)
+    _check_finite(lo32, hi32, lo, hi)
+    eps = np.float32(eps)
+    if symmetric:
+        amax = np.fmax(np.fmax(hi32, -lo32), np.float32(0))
+        scales = np.asarray(np.maximum(amax / np.float32(127), eps), _F32)
+        zps = None if qmin < 0 else np.full(scales.shape, 128, np.int32)
+        return scales, zps
+    lo0 = np.fmin(lo32, np.float32(0))
+    hi0 = np.fmax(hi32, np.float32(0))
+    span = hi0 - lo0
+    scales = span / np.float32(qmax - qmin)
+    wide = np.isinf(span)
+    if wide.any():
+        # hi - lo overflows float32 (values near +/-FLT_MAX): the same quotient via float64.
+        wide_s = (hi0.astype(_F64) - lo0.astype(_F64)) / float(qmax - qmin)
+        scales = np.where(wide, wide_s.astype(_F32), scales)
+    scales = np.asarray(np.maximum(scales, eps), _F32)
+    zps = np.float32(qmin) - np.rint(lo0 / scales)
+    zps = np.asarray(np.clip(zps, qmin, qmax), np.int32)
+    return scales, zps
+
+
+def _check_finite(lo32, hi32, lo, hi):
+    bad = (lo32 == -np.inf) | (hi32 == np.inf)
+    if not bad.any():
+        return
+    i = np.unravel_index(int(np.argmax(bad)), bad.shape)
+    raw = lo[i] if lo32[i] == -np.inf else hi[i]
+    where = f" in the block of scales index {tuple(int(j) for j in i)}" if bad.ndim else ""
+    what = f"{raw}" if np.isinf(raw) else f"{raw}, beyond the float32 range"
+    raise ValueError(
+        f"x must be finite (and within float32) to choose quantization parameters, got {what}{where}"
+    )

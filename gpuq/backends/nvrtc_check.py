@@ -1,0 +1,228 @@
+"""Compile every registered kernel instantiation with NVRTC, no GPU and no CuPy needed.
+
+Drives ``libnvrtc`` through :mod:`ctypes`, taken from the ``nvidia-cuda-nvrtc``
+wheel (``site-packages/nvidia/cu13/lib`` for CUDA 13, ``nvidia/cuda_nvrtc/lib``
+for CUDA 12), ``$GPUQ_NVRTC`` or the system library path. NVRTC compiles
+without a driver, so CI checks the kernels on machines without a GPU.
+
+For each source in :data:`gpuq.backends._kernels.SOURCES` it compiles the
+expanded source with every name expression, with the contract's options, for
+PTX (``compute_80``) and SASS (``sm_80``, ``sm_90``). Any error or warning (any
+text in NVRTC's log) is a failure. It also compiles ``compute_80`` PTX with
+``-ftz=true`` (what CuPy appends) and demands the same PTX: the kernels'
+results must not depend on the flush-to-zero flag.
+
+Command line: ``python -m gpuq.backends.nvrtc_check`` (exit status 1 on failure).
+
+>>> find_libnvrtc() is None or find_libnvrtc().name.startswith("libnvrtc")
+True
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import _kernels
+
+#: Targets checked: PTX for the oldest supported architecture, SASS for A100 and H100.
+TARGETS = ("compute_80", "sm_80", "sm_90")
+
+
+@dataclass
+class Result:
+    """One NVRTC compile: ``ok`` is False on an error or any log text."""
+
+    source: str
+    target: str
+    options: tuple
+    names: list
+    rc: int
+    log: str
+    code: bytes = b""
+    lowered: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0 and not self.log.strip()
+
+    def describe(self) -> str:
+        status = "ok" if self.ok else f"FAILED (nvrtc result {self.rc})"
+        text = f"{self.source} [{self.target}] {len(self.names)} kernels: {status}"
+        return text + (f"\n{self.log.rstrip()}" if self.log.strip() else "")
+
+
+def find_libnvrtc() -> Path | None:
+    """The path of libnvrtc (CUDA 13 or 12), or None when none can be found."""
+    env = os.environ.get("GPUQ_NVRTC")
+    if env and Path(env).is_file():
+        return Path(env)
+    roots = []
+    try:
+        import nvidia  # namespace package of NVIDIA's wheels
+
+        roots += [Path(p) for p in nvidia.__path__]
+    except ImportError:
+        pass
+    for root in roots:
+        for sub in ("cu13/lib", "cuda_nvrtc/lib", "cu12/lib"):
+            hits = sorted(glob.glob(str(root / sub / "libnvrtc.so*")))
+            hits = [h for h in hits if "builtins" not in h]
+            if hits:
+                return Path(hits[0])
+    for d in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) + [
+        os.environ.get("CUDA_PATH", "/usr/local/cuda") + "/lib64"
+    ]:
+        if d:
+            hits = [h for h in sorted(glob.glob(os.path.join(d, "libnvrtc.so*"))) if "builtins" not in h]
+            if hits:
+                return Path(hits[0])
+    return None
+
+
+class Nvrtc:
+    """A thin ctypes binding of the NVRTC calls the check needs.
+
+    >>> lib = find_libnvrtc()
+    >>> lib is None or Nvrtc(lib).version() >= (12, 0)
+    True
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.lib = lib = ctypes.CDLL(str(path))
+        p = ctypes.c_void_p
+        lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+        lib.nvrtcCreateProgram.argtypes = [ctypes.POINTER(p), ctypes.c_char_p, ctypes.c_char_p,
+                                           ctypes.c_int, p, p]
+        lib.nvrtcAddNameExpression.argtypes = [p, ctypes.c_char_p]
+        lib.nvrtcCompileProgram.argtypes = [p, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+        lib.nvrtcGetProgramLogSize.argtypes = [p, ctypes.POINTER(ctypes.c_size_t)]
+        lib.nvrtcGetProgramLog.argtypes = [p, ctypes.c_char_p]
+        lib.nvrtcGetLoweredName.argtypes = [p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p)]
+        lib.nvrtcDestroyProgram.argtypes = [ctypes.POINTER(p)]
+        for fn in ("PTX", "CUBIN"):
+            getattr(lib, f"nvrtcGet{fn}Size").argtypes = [p, ctypes.POINTER(ctypes.c_size_t)]
+            getattr(lib, f"nvrtcGet{fn}").argtypes = [p, ctypes.c_char_p]
+
+    def version(self) -> tuple:
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        self._check(self.lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "nvrtcVersion")
+        return major.value, minor.value
+
+    def _check(self, rc, what):
+        if rc != 0:
+            raise RuntimeError(f"{what} failed: {self.lib.nvrtcGetErrorString(rc).decode()}")
+
+    def compile(self, source: str, filename: str, options, names=()) -> tuple:
+        """Compile; returns ``(rc, log, code, lowered names)``. ``code`` is PTX
+        for a ``compute_XY`` target and a cubin for ``sm_XY``."""
+        lib = self.lib
+        prog = ctypes.c_void_p()
+        self._check(lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), filename.encode(),
+                                           0, None, None), "nvrtcCreateProgram")
+        try:
+            for n in names:
+                self._check(lib.nvrtcAddNameExpression(prog, n.encode()), "nvrtcAddNameExpression")
+            opts = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
+            rc = lib.nvrtcCompileProgram(prog, len(options), opts)
+            size = ctypes.c_size_t()
+            lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+            buf = ctypes.create_string_buffer(size.value)
+            lib.nvrtcGetProgramLog(prog, buf)
+            log = buf.value.decode(errors="replace")
+            code, lowered = b"", {}
+            if rc == 0:
+                kind = "CUBIN" if any(o.startswith("--gpu-architecture=sm_") for o in options) else "PTX"
+                self._check(getattr(lib, f"nvrtcGet{kind}Size")(prog, ctypes.byref(size)), "size")
+                out = ctypes.create_string_buffer(size.value)
+                self._check(getattr(lib, f"nvrtcGet{kind}")(prog, out), "get code")
+                code = out.raw
+                for n in names:
+                    ptr = ctypes.c_char_p()
+                    self._check(lib.nvrtcGetLoweredName(prog, n.encode(), ctypes.byref(ptr)),
+                                "nvrtcGetLoweredName")
+                    lowered[n] = ptr.value.decode()
+            return rc, log, code, lowered
+        finally:
+            lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def compile_source(nvrtc: Nvrtc, source: str, target: str, extra=(), names=None) -> Result:
+    """Compile one registered source for one target with the contract's options."""
+    names = list(_kernels.SOURCES[source]() if names is None else names)
+    options = (f"--gpu-architecture={target}",) + tuple(_kernels.OPTIONS) + tuple(extra)
+    rc, log, code, lowered = nvrtc.compile(_kernels.source_text(source), source, options, names)
+    return Result(source, target, options, names, rc, log, code, lowered)
+
+
+def ftz_independent(nvrtc: Nvrtc, source: str, base: Result | None = None) -> Result:
+    """Compile PTX with ``-ftz=true`` in place of ``-ftz=false``; ``ok`` only if it is identical.
+
+    ``base`` may pass in the ``compute_80`` result of :func:`compile_source`.
+    """
+    names = list(_kernels.SOURCES[source]())
+    if base is None:
+        base = compile_source(nvrtc, source, "compute_80", names=names)
+    opts = tuple(o for o in _kernels.OPTIONS if not o.startswith("-ftz"))
+    rc, log, code, _ = nvrtc.compile(_kernels.source_text(source), source,
+                                     ("--gpu-architecture=compute_80",) + opts + ("-ftz=true",), names)
+    res = Result(source, "compute_80 -ftz=true", opts + ("-ftz=true",), names, rc, log, code)
+    a, b = _normalise_ptx(base.code), _normalise_ptx(code)
+    if rc == 0 and base.rc == 0 and a != b:
+        diff = _first_diff(a, b)
+        res.log += f"PTX differs from the -ftz=false build (kernels depend on flush-to-zero):\n{diff}\n"
+    return res
+
+
+# Internal-linkage symbols carry a hash of the compile options, e.g.
+# _ZN50_INTERNAL_00000000_13_dequantize_cu_0fa44c28_145954gpuq5kUnitE.
+_INTERNAL_HASH = re.compile(r"(_INTERNAL_[0-9a-f]+_\d+_\w+?_)[0-9a-f]{8}_\d+")
+
+
+def _normalise_ptx(code: bytes) -> str:
+    return _INTERNAL_HASH.sub(r"\1", code.decode(errors="replace"))
+
+
+def _first_diff(a: str, b: str) -> str:
+    for i, (x, y) in enumerate(zip(a.splitlines(), b.splitlines())):
+        if x != y:
+            return f"line {i + 1}:\n  -ftz=false: {x.strip()}\n  -ftz=true:  {y.strip()}"
+    return "(lengths differ)"
+
+
+def check_all(nvrtc: Nvrtc | None = None, targets=TARGETS) -> list:
+    """Every registered source x target, plus the flush-to-zero independence check."""
+    if nvrtc is None:
+        path = find_libnvrtc()
+        if path is None:
+            raise FileNotFoundError("libnvrtc not found: pip install nvidia-cuda-nvrtc")
+        nvrtc = Nvrtc(path)
+    results = []
+    for source in _kernels.SOURCES:
+        done = {t: compile_source(nvrtc, source, t) for t in targets}
+        results += list(done.values())
+        results.append(ftz_independent(nvrtc, source, done.get("compute_80")))
+    return results
+
+
+def main(argv=None) -> int:
+    path = find_libnvrtc()
+    if path is None:
+        print("libnvrtc not found: pip install nvidia-cuda-nvrtc", file=sys.stderr)
+        return 1
+    nvrtc = Nvrtc(path)
+    print(f"NVRTC {'.'.join(map(str, nvrtc.version()))} from {path}")
+    results = check_all(nvrtc)
+    for r in results:
+        print(r.describe())
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""Quantization parameters from data, and dynamic quantization in one call.
+
+Granularity is asked for exactly as in :func:`gpuq.quantize`, and the scales
+and zero points come back in the shape it expects (``Scheme.param_shape``):
+
+============  ===================================  ==========================================
+scheme        asked for with                       scales / zps shape for ``x.shape``
+============  ===================================  ==========================================
+per-tensor    ``axis=None``                         ``()`` (0-d)
+per-channel   ``axis=k``                            ``(shape[k],)``
+multi-axis    ``axis=(k1, k2, ...)``                ``tuple(shape[k] for k in sorted axes)``
+per-group     ``axis=k, group_size=g``              ``shape`` with dim k -> ceil(shape[k] / g)
+============  ===================================  ==========================================
+
+Each scale covers a "block": the elements that share it (the whole tensor,
+one channel, one multi-axis slot, one group). For a block with smallest
+number ``lo`` and largest ``hi``, in float32 arithmetic (float16 widened
+exactly, float64 min/max rounded to float32 once):
+
+* asymmetric (default): the range is widened to include 0,
+  ``lo' = min(lo, 0)``, ``hi' = max(hi, 0)``,
+  ``scale = (hi' - lo') / (qmax - qmin)``,
+  ``zp = clamp(qmin - rint(lo' / scale), qmin, qmax)``. For uint8 this is
+  ONNX DynamicQuantizeLinear.
+* symmetric: ``scale = max(|lo|, |hi|) / 127``; zero points are ``None``
+  for int8 and 128 for uint8.
+* ``scale = max(scale, eps)`` (``eps`` defaults to the smallest normal
+  float32), so an all-zero or empty block gets ``scale = eps``, never 0, Inf
+  or NaN. (ONNX uses scale 1/255 for an all-zero input; the codes agree.)
+* NaN is ignored by the min/max: a block's range is that of its numbers, and
+  a block of NaN only is treated as all zero. NaN then quantizes to the zero
+  point, as in :func:`gpuq.quantize`.
+* +/-Inf (or a float64 value beyond the float32 range) raises
+  ``ValueError``: no finite scale covers it.
+* In the rare case that ``hi' - lo'`` overflows float32 (values near
+  +/-3.4e38) that difference and its division are done in float64 and
+  rounded to float32 once.
+
+The result lives where ``x`` lives; on the GPU the reduction is a kernel
+(``kernels/qparams.cu``), and ``x`` is not copied to the host. Checking for
+Inf reads back one flag there (a synchronisation).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from ._dispatch import backend_for
+from ._dtypes import FLOAT_DTYPES, QUANT_RANGE, as_dtype
+from ._scheme import Scheme
+from .api import quantize
+
+__all__ = ["choose_qparams", "quantize_dynamic"]
+
+#: Default scale for a block whose range is 0: the smallest normal float32.
+EPS = float(np.finfo(np.float32).tiny)
+
+
+def choose_qparams(x, *, axis=None, group_size=None, dtype="int8", symmetric=False, eps=None):
+    """Scales and zero points that cover ``x``, block by block (see the module docstring).
+
+    Parameters
+    ----------
+    x : float16/float32/float64 array (NumPy, or a CUDA array)
+        Not modified. NaN is ignored; +/-Inf raises ``ValueError``.
+    axis : None, int or tuple of ints
+        ``None`` per-tensor, ``k`` per-channel, a tuple for multi-axis.
+    group_size : int, optional
+        With an integer ``axis``: one scale per ``group_size`` consecutive
+        elements along it (the last group may be shorter).
+    dtype : ``"int8"`` (default), ``"uint8"``, ``"s8"``, ``"u8"`` or a NumPy dtype
+        The code dtype the parameters are for.
+    symmetric : bool
+        ``scale = max|x| / 127``, zero points None (int8) or 128 (uint8).
+    eps : float, optional
+        Smallest scale, finite and > 0 in float32; default: smallest normal float32.
+
+    Returns
+    -------
+    scales : float32 array of the shape :func:`gpuq.quantize` expects
+    zps : int32 array of that shape, or None (symmetric int8)
+
+    Examples
+    --------
+    >>> import numpy as np, gpuq
+    >>> x = np.array([0, 2, -3, -2.5, 1.34, 0.5], np.float32)
+    >>> s, z = gpuq.choose_qparams(x, dtype="uint8")   # ONNX DynamicQuantizeLinear
+    >>> s, z
+    (array(0.01960784, dtype=float32), array(153, dtype=int32))
+    >>> gpuq.choose_qparams(np.array([[1, -4], [2, 8]], np.float32), axis=0, symmetric=True)
+    (array([0.03149606, 0.06299213], dtype=float32), None)
+    >>> gpuq.choose_qparams(np.zeros((2, 5), np.float32), axis=1, group_size=4)[0].shape
+    (2, 2)
+    """
+    backend, arr, scheme, qdtype, eps = _validate(x, axis, group_size, dtype, symmetric, eps)
+    qmin, qmax = QUANT_RANGE[qdtype]
+    return _impl(backend).choose_qparams(arr, scheme, qmin, qmax, bool(symmetric), eps)
+
+
+def quantize_dynamic(x, *, axis=None, group_size=None, dtype="int8", symmetric=False):
+    """Codes, scales and zero points of ``x`` in one call.
+
+    The same as :func:`choose_qparams` followed by :func:`gpuq.quantize`,
+    bit for bit. On the GPU it reads ``x`` at most twice, and once where each
+    block is a contiguous row (per-token rows, groups along the last axis):
+    one thread block per row, as vLLM's dynamic int8 kernel does.
+
+    Parameters
+    ----------
+    x, axis, group_size, dtype, symmetric
+        As in :func:`choose_qparams` (``eps`` is the default one).
+
+    Returns
+    -------
+    q : int8/uint8 array of ``x.shape``
+    scales : float32 array
+    zps : int32 array, or None (symmetric int8)
+
+    Examples
+    --------
+    >>> import numpy as np, gpuq
+    >>> x = np.array([[0.5, -1.0, 2.0], [10.0, 20.0, -5.0]], np.float32)
+    >>> q, s, z = gpuq.quantize_dynamic(x, axis=0, symmetric=True)
+    >>> q
+    array([[ 32, -64, 127],
+           [ 64, 127, -32]], dtype=int8)
+    >>> s, z
+    (array([0.01574803, 0.15748031], dtype=float32), None)
+    """
+    backend, arr, scheme, qdtype, eps = _validate(x, axis, group_size, dtype, symmetric, None)
+    qmin, qmax = QUANT_RANGE[qdtype]
+    impl = _impl(backend)
+    fused = getattr(impl, "quantize_dynamic", None)
+    if fused is not None:
+        result = fused(arr, scheme, qdtype, bool(symmetric), eps)
+        if result is not None:
+            return result
+    scales, zps = impl.choose_qparams(arr, scheme, qmin, qmax, bool(symmetric), eps)
+    q = quantize(arr, scales, zps, axis=axis, group_size=group_size, dtype=qdtype,
+                 check_values=False)
+    return q, scales, zps
+
+
+def _validate(x, axis, group_size, dtype, symmetric, eps):
+    backend, arr = backend_for(x, "x")
+    if arr.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"x must be float16, float32 or float64, got {arr.dtype}")
+    qdtype = as_dtype(dtype, "dtype", tuple(QUANT_RANGE))
+    if not isinstance(symmetric, (bool, np.bool_)):
+        raise TypeError(f"symmetric must be True or False, got {symmetric!r}")
+    scheme = Scheme.build(arr.shape, axis, group_size)
+    return backend, arr, scheme, qdtype, _check_eps(eps)
+
+
+def _check_eps(eps):
+    if eps is None:
+        return EPS
+    if isinstance(eps, bool) or not isinstance(eps, (numbers.Real, np.floating, np.integer)):
+        raise TypeError(f"eps must be a real number, got {eps!r}")
+    with np.errstate(over="ignore"):
+        e = np.float32(eps)
+    if not (np.isfinite(e) and e > 0):
+        raise ValueError(f"eps must be finite and > 0 as a float32, got {eps!r} (float32: {e})")
+    return float(e)
+
+
+def _impl(backend):
+    # The qparams modules sit beside their backends; the CUDA one is imported only for device x.
+    if backend.name == "numpy":
+        from .backends import numpy_qparams
+
+        return numpy_qparams
+    from .backends import cuda_qparams
+
+    return cuda_qparams

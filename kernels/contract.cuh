@@ -1,0 +1,178 @@
+// gpuq's numerical contract as scalar device helpers (../shared/DESIGN.md section 1).
+//
+//   quantize:    q = clamp(rint(x / s) + zp, qmin, qmax)
+//   dequantize:  y = (q - zp) * s
+//
+// One IEEE division (never a reciprocal multiply), round half to even, the zero
+// point added after rounding in integer arithmetic that cannot overflow, then
+// saturation; NaN quantizes to the zero point, +/-Inf saturate. Dequantize forms
+// (q - zp) in 64-bit integers, converts it once (round to nearest even) and
+// multiplies once. The arithmetic is bit-identical to gpuq/backends/numpy_backend.py.
+//
+// Why the float32 operations are PTX: CuPy appends "-ftz=true" AFTER the
+// caller's NVRTC options and NVRTC honours the last occurrence, so passing
+// "-ftz=false" does not stop a CuPy compile from flushing subnormals. Every
+// float32 instruction whose result a flush could change is therefore written
+// below without the `.ftz` modifier (float64 has no flush mode), and
+// tests/test_kernels_compile.py checks that the PTX of every kernel is the same
+// under -ftz=true and -ftz=false. No float comparisons are used either: NaN is
+// recognised from its bits.
+//
+// float16 is only storage here (widened exactly to float32, narrowed round to
+// nearest even), so the kernels do not need <cuda_fp16.h>: NVRTC has no builtin
+// copy (checked with NVRTC 13.5) and CuPy finds one only where a CUDA toolkit or
+// the nvidia-cuda-runtime headers are installed. A translation unit that needs
+// the real header must include it BEFORE this one.
+#pragma once
+
+#ifndef __CUDA_FP16_H__
+struct __align__(2) __half {
+    unsigned short bits;
+};
+#endif
+
+namespace gpuq {
+
+// ---------------------------------------------------------------------------
+// Types
+
+// Code ranges, saturating targets of quantize.
+template <typename TQ> struct CodeRange;
+template <> struct CodeRange<signed char> {
+    static constexpr int lo = -128, hi = 127;
+};
+template <> struct CodeRange<unsigned char> {
+    static constexpr int lo = 0, hi = 255;
+};
+
+// ---------------------------------------------------------------------------
+// float16 <-> float32 (bit copies keep this independent of how __half is declared)
+
+__device__ __forceinline__ float f16_to_f32_exact(__half h) {
+    unsigned short b;
+    memcpy(&b, &h, sizeof(b));
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(b));
+    return f;
+}
+
+__device__ __forceinline__ __half f32_to_f16_rn(float f) {
+    unsigned short b;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(b) : "f"(f));
+    __half h;
+    memcpy(&h, &b, sizeof(b));
+    return h;
+}
+
+// Input widening to the compute type TC (float for float16/float32, double for float64).
+template <typename TC> __device__ __forceinline__ TC widen(__half x) { return f16_to_f32_exact(x); }
+template <typename TC> __device__ __forceinline__ TC widen(float x) { return x; }
+template <typename TC> __device__ __forceinline__ TC widen(double x) { return x; }
+
+// Output narrowing from the compute type (float16: the float32 result rounded to nearest even).
+template <typename TOut> __device__ __forceinline__ TOut narrow_rn(float y);
+template <> __device__ __forceinline__ float narrow_rn<float>(float y) { return y; }
+template <> __device__ __forceinline__ __half narrow_rn<__half>(float y) { return f32_to_f16_rn(y); }
+template <typename TOut> __device__ __forceinline__ TOut narrow_rn(double y);
+template <> __device__ __forceinline__ double narrow_rn<double>(double y) { return y; }
+
+// ---------------------------------------------------------------------------
+// One IEEE operation each, round to nearest even, subnormals kept.
+
+__device__ __forceinline__ float div_rn(float x, float s) {
+    float r;
+    asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(x), "f"(s));
+    return r;
+}
+__device__ __forceinline__ double div_rn(double x, double s) { return __ddiv_rn(x, s); }
+
+__device__ __forceinline__ float mul_rn(float a, float b) {
+    float r;
+    asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+
+__device__ __forceinline__ bool is_nan(float v) {
+    return (__float_as_uint(v) & 0x7fffffffu) > 0x7f800000u;
+}
+__device__ __forceinline__ bool is_nan(double v) {
+    return (static_cast<unsigned long long>(__double_as_longlong(v)) & 0x7fffffffffffffffull) >
+           0x7ff0000000000000ull;
+}
+
+// rint (round half to even) to an integer, saturating at the integer type's
+// range (PTX cvt clamps float-to-integer results by default, so +/-Inf and huge
+// values keep their side). NaN is handled by the callers, from the bits.
+__device__ __forceinline__ int rint_to_i32_sat(float v) {
+    int r;
+    asm("cvt.rni.s32.f32 %0, %1;" : "=r"(r) : "f"(v));
+    return r;
+}
+__device__ __forceinline__ int rint_to_i32_sat(double v) {
+    int r;
+    asm("cvt.rni.s32.f64 %0, %1;" : "=r"(r) : "d"(v));
+    return r;
+}
+__device__ __forceinline__ long long rint_to_i64_sat(float v) {
+    long long r;
+    asm("cvt.rni.s64.f32 %0, %1;" : "=l"(r) : "f"(v));
+    return r;
+}
+__device__ __forceinline__ long long rint_to_i64_sat(double v) {
+    long long r;
+    asm("cvt.rni.s64.f64 %0, %1;" : "=l"(r) : "d"(v));
+    return r;
+}
+
+// int64 -> compute type, rounded to nearest even once.
+__device__ __forceinline__ void to_compute_rn(long long d, float& out) {
+    asm("cvt.rn.f32.s64 %0, %1;" : "=f"(out) : "l"(d));
+}
+__device__ __forceinline__ void to_compute_rn(long long d, double& out) {
+    asm("cvt.rn.f64.s64 %0, %1;" : "=d"(out) : "l"(d));
+}
+
+// ---------------------------------------------------------------------------
+// The contract, one element at a time.
+
+// Quantize with a zero point: clamp(rint(x / s) + zp, qmin, qmax); NaN -> zp.
+template <typename TQ, typename TC>
+__device__ __forceinline__ TQ quantize_rn_zp(TC x, TC s, int zp) {
+    // Rounded values are clamped to +/-2^32 before the zero point is added: any
+    // int32 zp then keeps the side of the saturation and the int64 sum cannot
+    // overflow (the NumPy backend's wide path does the same).
+    const long long wide = 1LL << 32;
+    const TC v = div_rn(x, s);
+    long long r = is_nan(v) ? 0LL : rint_to_i64_sat(v);
+    r = min(max(r, -wide), wide) + zp;
+    r = min(max(r, static_cast<long long>(CodeRange<TQ>::lo)), static_cast<long long>(CodeRange<TQ>::hi));
+    return static_cast<TQ>(r);
+}
+
+// Symmetric quantize (zp = 0): clamp(rint(x / s), qmin, qmax); NaN -> 0.
+// Saturating to int32 first keeps the side, so 32-bit integers suffice.
+template <typename TQ, typename TC>
+__device__ __forceinline__ TQ quantize_rn_sym(TC x, TC s) {
+    const TC v = div_rn(x, s);
+    int r = is_nan(v) ? 0 : rint_to_i32_sat(v);
+    r = min(max(r, CodeRange<TQ>::lo), CodeRange<TQ>::hi);
+    return static_cast<TQ>(r);
+}
+
+// Dequantize with a zero point: (q - zp) in int64 (|q - zp| can exceed int32),
+// one conversion to the compute type, one multiplication.
+template <typename TC, typename TQ>
+__device__ __forceinline__ TC dequantize_rn_zp(TQ q, TC s, int zp) {
+    TC d;
+    to_compute_rn(static_cast<long long>(q) - static_cast<long long>(zp), d);
+    return mul_rn(d, s);
+}
+
+// Symmetric dequantize: q * s (q converts exactly).
+template <typename TC, typename TQ>
+__device__ __forceinline__ TC dequantize_rn_sym(TQ q, TC s) {
+    return mul_rn(static_cast<TC>(static_cast<int>(q)), s);
+}
+
+}  // namespace gpuq

@@ -1,0 +1,247 @@
+// Shared traversal of the (de)quantize kernels: which scale an element uses
+// (the scheme's index map) and how a thread walks its elements (16-element
+// units, 16-byte vector loads/stores, scalar head and tail, grid-stride loop).
+//
+// 64-bit indices everywhere an element is counted: a tensor on an 80 GB card
+// can hold more than 2^31 elements, and a 32-bit offset would wrap silently.
+// Only per-unit lane counters (0..15) are int.
+#pragma once
+
+namespace gpuq {
+
+// Elements per unit of work: 16 one-byte codes are one 16-byte vector, and the
+// float side is 2 (float16), 4 (float32) or 8 (float64) 16-byte vectors.
+constexpr int kUnit = 16;
+
+// Scheme index maps, the template argument MAP of every kernel. The Python
+// side (gpuq/backends/_kernels.py, MAPS) uses the same numbers.
+constexpr int kMapTensor = 0;   // one scale
+constexpr int kMapChannel = 1;  // [outer, C, inner]: p = (i / inner) % C
+constexpr int kMapGroup = 2;    // [outer, n, inner], scales [outer, ceil(n/g), inner]
+constexpr int kMapStrided = 3;  // general: p = sum_d coord_d * pstride_d
+
+// a / b and a % b for 0 <= a, 0 < b. Most tensors have fewer than 2^32
+// elements, and a 32-bit division is several times cheaper than the 64-bit
+// routine; the choice is uniform across a warp in practice.
+__device__ __forceinline__ void divmod(long long a, long long b, long long& q, long long& r) {
+    if (((static_cast<unsigned long long>(a) | static_cast<unsigned long long>(b)) >> 32) == 0) {
+        const unsigned int qa = static_cast<unsigned int>(a) / static_cast<unsigned int>(b);
+        q = qa;
+        r = static_cast<unsigned int>(a) - qa * static_cast<unsigned int>(b);
+    } else {
+        q = a / b;
+        r = a - q * b;
+    }
+}
+
+// Each map is a cursor: seek(i) once per unit (a few divisions), then next()
+// per element (no division); next() returns whether the index changed, so a
+// scale is reloaded only when it may differ. m0..m2 and dims are the kernel
+// arguments described at each map.
+
+// Per-tensor: every element uses scales[0].
+struct TensorMap {
+    __device__ TensorMap(long long, long long, long long, const long long*) {}
+    __device__ void seek(long long) {}
+    __device__ bool next() { return false; }
+    __device__ long long index() const { return 0; }
+};
+
+// Per-channel on any axis as [outer, C, inner] (m0 = C, m1 = inner): one
+// launch for all channels; also a multi-axis scheme whose axes merge into one
+// run and per-group along the last axis with full groups (C = n / g, inner = g).
+struct ChannelMap {
+    long long channels, inner, c, r;
+    __device__ ChannelMap(long long m0, long long m1, long long, const long long*)
+        : channels(m0), inner(m1), c(0), r(0) {}
+    __device__ void seek(long long i) {
+        long long row;
+        divmod(i, inner, row, r);
+        long long unused;
+        divmod(row, channels, unused, c);
+    }
+    __device__ bool next() {
+        if (++r < inner) return false;
+        r = 0;
+        if (++c == channels) c = 0;
+        return true;
+    }
+    __device__ long long index() const { return c; }
+};
+
+// Per-group with ONNX block semantics along one axis: src as [outer, n, inner]
+// (m0 = n, m1 = inner, m2 = g), scales as [outer, G, inner] with
+// G = ceil(n / g); the last group may be shorter (ragged).
+struct GroupMap {
+    long long n, inner, g, groups;
+    long long t, j, jr, p;  // position in the row, along the axis, within the group; scale index
+    __device__ GroupMap(long long m0, long long m1, long long m2, const long long*)
+        : n(m0), inner(m1), g(m2), groups((m0 + m2 - 1) / m2), t(0), j(0), jr(0), p(0) {}
+    __device__ void seek(long long i) {
+        long long row, o, gq;
+        divmod(i, inner, row, t);
+        divmod(row, n, o, j);
+        divmod(j, g, gq, jr);
+        p = (o * groups + gq) * inner + t;
+    }
+    __device__ bool next() {
+        if (++t < inner) {
+            ++p;
+            return true;
+        }
+        t = 0;
+        p -= inner - 1;  // back to the start of this scale row
+        if (++j == n) {  // next outer slice: its first group row follows the last one
+            j = 0;
+            jr = 0;
+            p += inner;
+            return true;
+        }
+        if (++jr == g) {  // next group along the axis
+            jr = 0;
+            p += inner;
+            return true;
+        }
+        return inner != 1;
+    }
+    __device__ long long index() const { return p; }
+};
+
+// The general map (multi-axis on non-adjacent axes): src as merged dims
+// (m0 = nd <= kMaxDims), dims = [shape[0..nd), pstride[0..nd)] in device
+// memory, pstride 0 along broadcast dims. An odometer over the coordinates.
+constexpr int kMaxDims = 8;
+struct StridedMap {
+    int nd;
+    const long long* dims;
+    long long coord[kMaxDims];
+    long long p;
+    __device__ StridedMap(long long m0, long long, long long, const long long* d)
+        : nd(static_cast<int>(m0)), dims(d), p(0) {}
+    // The scheme is rare: the dims loops stay loops (no unrolling), which keeps
+    // the code small at the price of coord[] living in local memory.
+    __device__ void seek(long long i) {
+        p = 0;
+#pragma unroll 1
+        for (int d = nd - 1; d >= 0; --d) {
+            long long q;
+            divmod(i, dims[d], q, coord[d]);
+            p += coord[d] * dims[nd + d];
+            i = q;
+        }
+    }
+    __device__ bool next() {
+#pragma unroll 1
+        for (int d = nd - 1; d >= 0; --d) {
+            const long long ps = dims[nd + d];
+            if (++coord[d] < dims[d]) {
+                p += ps;
+                return true;
+            }
+            p -= (dims[d] - 1) * ps;
+            coord[d] = 0;
+        }
+        return true;
+    }
+    __device__ long long index() const { return p; }
+};
+
+template <int MAP> struct MapOf;
+template <> struct MapOf<kMapTensor> { using type = TensorMap; };
+template <> struct MapOf<kMapChannel> { using type = ChannelMap; };
+template <> struct MapOf<kMapGroup> { using type = GroupMap; };
+template <> struct MapOf<kMapStrided> { using type = StridedMap; };
+
+// ---------------------------------------------------------------------------
+// Units: unit 0 is the scalar head [0, head) (head < 16, chosen on the host so
+// that the float side is 16-byte aligned from `head` on), unit k >= 1 is
+// [head + 16 (k - 1), head + 16 k) clipped to n; only the last may be short.
+
+__host__ __device__ __forceinline__ long long unit_count(long long n, long long head) {
+    return 1 + (n - head + kUnit - 1) / kUnit;
+}
+
+__device__ __forceinline__ void unit_bounds(long long u, long long n, long long head, long long& begin,
+                                            int& len) {
+    if (u == 0) {
+        begin = 0;
+        len = static_cast<int>(head);
+        return;
+    }
+    begin = head + (u - 1) * kUnit;
+    const long long rest = n - begin;
+    len = rest < kUnit ? static_cast<int>(rest) : kUnit;
+}
+
+// 16 elements through 16-byte vectors (p must be 16-byte aligned).
+template <typename T>
+__device__ __forceinline__ void load_unit_vec(T (&v)[kUnit], const T* __restrict__ p) {
+    constexpr int kVecs = kUnit * sizeof(T) / 16;
+    uint4 raw[kVecs];
+    const uint4* src = reinterpret_cast<const uint4*>(p);
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) raw[k] = __ldg(src + k);
+    memcpy(v, raw, sizeof(raw));
+}
+
+template <typename T>
+__device__ __forceinline__ void store_unit_vec(T* __restrict__ p, const T (&v)[kUnit]) {
+    constexpr int kVecs = kUnit * sizeof(T) / 16;
+    uint4 raw[kVecs];
+    memcpy(raw, v, sizeof(raw));
+    uint4* dst = reinterpret_cast<uint4*>(p);
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) dst[k] = raw[k];
+}
+
+// Bit flags of the kernels' `vec` argument: which side may use 16-byte vectors.
+constexpr int kVecFloat = 1;  // float side (src of quantize, out of dequantize) aligned from `head` on
+constexpr int kVecCode = 2;   // code side (out of quantize, src of dequantize) aligned there as well
+
+// Walk every unit of [0, n) on a grid-stride loop: load 16 inputs (vectors
+// where aligned and whole, else scalars), call op(lane, scale_index) for each,
+// store 16 outputs the same way. `op` returns the output for its input.
+template <typename Map, typename TIn, typename TOut, bool VecInIsFloat, typename Op>
+__device__ __forceinline__ void for_each_unit(const TIn* __restrict__ in, TOut* __restrict__ out,
+                                              long long n, long long head, int vec, long long m0,
+                                              long long m1, long long m2, const long long* dims, Op op) {
+    const bool vec_in = (vec & (VecInIsFloat ? kVecFloat : kVecCode)) != 0;
+    const bool vec_out = (vec & (VecInIsFloat ? kVecCode : kVecFloat)) != 0;
+    const long long units = unit_count(n, head);
+    const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
+    for (long long u = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; u < units; u += stride) {
+        long long begin;
+        int len;
+        unit_bounds(u, n, head, begin, len);
+        if (len == 0) continue;
+        const bool full = len == kUnit && u != 0;
+        TIn x[kUnit];
+        if (full && vec_in) {
+            load_unit_vec(x, in + begin);
+        } else {
+#pragma unroll
+            for (int l = 0; l < kUnit; ++l)
+                if (l < len) x[l] = in[begin + l];
+        }
+        Map map(m0, m1, m2, dims);
+        map.seek(begin);
+        TOut y[kUnit];
+        op.reload(map.index());
+#pragma unroll
+        for (int l = 0; l < kUnit; ++l) {
+            if (l < len) {
+                if (l > 0 && map.next()) op.reload(map.index());
+                y[l] = op(x[l]);
+            }
+        }
+        if (full && vec_out) {
+            store_unit_vec(out + begin, y);
+        } else {
+#pragma unroll
+            for (int l = 0; l < kUnit; ++l)
+                if (l < len) out[begin + l] = y[l];
+        }
+    }
+}
+
+}  // namespace gpuq

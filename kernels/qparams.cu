@@ -1,0 +1,313 @@
+// Quantization parameters from data: min/max reductions, the scale/zero-point
+// formula, and a fused one-pass dynamic quantize for contiguous rows.
+//
+// The formula (gpuq/qparams.py; gpuq/backends/numpy_qparams.py `finalize` is
+// the same, bit for bit), per block of elements with smallest number lo and
+// largest hi, in float32:
+//
+//   asymmetric:  lo' = min(lo, 0), hi' = max(hi, 0)
+//                scale = max((hi' - lo') / (qmax - qmin), eps)
+//                zp = clamp(qmin - rint(lo' / scale), qmin, qmax)
+//   symmetric:   scale = max(max(|lo|, |hi|) / 127, eps), zp = 0 (int8) or 128 (uint8)
+//
+// NaN is skipped by the reductions (PTX min/max return the other operand), a
+// block with no number keeps (+inf, -inf) and comes out as an all-zero block,
+// and +/-Inf in the data sets a flag that the host turns into a ValueError.
+//
+// Partial results meet through atomics on order-preserving 32-bit keys of the
+// float32 value (key(a) < key(b) iff a < b, with -0 < +0), so min/max are
+// plain unsigned atomicMin/atomicMax. float64 data is reduced in float64 and
+// rounded to float32 once: rounding is monotonic, so that is the min/max of
+// the rounded values, as on the host.
+//
+// Every float32 operation is PTX without `.ftz` (contract.cuh explains why:
+// CuPy forces -ftz=true on NVRTC, and a flushed subnormal would change a
+// range). Comparisons are on bits.
+//
+// 64-bit indices throughout: a tensor on an 80 GB card can pass 2^31 elements.
+//
+// Instantiated by name from Python (gpuq/backends/cuda_qparams.py), e.g.
+//   gpuq::minmax_segments<float, true>
+//   gpuq::dynamic_quantize_segments<__half, signed char, false>
+#include "contract.cuh"
+
+namespace gpuq {
+
+// ---------------------------------------------------------------------------
+// float32 helpers without flush-to-zero
+
+__device__ __forceinline__ float min_keep(float a, float b) {  // NaN-skipping, like np.fmin
+    float r;
+    asm("min.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ __forceinline__ float max_keep(float a, float b) {  // NaN-skipping, like np.fmax
+    float r;
+    asm("max.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ __forceinline__ float sub_rn(float a, float b) {
+    float r;
+    asm("sub.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ __forceinline__ float f64_to_f32_rn(double d) {
+    float r;
+    asm("cvt.rn.f32.f64 %0, %1;" : "=f"(r) : "d"(d));
+    return r;
+}
+__device__ __forceinline__ double f32_to_f64(float f) {  // exact; no .ftz, subnormals kept
+    double r;
+    asm("cvt.f64.f32 %0, %1;" : "=d"(r) : "f"(f));
+    return r;
+}
+__device__ __forceinline__ float neg(float a) { return __uint_as_float(__float_as_uint(a) ^ 0x80000000u); }
+
+constexpr unsigned kBitsPosInf = 0x7f800000u;
+constexpr unsigned kBitsNegInf = 0xff800000u;
+
+// (Non-template helpers: the host pass of nvcc sees no declaration of the
+// device intrinsics inside templates.)
+__device__ __forceinline__ float pos_inf32() { return __uint_as_float(kBitsPosInf); }
+__device__ __forceinline__ float neg_inf32() { return __uint_as_float(kBitsNegInf); }
+__device__ __forceinline__ double pos_inf64() { return __longlong_as_double(0x7ff0000000000000ll); }
+__device__ __forceinline__ double neg_inf64() { return __longlong_as_double(static_cast<long long>(0xfff0000000000000ull)); }
+
+// Order-preserving keys: negative floats reversed below the positive ones.
+__device__ __forceinline__ unsigned key_of(float f) {
+    const unsigned b = __float_as_uint(f);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+__device__ __forceinline__ float float_of(unsigned k) {
+    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+// The compute type of quantize (contract.cuh): float64 for float64 data, else float32.
+template <typename T> struct ComputeOf { using type = float; };
+template <> struct ComputeOf<double> { using type = double; };
+
+// ---------------------------------------------------------------------------
+// Running min/max of one thread: in float32 (float16 widens exactly), or in
+// float64 for float64 data (rounded to float32 when it leaves the thread).
+
+template <typename T> struct Acc {
+    float lo, hi;
+    __device__ Acc() : lo(pos_inf32()), hi(neg_inf32()) {}
+    __device__ __forceinline__ void add(T v) {
+        const float f = widen<float>(v);
+        lo = min_keep(lo, f);
+        hi = max_keep(hi, f);
+    }
+    __device__ __forceinline__ float lo32() const { return lo; }
+    __device__ __forceinline__ float hi32() const { return hi; }
+};
+template <> struct Acc<double> {
+    double lo, hi;
+    __device__ Acc() : lo(pos_inf64()), hi(neg_inf64()) {}
+    __device__ __forceinline__ void add(double v) {
+        lo = fmin(lo, v);  // float64 has no flush mode; fmin skips NaN
+        hi = fmax(hi, v);
+    }
+    __device__ __forceinline__ float lo32() const { return f64_to_f32_rn(lo); }
+    __device__ __forceinline__ float hi32() const { return f64_to_f32_rn(hi); }
+};
+
+// Accumulate x[begin, begin + len) with `lanes` threads of a team, lane `lane`.
+template <typename T>
+__device__ __forceinline__ void accumulate(Acc<T>& acc, const T* __restrict__ x, long long begin, long long len,
+                                           int lane, int lanes) {
+    const T* p = x + begin;
+    long long i = lane;
+    // Four independent loads in flight per thread.
+    for (; i + 3LL * lanes < len; i += 4LL * lanes) {
+        const T a = p[i], b = p[i + lanes], c = p[i + 2LL * lanes], d = p[i + 3LL * lanes];
+        acc.add(a);
+        acc.add(b);
+        acc.add(c);
+        acc.add(d);
+    }
+    for (; i < len; i += lanes) acc.add(p[i]);
+}
+
+__device__ __forceinline__ void warp_minmax(float& lo, float& hi) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        lo = min_keep(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+        hi = max_keep(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+    }
+}
+
+// Min/max over a team, the result in every lane. A team is one warp, or the
+// whole block (blockDim.x a multiple of 32, at most 1024).
+template <bool WARP>
+__device__ __forceinline__ void team_minmax(float& lo, float& hi) {
+    warp_minmax(lo, hi);
+    if constexpr (!WARP) {
+        __shared__ float s_lo[32], s_hi[32];
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+        __syncthreads();  // the previous segment's readers are done with s_lo/s_hi
+        if (lane == 0) {
+            s_lo[warp] = lo;
+            s_hi[warp] = hi;
+        }
+        __syncthreads();
+        lo = lane < warps ? s_lo[lane] : pos_inf32();
+        hi = lane < warps ? s_hi[lane] : neg_inf32();
+        warp_minmax(lo, hi);
+    }
+}
+
+template <bool WARP> __device__ __forceinline__ int team_lane() { return WARP ? (threadIdx.x & 31) : threadIdx.x; }
+template <bool WARP> __device__ __forceinline__ int team_size() { return WARP ? 32 : blockDim.x; }
+template <bool WARP> __device__ __forceinline__ long long team_id() {
+    return WARP ? (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5 : blockIdx.x;
+}
+template <bool WARP> __device__ __forceinline__ long long team_count() {
+    return WARP ? (static_cast<long long>(gridDim.x) * blockDim.x) >> 5 : gridDim.x;
+}
+
+__device__ __forceinline__ void flush(unsigned* lo, unsigned* hi, long long p, float l, float h) {
+    atomicMin(lo + p, key_of(l));
+    atomicMax(hi + p, key_of(h));
+}
+
+// ---------------------------------------------------------------------------
+// Reductions. lo/hi hold keys, initialised by the host to key(+inf)/key(-inf).
+
+// Segments: x as `rows` contiguous rows of n, each cut into pieces of g
+// (G = ceil(n / g), the last piece may be short). Piece (r, j) goes to slot
+//   p = (r % pmod) * (jstride ? G : 1) + j * jstride.
+// Per-tensor: rows = 1, g = a chunk, pmod = 1, jstride = 0. Per-row (long rows
+// in chunks): pmod = rows, jstride = 0. Per-group along the last axis:
+// pmod = rows, jstride = 1. Per-channel on a middle axis (rows = outer * C of
+// length inner): pmod = C, jstride = 0. One team (warp or block) per piece.
+template <typename T, bool WARP>
+__global__ void __launch_bounds__(256)
+minmax_segments(const T* __restrict__ x, long long rows, long long n, long long g, long long pmod, int jstride,
+                unsigned* __restrict__ lo, unsigned* __restrict__ hi) {
+    const long long groups = (n + g - 1) / g;
+    const long long pieces = rows * groups;
+    for (long long s = team_id<WARP>(); s < pieces; s += team_count<WARP>()) {
+        const long long r = s / groups, j = s - r * groups;
+        const long long begin = j * g, len = min(g, n - begin);
+        Acc<T> acc;
+        accumulate(acc, x, r * n + begin, len, team_lane<WARP>(), team_size<WARP>());
+        float l = acc.lo32(), h = acc.hi32();
+        team_minmax<WARP>(l, h);
+        if (team_lane<WARP>() == 0) flush(lo, hi, (r % pmod) * (jstride ? groups : 1) + j * jstride, l, h);
+    }
+}
+
+// Columns: x as [outer, n, inner], slots [outer, G, inner] with G = ceil(n / g):
+// the thread of slot t = (o * G + j) * inner + i walks its column down the
+// group's rows, threads side by side along inner (coalesced). blockIdx.y
+// takes `rows_per_y` rows of each group, so a tall group spreads over the grid.
+// Per-channel on the last axis: [1, rows, C] with g = rows.
+template <typename T>
+__global__ void __launch_bounds__(256)
+minmax_columns(const T* __restrict__ x, long long outer, long long n, long long inner, long long g,
+               long long rows_per_y, unsigned* __restrict__ lo, unsigned* __restrict__ hi) {
+    const long long groups = (n + g - 1) / g;
+    const long long slots = outer * groups * inner;
+    const long long t = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (t >= slots) return;
+    const long long row_of_slot = t / inner, i = t - row_of_slot * inner;
+    const long long o = row_of_slot / groups, j = row_of_slot - o * groups;
+    const long long c0 = j * g + static_cast<long long>(blockIdx.y) * rows_per_y;
+    const long long c1 = min(min(j * g + g, n), c0 + rows_per_y);
+    if (c0 >= c1) return;
+    Acc<T> acc;
+    const T* p = x + (o * n + c0) * inner + i;
+    for (long long c = c0; c < c1; ++c, p += inner) acc.add(*p);
+    flush(lo, hi, t, acc.lo32(), acc.hi32());
+}
+
+// ---------------------------------------------------------------------------
+// The formula (see the top of this file), one slot.
+
+struct QParams {
+    float scale;
+    int zp;
+    bool inf;  // the block held +/-Inf
+};
+
+__device__ __forceinline__ QParams finalize_one(float lo, float hi, int qmin, int qmax, bool symmetric, float eps) {
+    QParams q;
+    q.inf = __float_as_uint(lo) == kBitsNegInf || __float_as_uint(hi) == kBitsPosInf;
+    if (symmetric) {
+        const float amax = max_keep(max_keep(hi, neg(lo)), 0.0f);
+        q.scale = max_keep(div_rn(amax, 127.0f), eps);
+        q.zp = qmin < 0 ? 0 : 128;
+        return q;
+    }
+    const float lo0 = min_keep(lo, 0.0f), hi0 = max_keep(hi, 0.0f);
+    const float span = sub_rn(hi0, lo0);
+    float s;
+    if (__float_as_uint(span) == kBitsPosInf) {
+        // hi' - lo' overflows float32: the same quotient in float64, rounded once.
+        s = f64_to_f32_rn(__ddiv_rn(__dsub_rn(f32_to_f64(hi0), f32_to_f64(lo0)), static_cast<double>(qmax - qmin)));
+    } else {
+        s = div_rn(span, static_cast<float>(qmax - qmin));
+    }
+    q.scale = max_keep(s, eps);
+    // |lo' / scale| <= qmax - qmin (+ rounding), so int32 holds it.
+    const int r = rint_to_i32_sat(div_rn(lo0, q.scale));
+    q.zp = min(max(qmin - r, qmin), qmax);
+    return q;
+}
+
+// Scales and zero points of `slots` slots from the reduction's keys; zps may be
+// null (symmetric int8). flag[0] becomes 1 if any block held +/-Inf.
+__global__ void __launch_bounds__(256)
+finalize(const unsigned* __restrict__ lo, const unsigned* __restrict__ hi, long long slots, int qmin, int qmax,
+         int symmetric, float eps, float* __restrict__ scales, int* __restrict__ zps, int* __restrict__ flag) {
+    const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
+    for (long long p = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; p < slots; p += stride) {
+        const QParams q = finalize_one(float_of(lo[p]), float_of(hi[p]), qmin, qmax, symmetric != 0, eps);
+        scales[p] = q.scale;
+        if (zps) zps[p] = q.zp;
+        if (q.inf) atomicOr(flag, 1);
+    }
+}
+
+// A float32 scale in the compute type (exact; float64 quantizes with the same scale widened).
+__device__ __forceinline__ void widen_scale(float s, float& out) { out = s; }
+__device__ __forceinline__ void widen_scale(float s, double& out) { out = f32_to_f64(s); }
+
+// ---------------------------------------------------------------------------
+// Fused dynamic quantize: x as `rows` contiguous rows of n, each cut into
+// blocks of g (the last may be short), one scale per block (slot r * G + j).
+// A team (warp for short blocks, thread block for long ones, as vLLM's
+// dynamic per-token kernel) reduces its block, computes the parameters, and
+// quantizes the block; the second read is served from L1/L2, so DRAM sees x
+// once. The codes are those of gpuq.quantize with the same parameters
+// (contract.cuh), so this equals choose_qparams followed by quantize.
+template <typename T, typename TQ, bool WARP>
+__global__ void __launch_bounds__(256)
+dynamic_quantize_segments(const T* __restrict__ x, TQ* __restrict__ q, long long rows, long long n, long long g,
+                          int symmetric, float eps, float* __restrict__ scales, int* __restrict__ zps,
+                          int* __restrict__ flag) {
+    using TC = typename ComputeOf<T>::type;
+    const long long groups = (n + g - 1) / g;
+    const long long pieces = rows * groups;
+    const int lane = team_lane<WARP>(), lanes = team_size<WARP>();
+    for (long long s = team_id<WARP>(); s < pieces; s += team_count<WARP>()) {
+        const long long r = s / groups, j = s - r * groups;
+        const long long begin = r * n + j * g, len = min(g, n - j * g);
+        Acc<T> acc;
+        accumulate(acc, x, begin, len, lane, lanes);
+        float l = acc.lo32(), h = acc.hi32();
+        team_minmax<WARP>(l, h);
+        const QParams qp = finalize_one(l, h, CodeRange<TQ>::lo, CodeRange<TQ>::hi, symmetric != 0, eps);
+        if (lane == 0) {
+            scales[s] = qp.scale;
+            if (zps) zps[s] = qp.zp;
+            if (qp.inf) atomicOr(flag, 1);
+        }
+        TC sc;
+        widen_scale(qp.scale, sc);
+        for (long long i = lane; i < len; i += lanes) q[begin + i] = quantize_rn_zp<TQ>(widen<TC>(x[begin + i]), sc, qp.zp);
+    }
+}
+
+}  // namespace gpuq

@@ -1,0 +1,301 @@
+"""The CUDA backend's own behaviour: dispatch, placement, streams, uploads, layouts.
+
+The bit-exactness bodies shared with the NumPy backend live in the core test
+files (``backend`` fixture). Tests here need CuPy and a GPU and skip cleanly
+without them, except the first few, which check what can be checked on any
+machine (no CuPy import, alignment arithmetic).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import gpuq
+from gpuq.backends import cuda_backend
+
+
+def _gpu_skip_reason():
+    try:
+        import cupy
+    except Exception as exc:
+        return f"CuPy not importable: {exc.__class__.__name__}"
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return "no CUDA device"
+    except Exception as exc:
+        return f"no CUDA device: {exc}"
+    return None
+
+
+_REASON = _gpu_skip_reason()
+needs_gpu = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+
+
+# ---------------------------------------------------------------------------
+# Any machine
+
+
+def test_import_gpuq_and_backend_never_import_cupy():
+    code = ("import sys, gpuq, gpuq.backends.cuda_backend, gpuq.backends.nvrtc_check; "
+            "assert 'cupy' not in sys.modules, 'cupy imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _fake(ptr, itemsize):
+    return SimpleNamespace(data=SimpleNamespace(ptr=ptr), itemsize=itemsize)
+
+
+@pytest.mark.parametrize("offset", range(0, 16))
+def test_alignment_head_reaches_a_16_byte_boundary(offset):
+    for isz in (2, 4, 8):
+        if offset % isz:
+            assert cuda_backend._alignment(_fake(4096 + offset, isz), _fake(0, 1), 100) == (0, 0)
+            continue
+        head, vec = cuda_backend._alignment(_fake(4096 + offset, isz), _fake(8192 + 7, 1), 100)
+        assert (4096 + offset + head * isz) % 16 == 0 and 0 <= head < 16 and vec & 1
+        assert bool(vec & 2) == ((8192 + 7 + head) % 16 == 0)
+
+
+def test_alignment_head_never_exceeds_n():
+    assert cuda_backend._alignment(_fake(4, 4), _fake(0, 1), 2) == (2, 1)
+
+
+def test_lower_expands_only_beyond_max_dims():
+    from gpuq._scheme import Scheme
+
+    shape = (2,) * 10
+    assert cuda_backend.lower(Scheme.build(shape, axis=(0, 2, 4, 6, 8)))[0] == "expand"
+    assert cuda_backend.lower(Scheme.build(shape, axis=(0, 2, 4, 6)))[0] == "strided"
+    assert cuda_backend.lower(Scheme.build((4, 1, 5), axis=(1,)))[0] == "tensor"
+    assert cuda_backend.lower(Scheme.build((4, 3, 5), axis=(1, 2)))[:3] == ("channel", 15, 1)
+
+
+# ---------------------------------------------------------------------------
+# GPU
+
+
+@pytest.fixture
+def cp():
+    import cupy
+
+    return cupy
+
+
+def _both(fn, x, *args, **kw):
+    """Run ``fn`` on NumPy and CuPy inputs; return both results as NumPy."""
+    import cupy
+
+    host = fn(x, *args, **kw)
+    dev = fn(cupy.asarray(x), *args, **kw)
+    assert isinstance(dev, cupy.ndarray)
+    return host, cupy.asnumpy(dev)
+
+
+_SPECIAL = np.array([0.0, -0.0, 0.5, 1.5, 2.5, -0.5, -2.5, 1e-45, -1e-45, 1.2e-38, np.nan, np.inf,
+                     -np.inf, 3e38, -3e38, 126.5, 127.5, -128.5, 254.5, 255.5], np.float32)
+
+
+@needs_gpu
+@pytest.mark.parametrize("zp", [None, 0, 3, -7, 2**23 + 1, 2**31 - 1, -(2**31)])
+@pytest.mark.parametrize("dtype", ["int8", "uint8"])
+@pytest.mark.parametrize("fdtype", [np.float16, np.float32, np.float64])
+def test_special_values_bit_identical(fdtype, dtype, zp):
+    x = _SPECIAL.astype(fdtype)
+    for s in (1.0, 0.5, 3.0, 1e-40):  # 1e-40: a subnormal float32 scale
+        h, d = _both(gpuq.quantize, x, s, zp, dtype=dtype)
+        assert np.array_equal(h, d), (s, zp)
+        q = np.arange(-128, 128, dtype=np.int8) if dtype == "int8" else np.arange(256, dtype=np.uint8)
+        for out in ("float16", "float32", "float64"):
+            h, d = _both(gpuq.dequantize, q, s, zp, dtype=out)
+            assert np.array_equal(h.view(np.uint8), d.view(np.uint8)), (s, zp, out)
+
+
+_SCHEMES = [
+    ((1025,), None, None),
+    ((17, 33), 0, None),
+    ((17, 33), 1, None),
+    ((5, 7, 9), 1, None),
+    ((3, 4, 5, 6), (0, 2), None),
+    ((3, 4, 5, 6), (1, 3), None),
+    ((8, 37), 1, 8),
+    ((8, 40), 1, 8),
+    ((9, 7, 5), 1, 3),
+    ((2,) * 10, (0, 2, 4, 6, 8), None),
+]
+
+
+@needs_gpu
+@pytest.mark.parametrize("shape, axis, group", _SCHEMES,
+                         ids=[f"{s}-axis{a}-g{g}" for s, a, g in _SCHEMES])
+@pytest.mark.parametrize("with_zp", [False, True])
+def test_every_scheme_matches_numpy(shape, axis, group, with_zp):
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(shape) * 40).astype(np.float32)
+    pshape = gpuq._scheme.Scheme.build(shape, axis, group).param_shape
+    s = rng.uniform(0.1, 2.0, pshape).astype(np.float32)
+    z = rng.integers(-20, 20, pshape).astype(np.int32) if with_zp else None
+    h, d = _both(gpuq.quantize, x, s, z, axis=axis, group_size=group)
+    assert np.array_equal(h, d)
+    h2, d2 = _both(gpuq.dequantize, h, s, z, axis=axis, group_size=group)
+    assert np.array_equal(h2, d2)
+
+
+@needs_gpu
+@pytest.mark.parametrize("start", range(0, 17))
+def test_misaligned_views_and_strided_inputs(cp, start):
+    rng = np.random.default_rng(start)
+    x = (rng.standard_normal(1000) * 50).astype(np.float32)
+    xd = cp.asarray(x)
+    h = gpuq.quantize(x[start:], 0.5, 3)
+    assert np.array_equal(h, cp.asnumpy(gpuq.quantize(xd[start:], 0.5, 3)))
+    # misaligned out as well (a view of a larger array)
+    big = cp.zeros(1100, cp.int8)
+    res = gpuq.quantize(xd[start:], 0.5, 3, out=big[start + 1:start + 1 + h.size])
+    assert np.array_equal(h, cp.asnumpy(res))
+    # non-contiguous src and out
+    h2 = gpuq.quantize(x[start::3], 0.5, 3)
+    out = cp.zeros(2 * h2.size, cp.int8)[::2]
+    assert gpuq.quantize(xd[start::3], 0.5, 3, out=out) is out
+    assert np.array_equal(h2, cp.asnumpy(out))
+    y = gpuq.dequantize(h2, 0.5, 3, dtype="float16")
+    yd = gpuq.dequantize(cp.asarray(h2)[1:], 0.5, 3, dtype="float16")
+    assert np.array_equal(y[1:].view(np.uint16), cp.asnumpy(yd).view(np.uint16))
+
+
+@needs_gpu
+def test_result_on_src_device_not_device_0(cp):
+    dev = cp.cuda.runtime.getDeviceCount() - 1
+    with cp.cuda.Device(dev):
+        x = cp.linspace(-3, 3, 1001, dtype=cp.float32)
+    q = gpuq.quantize(x, [0.1], axis=None)
+    assert q.device.id == dev
+    assert gpuq.dequantize(q, 0.1).device.id == dev
+
+
+@needs_gpu
+def test_params_on_another_device_are_a_type_error(cp):
+    if cp.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two GPUs")
+    with cp.cuda.Device(1):
+        x = cp.ones(10, cp.float32)
+    s = cp.ones((), cp.float32)  # device 0
+    with pytest.raises(TypeError, match="device"):
+        gpuq.quantize(x, s)
+
+
+@needs_gpu
+def test_host_src_with_device_scales_is_a_type_error(cp):
+    with pytest.raises(TypeError, match="scales is a device"):
+        gpuq.quantize(np.ones(4, np.float32), cp.ones((), cp.float32))
+    with pytest.raises(TypeError, match="zps is a device"):
+        gpuq.quantize(np.ones(4, np.float32), 1.0, cp.zeros((), cp.int32))
+
+
+@needs_gpu
+def test_device_scales_are_checked_unless_skipped(cp):
+    x = cp.ones(8, cp.float32)
+    with pytest.raises(ValueError, match=r"scales must be finite and > 0.*at index \(2,\)"):
+        gpuq.quantize(cp.ones((2, 4), cp.float32), cp.asarray([1.0, 1.0, 0.0, 1.0], cp.float32), axis=1)
+    with pytest.raises(ValueError, match="scales must be finite and > 0"):
+        gpuq.quantize(x, cp.asarray(np.nan, cp.float32))
+    # check_values=False skips the device reduction (the caller vouches for the values)
+    gpuq.quantize(x, cp.asarray(1.0, cp.float32), check_values=False)
+    with pytest.raises(ValueError, match="zps must fit int32"):
+        gpuq.quantize(x, 1.0, cp.asarray(2**40, cp.int64))
+
+
+@needs_gpu
+def test_launches_on_the_current_stream(cp, monkeypatch):
+    seen = []
+    real = cuda_backend.get_function
+
+    def spy(*args):
+        fn = real(*args)
+
+        def call(grid, block, kargs, stream=None):
+            seen.append(stream)
+            return fn(grid, block, kargs, stream=stream)
+
+        return call
+
+    monkeypatch.setattr(cuda_backend, "get_function", spy)
+    x = cp.arange(100, dtype=cp.float32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        q = gpuq.quantize(x, 2.0)
+        y = gpuq.dequantize(q, 2.0)
+    stream.synchronize()
+    assert [s.ptr for s in seen] == [stream.ptr] * 2
+    assert np.array_equal(cp.asnumpy(y), np.rint(np.arange(100) / 2) * 2)
+
+
+@needs_gpu
+def test_static_op_uploads_once_per_device(cp, monkeypatch):
+    calls = []
+    real = cuda_backend.CudaBackend.to_param
+
+    def counting(arr, src):
+        calls.append(isinstance(arr, np.ndarray))
+        return real(arr, src)
+
+    monkeypatch.setattr(cuda_backend.CudaBackend, "to_param", staticmethod(counting))
+    op = gpuq.Quantize(scales=[0.5, 0.25], zps=[1, -1], qtype="per_channel", axis=1)
+    x = cp.ones((3, 2), cp.float32)
+    first = op(x)
+    uploads = calls.count(True)
+    second = op(x)
+    assert calls.count(True) == uploads == 2  # scales and zps, once
+    assert np.array_equal(cp.asnumpy(first), cp.asnumpy(second))
+
+
+class _CAIOnly:
+    """An object exposing only __cuda_array_interface__ (like a Numba array)."""
+
+    def __init__(self, arr):
+        self._arr = arr
+
+    @property
+    def __cuda_array_interface__(self):
+        return self._arr.__cuda_array_interface__
+
+
+class _DLPackOnly:
+    def __init__(self, arr):
+        self._arr = arr
+
+    def __dlpack__(self, *args, **kwargs):
+        return self._arr.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self._arr.__dlpack_device__()
+
+
+@needs_gpu
+@pytest.mark.parametrize("wrap", [_CAIOnly, _DLPackOnly])
+def test_cuda_array_objects_are_used_zero_copy(cp, wrap):
+    x = cp.linspace(-5, 5, 257, dtype=cp.float32)
+    q = gpuq.quantize(wrap(x), 0.1)
+    assert isinstance(q, cp.ndarray)
+    assert np.array_equal(cp.asnumpy(q), gpuq.quantize(cp.asnumpy(x), 0.1))
+    assert cuda_backend.as_cupy(wrap(x)).data.ptr == x.data.ptr
+    out = cp.empty(257, cp.int8)
+    assert gpuq.quantize(x, 0.1, out=wrap(out)).__class__ is wrap
+    assert np.array_equal(cp.asnumpy(out), cp.asnumpy(q))
+
+
+@needs_gpu
+def test_torch_tensors(cp):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    t = torch.linspace(-5, 5, 1001, device="cuda")
+    q = gpuq.quantize(t, 0.1, 3, dtype="uint8")
+    assert np.array_equal(cp.asnumpy(q), gpuq.quantize(t.cpu().numpy(), 0.1, 3, dtype="uint8"))
+    out = torch.empty(1001, dtype=torch.uint8, device="cuda")
+    assert gpuq.quantize(t, 0.1, 3, out=out) is out
+    assert np.array_equal(out.cpu().numpy(), cp.asnumpy(q))

@@ -1,0 +1,212 @@
+"""The CUDA kernels, checked without a GPU.
+
+1. NVRTC (the ``nvidia-cuda-nvrtc`` wheel, driven by ctypes) compiles every
+   instantiation the dispatcher can request, for PTX compute_80 and SASS
+   sm_80/sm_90, with the contract's options: any error or warning fails.
+2. The PTX is the same with ``-ftz=true`` (what CuPy appends) as with
+   ``-ftz=false``: subnormal handling does not depend on the flag.
+3. The traversal (kernels/elementwise.cuh: units, vector head/tail, the
+   scheme index maps) and the host-side lowering (cuda_backend.lower) are run
+   on the CPU with a C++ compiler, emulating a small grid, and every element's
+   scale index is compared with NumPy's broadcasting of the same scheme.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import textwrap
+
+import numpy as np
+import pytest
+
+from gpuq._scheme import Scheme
+from gpuq.backends import _kernels, nvrtc_check
+
+_LIB = nvrtc_check.find_libnvrtc()
+needs_nvrtc = pytest.mark.skipif(
+    _LIB is None, reason="libnvrtc not found: pip install nvidia-cuda-nvrtc (the 'test' extra)"
+)
+
+
+@pytest.fixture(scope="module")
+def nvrtc():
+    return nvrtc_check.Nvrtc(_LIB)
+
+
+@pytest.fixture(scope="module")
+def compiled(nvrtc):
+    """(source, target) -> Result, each compiled once per test session."""
+    cache = {}
+
+    def get(source, target):
+        if (source, target) not in cache:
+            cache[source, target] = nvrtc_check.compile_source(nvrtc, source, target)
+        return cache[source, target]
+
+    return get
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("target", nvrtc_check.TARGETS)
+@pytest.mark.parametrize("source", sorted(_kernels.SOURCES))
+def test_every_instantiation_compiles_cleanly(compiled, source, target):
+    res = compiled(source, target)
+    assert res.ok, res.describe()
+    assert sorted(res.lowered) == sorted(_kernels.SOURCES[source]())
+    assert res.code
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("source", sorted(_kernels.SOURCES))
+def test_ptx_does_not_depend_on_ftz(nvrtc, compiled, source):
+    res = nvrtc_check.ftz_independent(nvrtc, source, compiled(source, "compute_80"))
+    assert res.ok, res.describe()
+
+
+def test_registry_covers_every_dtype_combination():
+    q = _kernels.quantize_names()
+    d = _kernels.dequantize_names()
+    assert len(q) == len(set(q)) == 3 * 2 * 2 * len(_kernels.MAPS)
+    assert len(d) == len(set(d)) == 2 * 3 * 2 * len(_kernels.MAPS)
+    assert "gpuq::quantize<__half, unsigned char, float, false, 0>" in q
+    assert "gpuq::dequantize<signed char, double, double, true, 3>" in d
+
+
+def test_sources_expand_includes():
+    text = _kernels.source_text("quantize.cu")
+    assert "#include \"contract.cuh\"" not in text
+    assert text.count("struct QuantizeOp") == 1 and "struct GroupMap" in text
+
+
+# ---------------------------------------------------------------------------
+# Host emulation of the traversal
+
+_HARNESS = r"""
+#include <cstring>
+#include <iostream>
+#include <vector>
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __restrict__
+struct uint4 { unsigned x, y, z, w; };
+template <class T> T __ldg(const T* p) { return *p; }
+struct Dim { unsigned x = 0; };
+static Dim gridDim, blockDim, blockIdx, threadIdx;
+#include "elementwise.cuh"
+using namespace gpuq;
+// Output = input * 2^24 + scale index: checks both the element and its scale.
+struct IdxOp {
+    long long p = 0;
+    void reload(long long q) { p = q; }
+    long long operator()(long long x) const { return x * (1LL << 24) + p; }
+};
+template <class Map>
+void run(const long long* in, long long* out, long long n, long long head, int vec, long long m0,
+         long long m1, long long m2, const long long* dims, unsigned blocks, unsigned threads) {
+    gridDim.x = blocks; blockDim.x = threads;
+    for (unsigned b = 0; b < blocks; ++b)
+        for (unsigned t = 0; t < threads; ++t) {
+            blockIdx.x = b; threadIdx.x = t;
+            for_each_unit<Map, long long, long long, true>(in, out, n, head, vec, m0, m1, m2, dims, IdxOp{});
+        }
+}
+int main() {
+    int map, vec, nd; long long n, head, m0, m1, m2; unsigned blocks, threads;
+    while (std::cin >> map >> n >> head >> vec >> m0 >> m1 >> m2 >> blocks >> threads >> nd) {
+        std::vector<long long> dims(2 * nd + 1);
+        for (int k = 0; k < 2 * nd; ++k) std::cin >> dims[k];
+        std::vector<long long> in(n), out(n, -1);
+        for (long long i = 0; i < n; ++i) in[i] = i;
+        const long long* d = dims.data();
+        if (map == 0) run<TensorMap>(in.data(), out.data(), n, head, vec, m0, m1, m2, d, blocks, threads);
+        if (map == 1) run<ChannelMap>(in.data(), out.data(), n, head, vec, m0, m1, m2, d, blocks, threads);
+        if (map == 2) run<GroupMap>(in.data(), out.data(), n, head, vec, m0, m1, m2, d, blocks, threads);
+        if (map == 3) run<StridedMap>(in.data(), out.data(), n, head, vec, m0, m1, m2, d, blocks, threads);
+        for (long long i = 0; i < n; ++i) std::cout << out[i] << ' ';
+        std::cout << std::endl;
+    }
+}
+"""
+
+_CXX = shutil.which("g++") or shutil.which("clang++") or shutil.which("c++")
+
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory):
+    if _CXX is None:
+        pytest.skip("no host C++ compiler (g++/clang++) to emulate the kernels' traversal")
+    d = tmp_path_factory.mktemp("harness")
+    (d / "h.cpp").write_text(textwrap.dedent(_HARNESS))
+    exe = d / "h"
+    subprocess.run([_CXX, "-std=c++17", "-O1", "-Wno-unknown-pragmas", f"-I{_kernels.kernels_dir()}",
+                    str(d / "h.cpp"), "-o", str(exe)], check=True, capture_output=True)
+    return exe
+
+
+def _expected_index(scheme):
+    shape = scheme.shape
+    pshape = scheme.param_shape
+    size = int(np.prod(pshape)) if pshape else 1
+    ids = np.arange(size).reshape(pshape if pshape else ())
+    if scheme.kind == "tensor":
+        return np.zeros(int(np.prod(shape)), np.int64)
+    if scheme.kind == "group":
+        (k,) = scheme.axes
+        grid = np.indices(shape)
+        grid[k] //= scheme.group_size
+        return ids[tuple(grid)].ravel()
+    view = tuple(d if i in scheme.axes else 1 for i, d in enumerate(shape))
+    return np.broadcast_to(ids.reshape(view), shape).ravel()
+
+
+_CASES = [
+    ((37,), None, None),
+    ((5, 7), 1, None),
+    ((5, 7), 0, None),
+    ((3, 1, 4, 5), 2, None),
+    ((2, 3, 4, 5), 1, None),
+    ((40, 3), -1, None),
+    ((2, 3, 4, 5), (0, 2), None),
+    ((2, 3, 4, 5), (1, 3), None),
+    ((3, 4, 5), (0, 1), None),
+    ((2, 1, 3, 2, 5), (0, 3), None),
+    ((6, 10), 1, 4),
+    ((6, 8), 1, 4),
+    ((10, 6), 0, 3),
+    ((7, 5, 3), 1, 2),
+    ((4, 9, 2), 1, 9),
+    ((4, 9, 2), 1, 20),
+    ((3, 5), 1, 1),
+    ((50,), 0, 7),
+]
+
+
+@pytest.mark.parametrize("shape, axis, group", _CASES, ids=[f"{s}-axis{a}-g{g}" for s, a, g in _CASES])
+def test_traversal_and_index_maps_on_host(harness, shape, axis, group):
+    from gpuq.backends.cuda_backend import lower
+
+    scheme = Scheme.build(shape, axis, group)
+    name, m0, m1, m2, dims = lower(scheme)
+    assert name != "expand"
+    n = int(np.prod(shape))
+    expected = _expected_index(scheme)
+    lines, runs = [], []
+    for head in sorted({0, 1, 3, 15, min(n, 15)}):
+        head = min(head, n)
+        for vec in (0, 1, 3):
+            for blocks, threads in ((1, 1), (3, 5)):
+                dims_t = dims or ()
+                nd = len(dims_t) // 2
+                lines.append(" ".join(map(str, (_kernels.MAPS[name], n, head, vec, m0, m1, m2,
+                                                blocks, threads, nd) + tuple(dims_t))))
+                runs.append((head, vec, blocks, threads))
+    out = subprocess.run([str(harness)], input="\n".join(lines) + "\n", capture_output=True,
+                         text=True, check=True).stdout.splitlines()
+    assert len(out) == len(runs)
+    for line, run in zip(out, runs):
+        got = np.array(line.split(), np.int64)
+        assert np.array_equal(got >> 24, np.arange(n)), f"elements misplaced for head/vec/grid {run}"
+        assert np.array_equal(got & ((1 << 24) - 1), expected), (
+            f"scale index wrong for head/vec/grid {run} ({name}, {m0}, {m1}, {m2}, {dims})")
