@@ -66,12 +66,26 @@ def lower(x, o, params):
             del shape[j + 1], xs[j + 1], os_[j + 1]
         else:
             j += 1
-    as_strided = np.lib.stride_tricks.as_strided
-    x2 = as_strided(x, shape, xs, writeable=False)
-    o2 = as_strided(o, shape, os_)
-    p2 = [as_strided(p, [d for d, _ in ps], [s for _, s in ps], writeable=False) for p, ps in zip(params, pst)]
+    shape = tuple(shape)
+    x2, o2 = view(x, shape), view(o, shape)
+    p2 = [p.reshape([d for d, _ in ps]) for p, ps in zip(params, pst)]
     scale_dims = sorted({i for p in p2 for i, d in enumerate(p.shape) if d > 1})
-    return tuple(shape), x2, o2, p2, scale_dims
+    return shape, x2, o2, p2, scale_dims
+
+
+def view(a, shape):
+    """``a.reshape(shape)`` that must not copy: writes into a copy would be lost.
+
+    Every reshape asked for here (dropping size-1 dims, merging dims whose
+    strides chain, splitting one dim) has a view, so NumPy returns one; the
+    cheap bounds check guards the promise.
+    """
+    if a.shape == shape:
+        return a
+    v = a.reshape(shape)
+    if a.size and not np.may_share_memory(v, a):
+        raise RuntimeError(f"gpuq internal error: reshaping {a.shape} to {shape} copied")
+    return v
 
 
 def _param_mergeable(a, b) -> bool:
@@ -85,10 +99,8 @@ class FlatPlan:
     """Blocks of a contiguous ``(outer, C, inner)`` problem, ``params`` 1-D of length C."""
 
     def __init__(self, x, o, params, outer, channels, inner):
-        # as_strided, not reshape: a reshape of a 0-d or odd-strided view may copy,
-        # and writes into a copy would be lost.
-        self.x = np.lib.stride_tricks.as_strided(x, (x.size,), (x.itemsize,), writeable=False)
-        self.o = np.lib.stride_tricks.as_strided(o, (o.size,), (o.itemsize,))
+        self.x = view(x, (x.size,))
+        self.o = view(o, (o.size,))
         self.size = self.x.size
         self.params = params
         self.outer, self.channels, self.inner = outer, channels, inner

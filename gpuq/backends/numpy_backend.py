@@ -198,26 +198,12 @@ def _dequantize_block(qb, ob, params, scratch, *, ct, wide):
 def _plans(src, out, scheme, params):
     plans = []
     for piece in scheme.pieces():
-        x = _split_view(src[piece.src_index], piece.view_shape)
-        o = _split_view(out[piece.src_index], piece.view_shape)
+        x = _blocks.view(src[piece.src_index], piece.view_shape)
+        o = _blocks.view(out[piece.src_index], piece.view_shape)
         ps = [p.reshape(scheme.param_shape)[piece.param_index].reshape(piece.param_view_shape)
               for p in params]
         plans.append(_blocks.plan(x, o, ps))
     return plans
-
-
-def _split_view(a, shape):
-    """``a`` with one dim split in two (or unchanged): a view, never a copy.
-
-    Splitting a dim is always expressible with strides, so NumPy's reshape
-    returns a view; the check guards the writes into ``out`` all the same.
-    """
-    if a.shape == tuple(shape):
-        return a
-    v = a.reshape(shape)
-    if a.size and not np.shares_memory(v, a):
-        raise RuntimeError(f"gpuq internal error: reshaping {a.shape} to {shape} copied")
-    return v
 
 
 def _zero_point_params(zps, ct, qdtype=None):
