@@ -11,15 +11,9 @@
 namespace gpuq {
 
 template <typename TQ, typename TOut, typename TS, bool HAS_ZP>
-struct DequantizeOp {
-    const TS* __restrict__ scales;
-    const int* __restrict__ zps;
-    TS s;
-    int z;
-    __device__ void reload(long long p) {
-        s = __ldg(scales + p);
-        if constexpr (HAS_ZP) z = __ldg(zps + p);
-    }
+struct DequantizeOp : ParamCursor<TS, HAS_ZP> {
+    using ParamCursor<TS, HAS_ZP>::s;
+    using ParamCursor<TS, HAS_ZP>::z;
     __device__ TOut operator()(TQ v) const {
         if constexpr (HAS_ZP) {
             return narrow_rn<TOut>(dequantize_rn_zp<TS>(v, s, z));
@@ -38,7 +32,7 @@ __global__ void __launch_bounds__(256)
 dequantize(const TQ* __restrict__ q, TOut* __restrict__ y, const TS* __restrict__ scales,
            const int* __restrict__ zps, long long n, long long head, int vec, long long m0, long long m1,
            long long m2, const long long* __restrict__ dims) {
-    DequantizeOp<TQ, TOut, TS, HAS_ZP> op{scales, zps, TS(0), 0};
+    DequantizeOp<TQ, TOut, TS, HAS_ZP> op{{scales, zps, TS(0), 0}};
     for_each_unit<typename MapOf<MAP>::type, TQ, TOut, false>(q, y, n, head, vec, m0, m1, m2, dims, op);
 }
 

@@ -9,6 +9,21 @@
 
 namespace gpuq {
 
+// The scale (and zero point) of the element being processed, reloaded by
+// for_each_unit only when the map says the parameter index changed. Shared by
+// the quantize and dequantize ops, which add their operator().
+template <typename TS, bool HAS_ZP>
+struct ParamCursor {
+    const TS* __restrict__ scales;
+    const int* __restrict__ zps;
+    TS s;
+    int z;
+    __device__ void reload(long long p) {
+        s = __ldg(scales + p);
+        if constexpr (HAS_ZP) z = __ldg(zps + p);
+    }
+};
+
 // Elements per unit of work: 16 one-byte codes are one 16-byte vector, and the
 // float side is 2 (float16), 4 (float32) or 8 (float64) 16-byte vectors.
 constexpr int kUnit = 16;

@@ -16,23 +16,11 @@ import numpy as np
 import pytest
 
 import gpuq
+from conftest import _cuda_skip_reason
 from gpuq.backends import cuda_backend
 
 
-def _gpu_skip_reason():
-    try:
-        import cupy
-    except Exception as exc:
-        return f"CuPy not importable: {exc.__class__.__name__}"
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return "no CUDA device"
-    except Exception as exc:
-        return f"no CUDA device: {exc}"
-    return None
-
-
-_REASON = _gpu_skip_reason()
+_REASON = _cuda_skip_reason()
 needs_gpu = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
 
 

@@ -366,3 +366,14 @@ def test_dtype_follows_out(backend):
     x = _data((9,), np.float32)
     out = backend.put(np.empty(9, np.uint8))
     assert gpuq.quantize(backend.put(x), 1.0, 128, out=out).dtype == np.uint8
+
+
+@pytest.mark.parametrize("qdtype,zp", [("int8", None), ("uint8", 128), ("int8", -3)])
+def test_every_float16_bit_pattern(backend, qdtype, zp):
+    x = np.arange(2**16, dtype=np.uint16).view(np.float16)  # NaNs, Infs, subnormals, both zeros
+    for s in (np.float32(0.01), np.float32(3.0)):
+        got = backend.get(gpuq.quantize(backend.put(x), s, zp, dtype=qdtype))
+        _assert_same(got, ref.quantize(x, s, zp, dtype=qdtype))
+    view = x.reshape(256, 256)[::3, ::-2]
+    got = backend.get(gpuq.quantize(backend.put(x).reshape(256, 256)[::3, ::-2], 0.5, zp, dtype=qdtype))
+    _assert_same(got, ref.quantize(np.ascontiguousarray(view), 0.5, zp, dtype=qdtype))

@@ -139,10 +139,20 @@ def _run_range(work, block_fn) -> None:
             block_fn(xb, ob, params, scratch)
 
 
+@functools.cache
+def _float16_table():
+    """float32 value of every float16 bit pattern: a gather widens twice as fast as a cast."""
+    return np.arange(2**16, dtype=np.uint16).view(np.float16).astype(np.float32)
+
+
 def _quantize_block(xb, ob, params, scratch, *, qmin, qmax, ct, wide):
     s = params[0]
     t = scratch.like("t", ct, xb)
-    np.divide(xb, s, out=t)
+    if xb.dtype == np.float16:
+        np.take(_float16_table(), xb.view(np.uint16), out=t)  # exact widening
+        np.divide(t, s, out=t)
+    else:
+        np.divide(xb, s, out=t)
     has_nan = np.isnan(t.min())  # one cheap reduction finds the rare block with a NaN
     if wide:
         _quantize_wide(t, ob, params[1], scratch, qmin, qmax, has_nan)
