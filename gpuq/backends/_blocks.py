@@ -203,6 +203,8 @@ class NdPlan:
 
 def plan(x, o, params):
     """Choose the block layout for one broadcast problem."""
+    if x.size <= BLOCK:
+        return NdPlan(x, o, params)  # one block: lowering would cost more than it saves
     shape, x2, o2, p2, scale_dims = lower(x, o, params)
     if x2.flags.c_contiguous and o2.flags.c_contiguous and len(scale_dims) <= 1:
         if not scale_dims:
