@@ -7,7 +7,7 @@ import os
 import sys
 
 from . import cases as C
-from . import limits, report, runner
+from . import dynamic, limits, report, runner
 
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 CPU_DEFAULT_SIZE = "64M"
@@ -38,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-peers", action="store_true", help="gpuq and the copy limit only")
     p.add_argument("--no-latency", action="store_true", help="skip the 4096-element latency cases")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    p.add_argument("--no-dynamic", action="store_true",
+                   help="skip choose_qparams / quantize_dynamic against a static quantize")
     return p
 
 
@@ -100,8 +102,15 @@ def run(args, log=runner.log_stderr) -> dict:
         rows = runner.run_gpu(cases, peers, copy["gbps"], reps=args.reps or (10 if args.quick else 50), log=log)
     st["missing_peers"] = missing
     st["quick"] = bool(args.quick)
+    dyn_text = ""
+    if not args.no_dynamic and not args.cases:
+        size = (1 << 18) if args.quick else C.parse_size(
+            (args.sizes or (CPU_DEFAULT_SIZE if device == "cpu" else GPU_DEFAULT_SIZES)).split(",")[-1])
+        st["dynamic"] = dynamic.run_dynamic(size, device=device, log=log,
+                                            reps=args.reps or (3 if args.quick else (5 if device == "cpu" else 50)))
+        dyn_text = dynamic.table(st["dynamic"])
     stem = os.path.join(args.out, report.file_stem(st))
-    text = report.table(st, rows)
+    text = report.table(st, rows) + dyn_text
     with open(stem + ".txt", "w") as f:
         f.write(text + "\n")
     report.write_json(stem + ".json", st, rows)

@@ -71,6 +71,18 @@ def test_mismatch_counts_reported(quick_run):
     assert any(r["contender"] == "numpy naive" and r["status"] == "ok" for r in rows)
 
 
+def test_dynamic_rows(quick_run):
+    rows = _load(quick_run)["stamp"]["dynamic"]
+    assert {(r["scheme"], r["way"]) for r in rows} == {
+        (s, w) for s in ("tensor", "row4096", "group128") for w in ("static", "qparams", "dynamic")}
+    for r in rows:
+        assert r["median_s"] > 0 and r["ratio_to_static"] > 0
+        if r["way"] == "dynamic":
+            assert r["mismatches"] == 0  # quantize_dynamic == choose_qparams then quantize
+        if r["way"] == "static":
+            assert r["ratio_to_static"] == 1.0
+
+
 def test_table_and_plot(quick_run):
     (txt,) = list(quick_run.glob("*.txt"))
     assert "copy limit" in txt.read_text()
