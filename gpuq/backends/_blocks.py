@@ -27,11 +27,13 @@ import math
 
 import numpy as np
 
-#: Elements per block: the float32 scratch of a block (512 KiB) and its slices
-#: of src/out stay near a core's 1 MiB L2 cache, and a block is long enough that
-#: the Python cost of its handful of ufunc calls is small (bench/NOTES.md:
-#: 1 << 15 -> 1 << 17 took per-tensor quantize from 43 to 33 ms at 64M).
-BLOCK = 1 << 17
+#: Elements per block. Each block costs a handful of ufunc calls, and on this
+#: project's 2-vCPU machines every call is a GIL hand-off between the worker
+#: threads that takes about as long as a small call's work, so blocks must be
+#: long: 1 << 19 (2 MiB of float32 scratch per thread, served from L2/L3) was
+#: measured best overall at 64M elements on 2 threads (bench/NOTES.md; 1 << 17:
+#: 38 ms per-tensor quantize, 1 << 19: 25 ms; 1 << 20 slows the short-row layouts).
+BLOCK = 1 << 19
 #: Shortest row worth a NumPy inner loop; shorter rows expand their parameters
 #: (rows of 64+ broadcast faster than a gather, bench/NOTES.md).
 INNER_MIN = 64

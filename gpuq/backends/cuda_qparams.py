@@ -186,14 +186,18 @@ def _raise_on_inf(flag):
 
 
 def choose_qparams(x, scheme, qmin, qmax, symmetric, eps):
-    """Scales and zero points for device ``x`` (validated by ``gpuq.qparams``)."""
-    lo, hi = minmax_keys(x, scheme)
-    scales, zps, flag = _outputs(scheme, qmin, symmetric)
-    if lo.size:
-        _launch(FINALIZE, min(-(-lo.size // THREADS), _MAX_BLOCKS),
-                (lo, hi, np.int64(lo.size), np.int32(qmin), np.int32(qmax), np.int32(symmetric),
-                 np.float32(eps), scales, _NULL if zps is None else zps, flag))
-        _raise_on_inf(flag)
+    """Scales and zero points for device ``x`` (validated by ``gpuq.qparams``).
+
+    Everything is allocated and launched on ``x``'s device, whichever is current.
+    """
+    with x.device:
+        lo, hi = minmax_keys(x, scheme)
+        scales, zps, flag = _outputs(scheme, qmin, symmetric)
+        if lo.size:
+            _launch(FINALIZE, min(-(-lo.size // THREADS), _MAX_BLOCKS),
+                    (lo, hi, np.int64(lo.size), np.int32(qmin), np.int32(qmax), np.int32(symmetric),
+                     np.float32(eps), scales, _NULL if zps is None else zps, flag))
+            _raise_on_inf(flag)
     return scales, zps
 
 
@@ -223,15 +227,20 @@ def quantize_dynamic(x, scheme, qdtype, symmetric, eps):
     if fused is None:
         return None
     rows, n, g = fused
+    # One team per block: blocks longer than a team can keep on chip, or too few
+    # blocks to fill the GPU, go to the two-pass path (full-grid reduction + quantize).
+    if min(g, n) > FUSED_TENSOR_MAX:
+        return None
     qmin, _ = QUANT_RANGE[np.dtype(qdtype)]
-    x = cupy.ascontiguousarray(x)
-    q = cupy.empty(x.shape, qdtype)
-    scales, zps, flag = _outputs(scheme, qmin, symmetric)
-    pieces = rows * -(-n // g)
-    warp = g <= WARP_MAX
-    blocks = -(-pieces // (THREADS // 32)) if warp else pieces
-    _launch(fused_name(x.dtype, qdtype, warp), min(blocks, _MAX_BLOCKS),
-            (x, q, np.int64(rows), np.int64(n), np.int64(g), np.int32(symmetric), np.float32(eps),
-             scales, _NULL if zps is None else zps, flag))
-    _raise_on_inf(flag)
+    with x.device:
+        x = cupy.ascontiguousarray(x)
+        q = cupy.empty(x.shape, qdtype)
+        scales, zps, flag = _outputs(scheme, qmin, symmetric)
+        pieces = rows * -(-n // g)
+        warp = min(g, n) <= WARP_MAX
+        blocks = -(-pieces // (THREADS // 32)) if warp else pieces
+        _launch(fused_name(x.dtype, qdtype, warp), min(blocks, _MAX_BLOCKS),
+                (x, q, np.int64(rows), np.int64(n), np.int64(g), np.int32(symmetric), np.float32(eps),
+                 scales, _NULL if zps is None else zps, flag))
+        _raise_on_inf(flag)
     return q, scales, zps
