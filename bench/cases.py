@@ -1,12 +1,20 @@
 """Benchmark cases: one (de)quantize problem each, and the default case lists.
 
-A :class:`Case` names an operation (``quantize``/``dequantize``), a scheme
+A :class:`Case` names an operation (``quantize``/``dequantize``, or issue 5's
+``dynamic`` = ``gpuq.quantize_dynamic`` and ``qparams`` = ``gpuq.choose_qparams``
+alone), a scheme
 (per-tensor, per-channel on the first/middle/last axis with C channels,
 multi-axis, per-group), a float dtype (the input of quantize, the output of
 dequantize), a code dtype (int8/uint8), whether zero points are given, and a
 target element count. :func:`Case.shape` turns the target count into a
 concrete shape (the real element count may differ slightly; every rate uses
 the real count).
+
+For ``dynamic``/``qparams`` cases ``zps=False`` means ``symmetric=True``, and
+the ``row`` scheme is per-token activations: ``(T, H)`` with ``H = channels``
+(4096), ``axis=0``, one scale per row. Their bytes are those of the quantize
+itself (see :meth:`Case.bytes_moved`), so GB/s compares with the static row
+timed beside them.
 """
 
 from __future__ import annotations
@@ -23,14 +31,20 @@ GROUP = 128
 GROUP_ROW = 4096
 #: Size of the small-tensor latency cases.
 LATENCY_SIZE = 4096
+#: Row length (hidden size H) of the per-token ``row`` scheme: (T, H), axis 0.
+TOKEN_ROW = 4096
+#: Operations whose qparams come from the data (issue 5), timed against a static quantize.
+DYNAMIC_OPS = ("dynamic", "qparams")
+#: Issue 5's targets: time of ``quantize_dynamic`` / time of a static quantize of the same tensor.
+DYNAMIC_TARGETS = {"tensor": 2.2, "row": 1.3}
 
 
 @dataclass(frozen=True)
 class Case:
     """One benchmark problem; see the module docstring."""
 
-    op: str  # "quantize" | "dequantize"
-    scheme: str  # "tensor" | "first" | "middle" | "last" | "axes" | "group"
+    op: str  # "quantize" | "dequantize" | "dynamic" | "qparams"
+    scheme: str  # "tensor" | "first" | "middle" | "last" | "axes" | "group" | "row"
     size: int
     channels: int = 1
     fdtype: str = "float32"
@@ -48,7 +62,9 @@ class Case:
         q = {"int8": "s8", "uint8": "u8"}[self.qdtype]
         types = f"{f}>{q}" if self.op == "quantize" else f"{q}>{f}"
         tag = "zp" if self.zps else "sym"
-        op = "q" if self.op == "quantize" else "dq"
+        op = {"quantize": "q", "dequantize": "dq", "dynamic": "dyn", "qparams": "qp"}[self.op]
+        if self.op in DYNAMIC_OPS:
+            types = f"{f}>{q}"
         return f"{op}/{sch}/{types}/{tag}/{_size_label(self.size)}"
 
     def shape(self) -> tuple:
@@ -58,7 +74,7 @@ class Case:
             return (max(1, n // 1024), 1024) if n >= 1024 else (n,)
         if self.scheme == "first":
             return (c, max(1, n // c))
-        if self.scheme == "last":
+        if self.scheme in ("last", "row"):
             return (max(1, n // c), c)
         if self.scheme == "middle":
             side = max(1, round(math.sqrt(n / c)))
@@ -73,7 +89,8 @@ class Case:
 
     def axis(self):
         """The ``axis`` argument of gpuq for this scheme."""
-        return {"tensor": None, "first": 0, "middle": 1, "last": -1, "axes": (0, 2), "group": -1}[self.scheme]
+        return {"tensor": None, "first": 0, "middle": 1, "last": -1, "axes": (0, 2), "group": -1,
+                "row": 0}[self.scheme]
 
     def group_size(self):
         return GROUP if self.scheme == "group" else None
@@ -83,7 +100,7 @@ class Case:
         shape = self.shape()
         if self.scheme == "tensor":
             return ()
-        if self.scheme in ("first", "middle", "last"):
+        if self.scheme in ("first", "middle", "last", "row"):
             return (shape[self.axis()],)
         if self.scheme == "axes":
             return (shape[0], shape[2])
@@ -94,7 +111,7 @@ class Case:
         shape = self.shape()
         if self.scheme == "tensor":
             return (1,) * len(shape)
-        if self.scheme in ("first", "middle", "last"):
+        if self.scheme in ("first", "middle", "last", "row"):
             k = self.axis() % len(shape)
             return tuple(d if i == k else 1 for i, d in enumerate(shape))
         if self.scheme == "axes":
@@ -111,10 +128,33 @@ class Case:
     def numel(self) -> int:
         return math.prod(self.shape())
 
+    def param_count(self) -> int:
+        """Number of scales (and of zps, where there are any)."""
+        return math.prod(self.param_shape())
+
+    def has_zps(self) -> bool:
+        """Zero points exist: asymmetric, or (dynamic/qparams) symmetric uint8 (zp 128)."""
+        return self.zps or (self.op in DYNAMIC_OPS and self.qdtype == "uint8")
+
     def bytes_moved(self) -> int:
-        """Bytes read + written: the float tensor and the code tensor once each."""
+        """Bytes read + written: the float tensor and the code tensor once each.
+
+        ``dynamic``/``qparams`` cases count the bytes of the quantize itself,
+        the same for every row of the case (the static quantize beside them
+        included): ``x`` read once, codes written once, scales (float32) and
+        zps (int32) written once. So GB/s compares across the rows of a case
+        and with the static table; ``qparams`` rows, which write no codes, are
+        credited the same bytes (their GB/s is "quantize bytes per second").
+        """
         n = self.numel()
-        return n * (np.dtype(self.fdtype).itemsize + np.dtype(self.qdtype).itemsize)
+        moved = n * (np.dtype(self.fdtype).itemsize + np.dtype(self.qdtype).itemsize)
+        if self.op in DYNAMIC_OPS:
+            moved += self.param_count() * (4 + (4 if self.has_zps() else 0))
+        return moved
+
+    def target(self):
+        """Issue 5's ratio target (dynamic time / static time), or None."""
+        return DYNAMIC_TARGETS.get(self.scheme) if self.op == "dynamic" else None
 
 
 def _size_label(n: int) -> str:
@@ -137,8 +177,28 @@ def _channel_cases(op, size, fdtype="float32", qdtype="int8", zps=True, channels
     return [Case(op, pos, size, c, fdtype, qdtype, zps) for pos in ("first", "middle", "last") for c in channels]
 
 
+def dynamic_cases(size: int) -> list:
+    """Issue 5: qparams from data, each case timed against a static quantize of the same tensor.
+
+    ``quantize_dynamic`` per-tensor (int8, and uint8 = ONNX DynamicQuantizeLinear),
+    per-row (per-token (T, 4096), axis 0; asymmetric and symmetric as vLLM's
+    dynamic int8), per-group 128 along the last axis; ``choose_qparams`` alone
+    for the same three schemes.
+    """
+    return [
+        Case("dynamic", "tensor", size),
+        Case("dynamic", "tensor", size, qdtype="uint8"),
+        Case("dynamic", "row", size, TOKEN_ROW),
+        Case("dynamic", "row", size, TOKEN_ROW, zps=False),
+        Case("dynamic", "group", size),
+        Case("qparams", "tensor", size),
+        Case("qparams", "row", size, TOKEN_ROW),
+        Case("qparams", "group", size),
+    ]
+
+
 def full_cases(size: int) -> list:
-    """The full set at one size (the GPU default): every scheme, both ops, both code types."""
+    """The full set at one size (the GPU default): every scheme, all ops, both code types."""
     cases = []
     for op in ("quantize", "dequantize"):
         for qd, zp in itertools.product(("int8", "uint8"), (True, False)):
@@ -150,7 +210,7 @@ def full_cases(size: int) -> list:
         cases.append(Case(op, "last", size, 64, fdtype="float16"))
         cases.append(Case(op, "last", size, 64, qdtype="uint8"))
         cases.append(Case(op, "last", size, 64, zps=False))
-    return cases
+    return cases + dynamic_cases(size)
 
 
 def cpu_default_cases(size: int) -> list:
@@ -158,7 +218,8 @@ def cpu_default_cases(size: int) -> list:
 
     Every scheme and every per-channel axis at C=64 (first, middle, last),
     plus the collapse-prone shapes (C=3 first, C=4096 last and middle),
-    uint8, symmetric, and float16 on per-tensor; both ops.
+    uint8, symmetric, and float16 on per-tensor; both ops; and every
+    :func:`dynamic_cases` case.
     """
     cases = []
     for op in ("quantize", "dequantize"):
@@ -176,7 +237,7 @@ def cpu_default_cases(size: int) -> list:
             Case(op, "axes", size),
             Case(op, "group", size),
         ]
-    return cases
+    return cases + dynamic_cases(size)
 
 
 def latency_cases() -> list:
@@ -191,7 +252,8 @@ def latency_cases() -> list:
 
 
 def quick_cases() -> list:
-    """A seconds-long smoke set (tests): a few schemes at 256K elements, one latency case."""
+    """A seconds-long smoke set (tests): a few schemes at 256K elements, one latency case,
+    and the three issue-5 schemes (dynamic; qparams alone on rows)."""
     n = 1 << 18
     return [
         Case("quantize", "tensor", n),
@@ -199,6 +261,10 @@ def quick_cases() -> list:
         Case("quantize", "group", n),
         Case("dequantize", "tensor", n),
         Case("dequantize", "first", n, 3, qdtype="uint8"),
+        Case("dynamic", "tensor", n, qdtype="uint8"),
+        Case("dynamic", "row", n, TOKEN_ROW),
+        Case("dynamic", "group", n),
+        Case("qparams", "row", n, TOKEN_ROW),
         Case("quantize", "tensor", LATENCY_SIZE, latency=True),
     ]
 

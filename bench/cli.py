@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-latency", action="store_true", help="skip the 4096-element latency cases")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     p.add_argument("--no-dynamic", action="store_true",
-                   help="skip choose_qparams / quantize_dynamic against a static quantize")
+                   help="skip the issue-5 cases (dyn/..., qp/...: quantize_dynamic and choose_qparams "
+                        "against a static quantize)")
     return p
 
 
@@ -64,6 +65,8 @@ def select_cases(args, device):
             cs += C.full_cases(n) if (device == "cuda" or args.full) else C.cpu_default_cases(n)
         if not args.no_latency:
             cs += C.latency_cases()
+    if args.no_dynamic:
+        cs = [c for c in cs if c.op not in C.DYNAMIC_OPS]
     if args.cases:
         keys = [k for k in args.cases.split(",") if k]
         cs = [c for c in cs if any(k in c.name for k in keys)]
@@ -102,13 +105,7 @@ def run(args, log=runner.log_stderr) -> dict:
         rows = runner.run_gpu(cases, peers, copy["gbps"], reps=args.reps or (10 if args.quick else 50), log=log)
     st["missing_peers"] = missing
     st["quick"] = bool(args.quick)
-    dyn_text = ""
-    if not args.no_dynamic and not args.cases:
-        size = (1 << 18) if args.quick else C.parse_size(
-            (args.sizes or (CPU_DEFAULT_SIZE if device == "cpu" else GPU_DEFAULT_SIZES)).split(",")[-1])
-        st["dynamic"] = dynamic.run_dynamic(size, device=device, log=log,
-                                            reps=args.reps or (3 if args.quick else (5 if device == "cpu" else 50)))
-        dyn_text = dynamic.table(st["dynamic"])
+    dyn_text = dynamic.table(rows)
     stem = os.path.join(args.out, report.file_stem(st))
     text = report.table(st, rows) + dyn_text
     with open(stem + ".txt", "w") as f:

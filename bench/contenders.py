@@ -1,20 +1,23 @@
-"""What a contender is, and gpuq itself as two contenders (fresh output and ``out=``).
+"""What a contender is, and gpuq itself as contenders (fresh output, ``out=``, and for the
+issue-5 cases the static quantize every dynamic row is measured against).
 
 A contender's ``prepare(case, inputs, scales, zps)`` returns a
 :class:`Prepared` (a ``run(i)`` to time, ``i`` picking the input buffer, and a
 ``fetch(result)`` that turns one result into a NumPy array for the
-mismatch check), or raises :class:`NotApplicable` with the reason it does not
+mismatch check; for ``dynamic``/``qparams`` cases a dict of the parts it
+returns, ``{"q", "scales", "zps"}``, see ``data.as_parts``), or raises :class:`NotApplicable` with the reason it does not
 cover the case (shown in the table, never hidden).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
 
-from .data import gpuq_kwargs, out_dtype
+from .cases import DYNAMIC_OPS
+from .data import as_parts, gpuq_fn, gpuq_kwargs, out_dtype
 
 
 class NotApplicable(Exception):
@@ -46,10 +49,12 @@ class GpuqFresh:
         self.to_host, self.to_device = to_host, to_device
 
     def prepare(self, case, inputs, scales, zps):
-        import gpuq
-
-        fn = gpuq.quantize if case.op == "quantize" else gpuq.dequantize
+        fn = gpuq_fn(case)
         kw = gpuq_kwargs(case)
+        if case.op in DYNAMIC_OPS:
+            # quantize_dynamic / choose_qparams: the qparams come from the data, every call.
+            return Prepared(lambda i: fn(inputs[i % len(inputs)], **kw),
+                            lambda r: as_parts(case, r, self.to_host))
         scales, zps, kw = _device_params(self.to_device, scales, zps, kw)
         return Prepared(lambda i: fn(inputs[i % len(inputs)], scales, zps, **kw), self.to_host)
 
@@ -64,11 +69,45 @@ class GpuqOut:
         self.empty, self.to_host, self.to_device = empty, to_host, to_device
 
     def prepare(self, case, inputs, scales, zps):
-        import gpuq
-
-        fn = gpuq.quantize if case.op == "quantize" else gpuq.dequantize
+        if case.op in DYNAMIC_OPS:
+            raise NotApplicable("quantize_dynamic / choose_qparams take no out=")
+        fn = gpuq_fn(case)
         kw = gpuq_kwargs(case)
         scales, zps, kw = _device_params(self.to_device, scales, zps, kw)
         out = self.empty(inputs[0].shape, out_dtype(case))
         out[...] = 1  # fault the pages in once: that is the point of out=
         return Prepared(lambda i: fn(inputs[i % len(inputs)], scales, zps, out=out, **kw), self.to_host)
+
+
+class GpuqStatic:
+    """The denominator of issue 5's ratios: a static ``gpuq.quantize`` of the same tensor, same scheme.
+
+    Its scales/zps are ``choose_qparams`` of each input, computed once in
+    ``prepare`` (not timed), passed as ``quantize`` takes them (on a GPU:
+    device-resident, ``check_values=False``, as for the main table's gpuq rows).
+    Only in ``dynamic``/``qparams`` cases; its output (codes, and those
+    qparams) is checked against ``quantize_dynamic``'s.
+    """
+
+    name = "gpuq static"
+    is_peer = False
+
+    def __init__(self, to_host=np.asarray, device=False):
+        self.to_host, self.device = to_host, device
+
+    def prepare(self, case, inputs, scales, zps):
+        import gpuq
+
+        if case.op not in DYNAMIC_OPS:
+            raise NotApplicable("only in dynamic/qparams cases")
+        kw = gpuq_kwargs(case)
+        sym = kw.pop("symmetric")
+        params = [gpuq.choose_qparams(x, symmetric=sym, **kw) for x in inputs]
+        if self.device:
+            kw["check_values"] = False
+
+        def run(i):
+            s, z = params[i % len(inputs)]
+            return gpuq.quantize(inputs[i % len(inputs)], s, z, **kw), s, z
+
+        return Prepared(run, lambda r: as_parts(replace(case, op="dynamic"), r, self.to_host))

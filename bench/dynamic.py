@@ -1,81 +1,103 @@
-"""Qparams from data: ``choose_qparams`` and ``quantize_dynamic`` against a static quantize.
+"""Issue 5's summary: ``quantize_dynamic`` and ``choose_qparams`` against a static quantize.
 
-Issue 5's speed targets are ratios to a static ``gpuq.quantize`` of the same
-tensor with the same scheme (its qparams computed beforehand):
-``quantize_dynamic`` per-tensor <= 2.2x, per-row (per-token) <= 1.3x. Each
-scheme is timed three ways in one run, on the same input:
+The cases themselves (``dyn/...`` and ``qp/...`` in ``bench.cases``) run in
+the main loop with their peers; every row of such a case carries
+``ratio_to_static``: its median time over the median of ``gpuq static``, a
+static ``gpuq.quantize`` of the same tensor with the same scheme (its
+qparams from ``choose_qparams``, computed before timing). Issue 5's targets:
+``quantize_dynamic`` per-tensor <= 2.2x, per-row (per-token) <= 1.3x.
 
-* ``static``: ``quantize(x, s, z, ...)`` with ``s, z`` from ``choose_qparams``;
-* ``qparams``: ``choose_qparams(x, ...)`` alone;
-* ``dynamic``: ``quantize_dynamic(x, ...)``, whose codes must equal static's.
+GB/s counts the bytes of the quantize itself for every row of these cases
+(``Case.bytes_moved``: ``x`` read once, codes + scales/zps written once), so
+the column compares across the rows of a case and with the main table.
 
-GB/s counts the bytes of a quantize (float read + codes written) for all
-three, so the column compares directly with the main table.
+This module only formats: :func:`table` (terminal) and :func:`markdown`
+(``bench.summary``, NOTES.md) from the rows. ``r(min)`` is the ratio of the
+minimum times: on a noisy host the fresh 64 MiB output of both quantize
+calls page-faults at a cost that varies call to call (bimodal, up to ~2x),
+which moves the medians more than the mins.
 """
 
 from __future__ import annotations
 
-import numpy as np
-
-from .timing import CupyEvents, time_cpu, time_gpu
-
-#: (label, shape for n elements, axis, group_size, target ratio of dynamic to static)
-SCHEMES = (
-    ("tensor", lambda n: (max(1, n // 1024), 1024), None, None, 2.2),
-    ("row4096", lambda n: (max(1, n // 4096), 4096), 0, None, 1.3),
-    ("group128", lambda n: (max(1, n // 4096), 4096), -1, 128, None),
-)
+from .contenders import GpuqStatic
 
 
-def run_dynamic(size, *, device="cpu", reps=5, dtype="int8", log=print):
-    """One row per (scheme, way); see the module docstring."""
-    import gpuq
+def _dynamic_rows(rows):
+    return [r for r in rows if r.get("dynamic")]
 
-    rows = []
-    for label, shape_of, axis, group, target in SCHEMES:
-        shape = shape_of(size)
-        x = np.random.default_rng(0).standard_normal(size=shape, dtype=np.float32)
-        if device == "cuda":
-            import cupy as cp
 
-            x = cp.asarray(x)
-            events = CupyEvents(cp)
-            timer = lambda run: time_gpu(run, events, reps=reps)  # noqa: E731
-            to_host = cp.asnumpy
-        else:
-            timer = lambda run: time_cpu(run, reps=reps, warmup=1)  # noqa: E731
-            to_host = np.asarray
-        kw = {"axis": axis, "group_size": group, "dtype": dtype}
-        s, z = gpuq.choose_qparams(x, **kw)
-        ways = {
-            "static": lambda i: gpuq.quantize(x, s, z, check_values=False, **kw),
-            "qparams": lambda i: gpuq.choose_qparams(x, **kw),
-            "dynamic": lambda i: gpuq.quantize_dynamic(x, **kw),
-        }
-        static_codes = to_host(ways["static"](0))
-        dynamic_codes = to_host(ways["dynamic"](0)[0])
-        mismatches = int(np.count_nonzero(static_codes != dynamic_codes))
-        times = {way: timer(run) for way, run in ways.items()}
-        nbytes = x.size * (4 + 1)
-        for way, t in times.items():
-            ratio = t["median_s"] / times["static"]["median_s"]
-            row = {"scheme": label, "way": way, "shape": list(shape), "numel": int(x.size),
-                   "median_s": t["median_s"], "min_s": t["min_s"], "max_s": t["max_s"],
-                   "gbps": nbytes / t["median_s"] / 1e9, "ratio_to_static": ratio,
-                   "target": target if way == "dynamic" else None,
-                   "mismatches": mismatches if way == "dynamic" else None}
-            rows.append(row)
-            log(f"  dyn/{label:<9} {way:<8} {t['median_s'] * 1e3:9.3f} ms  x{ratio:.2f} of static")
-    return rows
+def _verdict(r):
+    t = r.get("target")
+    if not t or r.get("ratio_to_static") is None:
+        return ""
+    return "met" if r["ratio_to_static"] <= t else "MISSED"
+
+
+def _way(r):
+    if r["contender"] == GpuqStatic.name:
+        return "static quantize"
+    if r["contender"] == "gpuq":
+        return "quantize_dynamic" if r["op"] == "dynamic" else "choose_qparams"
+    return r["contender"]
 
 
 def table(rows) -> str:
-    """A terminal table of :func:`run_dynamic`'s rows."""
-    lines = ["", "qparams from data (ratio = time / static quantize of the same tensor)",
-             f"{'scheme':<10} {'way':<8} {'ms':>9} {'GB/s':>7} {'ratio':>6} {'target':>7} {'mism':>5}"]
-    for r in rows:
-        target = f"<={r['target']}" if r["target"] else ""
-        mism = "" if r["mismatches"] is None else str(r["mismatches"])
-        lines.append(f"{r['scheme']:<10} {r['way']:<8} {r['median_s'] * 1e3:9.3f} {r['gbps']:7.2f} "
-                     f"{r['ratio_to_static']:6.2f} {target:>7} {mism:>5}")
+    """A terminal table of the issue-5 rows (empty string if there are none)."""
+    dyn = _dynamic_rows(rows)
+    if not dyn:
+        return ""
+    lines = ["", "", "qparams from data (issue 5): ratio = time / static gpuq.quantize of the same tensor, "
+                 "same scheme; GB/s = the quantize's bytes",
+             f"{'case':<30} {'contender':<24} {'ms':>9} {'GB/s':>7} {'ratio':>6} {'r(min)':>6} {'target':>7}"
+             f" {'mism':>9}"]
+    last = None
+    for r in dyn:
+        if last is not None and r["case"] != last:
+            lines.append("")
+        last = r["case"]
+        if r["status"] != "ok":
+            lines.append(f"{r['case']:<30} {_way(r):<24} {r['status']}")
+            continue
+        target = f"<={r['target']}" if r.get("target") else ""
+        lines.append(f"{r['case']:<30} {_way(r):<24} {r['median_s'] * 1e3:9.3f} {r['gbps']:7.2f} "
+                     f"{r['ratio_to_static']:6.2f} {r['ratio_to_static_min']:6.2f} {target:>7} "
+                     f"{r['mismatches']:>9} {_verdict(r)}")
     return "\n".join(lines)
+
+
+def markdown(rows) -> str:
+    """One markdown line per issue-5 case: static, gpuq and peer times, gpuq's ratio and target."""
+    dyn = _dynamic_rows(rows)
+    if not dyn:
+        return ""
+    peers = []
+    for r in dyn:
+        if r["peer"] and r["contender"] not in peers:
+            peers.append(r["contender"])
+    by_case = {}
+    for r in dyn:
+        by_case.setdefault(r["case"], {})[r["contender"]] = r
+    out = ["| case | static quantize ms | gpuq ms | gpuq / static | (min / min) | target | gpuq GB/s | "
+           + " | ".join(f"{p} ms (/ static)" for p in peers) + " | mismatches |",
+           "|---" * (8 + len(peers)) + "|"]
+    for case, cs in by_case.items():
+        st, g = cs.get(GpuqStatic.name), cs.get("gpuq")
+
+        def ms(r):
+            return "n/a" if r is None or r["status"] != "ok" else f"{r['median_s'] * 1e3:.1f}"
+
+        cells = [ms(st), ms(g)]
+        ok = g is not None and g["status"] == "ok" and g.get("ratio_to_static") is not None
+        cells.append(f"**{g['ratio_to_static']:.2f}**" if ok else "-")
+        cells.append(f"{g['ratio_to_static_min']:.2f}" if ok else "-")
+        cells.append(f"<= {g['target']} ({_verdict(g)})" if ok and g.get("target") else "-")
+        cells.append(f"{g['gbps']:.2f}" if ok else "-")
+        for p in peers:
+            r = cs.get(p)
+            cells.append(f"{ms(r)} ({r['ratio_to_static']:.2f})" if r and r["status"] == "ok"
+                         and r.get("ratio_to_static") else "n/a")
+        mism = ", ".join(f"{n}: {r['mismatches']}" for n, r in cs.items()
+                         if r["status"] == "ok" and r["mismatches"])
+        out.append(f"| `{case}` | " + " | ".join(cells) + f" | {mism or '0'} |")
+    return "\n".join(out)

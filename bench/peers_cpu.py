@@ -4,18 +4,94 @@ Each is imported lazily and skipped (with the reason) where not installed.
 All get the run's thread count: ``torch.set_num_threads``, onnxruntime's
 ``intra_op_num_threads``; naive NumPy is single-threaded by nature (NumPy's
 ufuncs do not thread), which the table says.
+
+Issue-5 cases (``dynamic`` = ``quantize_dynamic``, ``qparams`` = ``choose_qparams``):
+onnxruntime ``DynamicQuantizeLinear`` (uint8, per-tensor, asymmetric: the
+only form ONNX has), ``torch.quantize_per_tensor_dynamic`` (per-tensor,
+asymmetric), and the naive NumPy expression (``x.min``/``x.max`` per block,
+the formula of ``gpuq.choose_qparams`` written out, then the naive quantize).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .cases import GROUP
+from .cases import DYNAMIC_OPS, GROUP
 from .contenders import NotApplicable, Prepared
+
+#: Smallest normal float32: gpuq.choose_qparams's default eps (a range-0 block's scale).
+EPS = float(np.finfo(np.float32).tiny)
 
 
 def _zps_or_zero(case, zps):
     return zps if zps is not None else np.zeros(case.param_shape(), np.int32)
+
+
+def reduced_axes(case):
+    """Axes of ``case.view_shape()`` a dynamic case reduces over (one slot per scale)."""
+    if case.scheme == "tensor":
+        return None
+    if case.scheme == "row":
+        return 1
+    if case.scheme == "group":
+        return -1
+    raise NotApplicable(f"no naive qparams for the {case.scheme} scheme")
+
+
+def formula(lo, hi, qmin, qmax, symmetric, xp):
+    """``gpuq.choose_qparams``'s formula written out in array code (NumPy or CuPy), float32 throughout.
+
+    asymmetric: range widened to 0, ``s = (hi' - lo') / (qmax - qmin)``,
+    ``zp = clamp(qmin - rint(lo' / s), qmin, qmax)``; symmetric: ``s = max|x| / 127``,
+    zps None (int8) or 128 (uint8); ``s >= eps``.
+    """
+    f = lambda v: xp.asarray(v, dtype=xp.float32)  # noqa: E731  (0-d float32: no promotion)
+    lo, hi = lo.astype(xp.float32), hi.astype(xp.float32)
+    if symmetric:
+        amax = xp.maximum(xp.maximum(hi, -lo), f(0))
+        s = xp.maximum(amax / f(127), f(EPS))
+        z = None if qmin < 0 else xp.full(s.shape, 128, xp.int32)
+        return s, z
+    lo0, hi0 = xp.minimum(lo, f(0)), xp.maximum(hi, f(0))
+    s = xp.maximum((hi0 - lo0) / f(qmax - qmin), f(EPS))
+    z = xp.clip(f(qmin) - xp.rint(lo0 / s), qmin, qmax).astype(xp.int32)
+    return s, z
+
+
+def parts(case, result, to_host=np.asarray):
+    """``(q, s, z)`` or ``(s, z)`` of a peer as the dict ``runner.compare`` checks (int32 zps, float32 scales)."""
+    *q, s, z = result
+    out = {"scales": np.asarray(to_host(s), np.float32).reshape(case.param_shape()),
+           "zps": None if z is None else np.asarray(to_host(z)).astype(np.int32).reshape(case.param_shape())}
+    if q:
+        out["q"] = to_host(q[0]).reshape(case.shape())
+    return out
+
+
+def naive_dynamic(case, inputs, xp, to_host):
+    """The naive dynamic expression in ``xp`` (NumPy or CuPy): min/max per block, formula, quantize."""
+    ax = reduced_axes(case)
+    view, bshape, pshape, shape = case.view_shape(), case.bcast_shape(), case.param_shape(), case.shape()
+    info = np.iinfo(case.qdtype)
+    xs = [x.reshape(view) for x in inputs]
+    sym = not case.zps
+
+    def qparams(x):
+        lo, hi = x.min(axis=ax), x.max(axis=ax)
+        s, z = formula(lo, hi, info.min, info.max, sym, xp)
+        return s.reshape(pshape), (None if z is None else z.reshape(pshape))
+
+    if case.op == "qparams":
+        run = lambda i: qparams(xs[i % len(xs)])  # noqa: E731
+    else:
+        def run(i):
+            x = xs[i % len(xs)]
+            s, z = qparams(x)
+            t = xp.rint(x / s.reshape(bshape))
+            if z is not None:
+                t = t + z.astype(xp.float32).reshape(bshape)
+            return xp.clip(t, info.min, info.max).astype(case.qdtype).reshape(shape), s, z
+    return Prepared(run, lambda r: parts(case, r, to_host))
 
 
 class NaiveNumpy:
@@ -28,6 +104,8 @@ class NaiveNumpy:
         self.threads = threads
 
     def prepare(self, case, inputs, scales, zps):
+        if case.op in DYNAMIC_OPS:
+            return naive_dynamic(case, inputs, np, np.asarray)
         view = case.view_shape()
         s = scales.reshape(case.bcast_shape())
         z = None if zps is None else zps.astype(np.float32).reshape(case.bcast_shape())
@@ -104,8 +182,27 @@ class OnnxRuntime:
         onnx.checker.check_model(model)
         return model.SerializeToString()
 
+    def _dynamic_model(self, case):
+        from onnx import TensorProto, helper
+
+        if case.op == "qparams":
+            raise NotApplicable("ONNX has no qparams-only op")
+        if not (case.scheme == "tensor" and case.qdtype == "uint8" and case.zps and case.fdtype == "float32"):
+            raise NotApplicable("DynamicQuantizeLinear is uint8, asymmetric, per-tensor, float32 only")
+        node = helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "y_scale", "y_zp"])
+        shape = list(case.shape())
+        graph = helper.make_graph(
+            [node], "dq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+            [helper.make_tensor_value_info("y", TensorProto.UINT8, shape),
+             helper.make_tensor_value_info("y_scale", TensorProto.FLOAT, []),
+             helper.make_tensor_value_info("y_zp", TensorProto.UINT8, [])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.OPSET)])
+        model.ir_version = min(model.ir_version, 10)
+        return model.SerializeToString()
+
     def prepare(self, case, inputs, scales, zps):
-        model = self._model(case, inputs[0], scales, zps)
+        dynamic = case.op in DYNAMIC_OPS
+        model = self._dynamic_model(case) if dynamic else self._model(case, inputs[0], scales, zps)
         so = self.ort.SessionOptions()
         so.intra_op_num_threads = self.threads
         so.inter_op_num_threads = 1
@@ -115,6 +212,9 @@ class OnnxRuntime:
             sess.run(None, {"x": inputs[0]})
         except Exception as exc:  # an opset/type the installed build lacks
             raise NotApplicable(f"onnxruntime refused the model: {str(exc).splitlines()[0][:120]}") from None
+        if dynamic:
+            return Prepared(lambda i: sess.run(None, {"x": inputs[i % len(inputs)]}),
+                            lambda r: parts(case, r))
         return Prepared(lambda i: sess.run(None, {"x": inputs[i % len(inputs)]})[0])
 
 
@@ -140,8 +240,25 @@ class TorchQuantized:
         t = self.torch.from_dlpack(a) if self.device != "cpu" else self.torch.from_numpy(np.ascontiguousarray(a))
         return t
 
+    def _prepare_dynamic(self, case, inputs):
+        torch = self.torch
+        if case.op == "qparams" or case.scheme != "tensor" or not case.zps:
+            raise NotApplicable("torch.quantize_per_tensor_dynamic: asymmetric per-tensor only")
+        qdt = torch.qint8 if case.qdtype == "int8" else torch.quint8
+        xs = [self._as_torch(x) for x in inputs]
+        run = lambda i: torch.quantize_per_tensor_dynamic(xs[i % len(xs)], qdt, False)  # noqa: E731
+        # Its scale is a float64 (compared as float32), its zp a Python int.
+        fetch = lambda r: parts(case, (r.int_repr().cpu().numpy(), r.q_scale(), r.q_zero_point()))  # noqa: E731
+        try:
+            run(0)
+        except Exception as exc:
+            raise NotApplicable(f"torch refused: {str(exc).splitlines()[0][:120]}") from None
+        return Prepared(run, fetch)
+
     def prepare(self, case, inputs, scales, zps):
         torch = self.torch
+        if case.op in DYNAMIC_OPS:
+            return self._prepare_dynamic(case, inputs)
         if case.scheme not in ("tensor", "first", "middle", "last"):
             raise NotApplicable("torch has no per-group or multi-axis quantized tensor")
         qdt = torch.qint8 if case.qdtype == "int8" else torch.quint8

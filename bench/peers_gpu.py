@@ -4,14 +4,22 @@ expression, and a one-pass CuPy ``ElementwiseKernel``.
 Inputs are CuPy arrays; torch sees the same memory through DLPack (no copy).
 CuPy and torch are imported only when a GPU run builds these peers, so this
 module imports on a machine without either.
+
+Issue-5 cases (``dynamic``/``qparams``): the eager torch expression
+(``torch.aminmax`` per block, gpuq's formula in float32, then the eager
+quantize), the naive CuPy expression (``x.min``/``x.max`` per block, the
+same formula, the naive quantize), and ``torch.quantize_per_tensor_dynamic``
+where torch accepts a CUDA tensor (otherwise an ``n/a`` row says why). The
+one-pass ``ElementwiseKernel`` has no reduction: ``n/a``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from .cases import DYNAMIC_OPS
 from .contenders import NotApplicable, Prepared
-from .peers_cpu import TorchQuantized, _zps_or_zero
+from .peers_cpu import EPS, TorchQuantized, _zps_or_zero, naive_dynamic, parts, reduced_axes
 
 
 def _bcast(case, a, xp):
@@ -40,8 +48,43 @@ class TorchEager:
 
         self.torch = torch
 
+    def _prepare_dynamic(self, case, inputs):
+        torch = self.torch
+        ax = reduced_axes(case)
+        xs = [torch.from_dlpack(x.reshape(case.view_shape())) for x in inputs]
+        bshape, pshape, shape = case.bcast_shape(), case.param_shape(), case.shape()
+        info = np.iinfo(case.qdtype)
+        qd = getattr(torch, case.qdtype)
+        sym = not case.zps
+
+        def qparams(x):
+            lo, hi = torch.aminmax(x) if ax is None else torch.aminmax(x, dim=ax)
+            if sym:
+                amax = torch.clamp_min(torch.maximum(hi, -lo), 0.0)
+                s = torch.clamp_min(amax / 127.0, EPS)
+                z = None if info.min < 0 else torch.full(s.shape, 128, dtype=torch.int32, device=s.device)
+            else:
+                lo0, hi0 = torch.clamp_max(lo, 0.0), torch.clamp_min(hi, 0.0)
+                s = torch.clamp_min((hi0 - lo0) / float(info.max - info.min), EPS)
+                z = torch.clamp(info.min - torch.round(lo0 / s), info.min, info.max).to(torch.int32)
+            return s.reshape(pshape), (None if z is None else z.reshape(pshape))
+
+        if case.op == "qparams":
+            run = lambda i: qparams(xs[i % len(xs)])  # noqa: E731
+        else:
+            def run(i):
+                x = xs[i % len(xs)]
+                s, z = qparams(x)
+                t = torch.round(x / s.reshape(bshape))
+                if z is not None:
+                    t = t + z.reshape(bshape).float()
+                return torch.clamp(t, info.min, info.max).to(qd).reshape(shape), s, z
+        return Prepared(run, lambda r: parts(case, r, lambda t: t.cpu().numpy()))
+
     def prepare(self, case, inputs, scales, zps):
         torch = self.torch
+        if case.op in DYNAMIC_OPS:
+            return self._prepare_dynamic(case, inputs)
         xs = [torch.from_dlpack(x.reshape(case.view_shape())) for x in inputs]
         dev = xs[0].device
         s = torch.from_numpy(scales.reshape(case.bcast_shape())).to(dev)
@@ -81,6 +124,8 @@ class CupyNaive:
 
     def prepare(self, case, inputs, scales, zps):
         cp = self.cp
+        if case.op in DYNAMIC_OPS:
+            return naive_dynamic(case, inputs, cp, cp.asnumpy)
         s = _bcast(case, scales, cp)
         z = None if zps is None else _bcast(case, zps.astype(np.float32), cp)
         xs = [x.reshape(case.view_shape()) for x in inputs]
@@ -148,6 +193,8 @@ class CupyElementwise:
 
     def prepare(self, case, inputs, scales, zps):
         cp = self.cp
+        if case.op in DYNAMIC_OPS:
+            raise NotApplicable("an ElementwiseKernel has no reduction (qparams need one)")
         if case.fdtype == "float64":
             raise NotApplicable("float64 not wired in this peer")
         k = self._kernel(case)

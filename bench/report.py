@@ -76,7 +76,10 @@ def file_stem(st: dict) -> str:
 
 
 def _fmt(v, spec):
-    return "-" if v is None else format(v, spec)
+    if v is None:
+        width = "".join(ch for ch in spec.split(".")[0] if ch.isdigit())
+        return "-".rjust(int(width or 0))
+    return format(v, spec)
 
 
 def table(st: dict, rows: list) -> str:
@@ -84,7 +87,8 @@ def table(st: dict, rows: list) -> str:
     head = (f"gpuq bench | {st['device']}: {st['device_name']} | threads={st['threads']} | "
             f"{st['date']} | commit {st['commit']}\n"
             f"copy limit: {st['copy']['gbps']:.2f} GB/s (read + written)\n")
-    cols = f"{'case':<36}{'contender':<18}{'median':>11}{'GB/s':>8}{'%copy':>7}{'vs best':>8}{'mism':>10}  status"
+    cols = (f"{'case':<36}{'contender':<18}{'median':>11}{'GB/s':>8}{'%copy':>7}{'vs best':>8}"
+            f"{'/static':>8}{'mism':>10}  status")
     lines = [head, cols, "-" * len(cols)]
     last = None
     for r in rows:
@@ -96,13 +100,17 @@ def table(st: dict, rows: list) -> str:
             bp = r.get("best_peer")
             lines.append(
                 f"{r['case']:<36}{r['contender']:<18}{med:>11}{r['gbps']:8.2f}{_fmt(r['pct_copy'], '7.1f')}"
-                f"{_fmt(r['ratio_to_best_peer'], '8.2f')}{_fmt(r['mismatches'], '10d')}"
+                f"{_fmt(r['ratio_to_best_peer'], '8.2f')}{_fmt(r.get('ratio_to_static'), '8.2f')}"
+                f"{_fmt(r['mismatches'], '10d')}"
                 f"  ok{'' if r['peer'] or not bp else f' (best peer: {bp})'}")
         else:
-            lines.append(f"{r['case']:<36}{r['contender']:<18}{'':>11}{'':>8}{'':>7}{'':>8}{'':>10}  {r['status']}")
+            lines.append(f"{r['case']:<36}{r['contender']:<18}{'':>11}{'':>8}{'':>7}{'':>8}{'':>8}{'':>10}"
+                         f"  {r['status']}")
     lines.append("")
     lines.append("vs best = best peer's median time / this median (> 1: faster than every peer);"
                  " mism = elements that differ from gpuq's output (exact).")
+    lines.append("/static (dyn/, qp/ cases) = this median / the median of 'gpuq static', a static"
+                 " gpuq.quantize of the same tensor and scheme (issue 5's ratio; lower is better).")
     for name, why in st.get("missing_peers", []):
         lines.append(f"peer {name}: {why}")
     return "\n".join(lines)

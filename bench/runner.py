@@ -6,6 +6,15 @@ ratio to the best peer (best peer median / this median: above 1 is faster
 than every peer), and the mismatch count of the contender's output against
 gpuq's (exact comparison; peers round differently, so this is reported, not
 hidden).
+
+``dynamic``/``qparams`` cases (issue 5) run ``gpuq`` (``quantize_dynamic`` or
+``choose_qparams``), ``gpuq static`` (a static quantize of the same tensor,
+same scheme) and the peers; every row of such a case also carries
+``ratio_to_static`` (its median / the static median: the issue's ratio),
+``ratio_to_static_min`` (min / min: less exposed to the page-fault lottery
+of a fresh output on a noisy host) and
+``target`` (the issue's bound for ``gpuq`` dynamic rows, else None). Their
+outputs are dicts of parts (codes, scales, zps) compared part by part.
 """
 
 from __future__ import annotations
@@ -17,15 +26,36 @@ import sys
 import numpy as np
 
 from . import data
-from .contenders import GpuqFresh, GpuqOut, NotApplicable
+from .cases import DYNAMIC_OPS
+from .contenders import GpuqFresh, GpuqOut, GpuqStatic, NotApplicable
 from .timing import CupyEvents, TorchEvents, time_cpu, time_gpu, time_gpu_wall
 
 #: GPU: rotate inputs until one rotation holds at least this many bytes (2x a 50 MB L2).
 GPU_ROTATE_BYTES = 100 << 20
 
 
-def compare(ref: np.ndarray, got) -> dict:
-    """Exact mismatch count (NaN == NaN) and the largest absolute difference."""
+def compare(ref, got) -> dict:
+    """Exact mismatch count (NaN == NaN) and the largest absolute difference.
+
+    ``ref``/``got`` may be dicts of parts (``data.as_parts``): the parts ``got``
+    has are compared, counts summed, and ``mismatch_parts`` says which differ.
+    A part that one side has as None (no zps) and the other not counts whole.
+    """
+    if isinstance(ref, dict):
+        total, mx, parts = 0, 0.0, {}
+        for key, g in got.items():
+            r = ref[key]
+            if r is None or g is None:
+                n = 0 if r is None and g is None else int(np.size(g if r is None else r))
+                parts[key] = n
+                total += n
+                continue
+            c = compare(np.asarray(r), g)
+            parts[key] = c["mismatches"]
+            total += c["mismatches"]
+            if c.get("mismatch_max") is not None:
+                mx = max(mx, c["mismatch_max"])
+        return {"mismatches": total, "mismatch_max": mx, "mismatch_parts": parts}
     got = np.asarray(got).reshape(ref.shape)
     if got.dtype != ref.dtype:
         return {"mismatches": int(ref.size), "mismatch_max": None,
@@ -44,6 +74,8 @@ def _row(case, contender, copy_gbps):
         "shape": list(case.shape()), "fdtype": case.fdtype, "qdtype": case.qdtype,
         "zps": case.zps, "latency": case.latency, "numel": case.numel(), "bytes": case.bytes_moved(),
         "contender": contender.name, "peer": contender.is_peer, "copy_gbps": copy_gbps,
+        "dynamic": case.op in DYNAMIC_OPS,
+        "target": case.target() if contender.name == "gpuq" else None,
     }
 
 
@@ -62,12 +94,26 @@ def _finish_case(rows):
         r["best_peer"] = best["contender"] if best else None
         ok = best is not None and r["status"] == "ok"
         r["ratio_to_best_peer"] = best["median_s"] / r["median_s"] if ok else None
+    static = [r for r in rows if r["contender"] == GpuqStatic.name and r["status"] == "ok"]
+    for r in rows:
+        ok = static and r["status"] == "ok"
+        r["ratio_to_static"] = r["median_s"] / static[0]["median_s"] if ok else None
+        r["ratio_to_static_min"] = r["min_s"] / static[0]["min_s"] if ok else None
     return rows
+
+
+def contenders_for(case, gpuq_pair, static, peers):
+    """Who runs ``case``: gpuq fresh + ``out=`` and the peers; issue-5 cases swap ``out=``
+    (which quantize_dynamic/choose_qparams lack) for the static quantize they are measured against."""
+    if case.op in DYNAMIC_OPS:
+        return [static, gpuq_pair[0]] + list(peers)  # static first: later rows log their ratio
+    return list(gpuq_pair) + list(peers)
 
 
 def run_case(case, contenders, inputs, scales, zps, ref, timer, copy_gbps, log):
     """Time each contender on one case; ``timer(contender, run)`` returns a summary."""
     rows = []
+    static_s = None
     for c in contenders:
         row = _row(case, c, copy_gbps)
         try:
@@ -83,6 +129,10 @@ def run_case(case, contenders, inputs, scales, zps, ref, timer, copy_gbps, log):
         rows.append(row)
         prep = None
         gc.collect()
+        if row["status"] == "ok" and c.name == GpuqStatic.name:
+            static_s = row["median_s"]
+        if row["status"] == "ok" and static_s:
+            row["ratio_to_static"] = row["median_s"] / static_s
         log(_progress(row))
     return _finish_case(rows)
 
@@ -90,8 +140,11 @@ def run_case(case, contenders, inputs, scales, zps, ref, timer, copy_gbps, log):
 def _progress(row):
     if row["status"] != "ok":
         return f"  {row['case']:<34} {row['contender']:<17} {row['status']}"
+    extra = ""
+    if row.get("ratio_to_static") is not None:
+        extra = f"  x{row['ratio_to_static']:.2f} of static"
     return (f"  {row['case']:<34} {row['contender']:<17} {row['median_s'] * 1e3:9.3f} ms "
-            f"{row['gbps']:7.2f} GB/s  mism={row['mismatches']}")
+            f"{row['gbps']:7.2f} GB/s  mism={row['mismatches']}{extra}")
 
 
 def run_cpu(cases, peers, threads, copy_gbps, *, reps=5, latency_inner=200, log=print):
@@ -99,13 +152,13 @@ def run_cpu(cases, peers, threads, copy_gbps, *, reps=5, latency_inner=200, log=
     import gpuq
 
     gpuq.set_num_threads(threads)
-    contenders = [GpuqFresh(), GpuqOut()] + list(peers)
+    pair, static = (GpuqFresh(), GpuqOut()), GpuqStatic()
     rows = []
     for case in cases:
+        contenders = contenders_for(case, pair, static, peers)
         x = data.host_input(case)
-        scales, zps = data.host_params(case)
-        fn = gpuq.quantize if case.op == "quantize" else gpuq.dequantize
-        ref = fn(x, scales, zps, **data.gpuq_kwargs(case))
+        scales, zps = data.host_params_for(case)
+        ref = data.reference(case, x, scales, zps)
         if case.latency:
             timer = lambda c, run: time_cpu(run, reps=reps * 3, warmup=20, inner=latency_inner)  # noqa: E731
         else:
@@ -120,8 +173,6 @@ def run_gpu(cases, peers, copy_gbps, *, reps=50, log=print):
     """All cases on CuPy arrays (inputs rotated past L2), CUDA-event timing."""
     import cupy as cp
 
-    import gpuq
-
     cupy_ev = CupyEvents(cp)
     torch_ev = None
     if any(getattr(p, "timer", "cupy") == "torch" for p in peers):
@@ -129,16 +180,17 @@ def run_gpu(cases, peers, copy_gbps, *, reps=50, log=print):
 
         torch_ev = TorchEvents(torch)
     to_host = cp.asnumpy
-    contenders = [GpuqFresh(to_host=to_host, to_device=cp.asarray),
-                   GpuqOut(empty=cp.empty, to_host=to_host, to_device=cp.asarray)] + list(peers)
+    pair = (GpuqFresh(to_host=to_host, to_device=cp.asarray),
+            GpuqOut(empty=cp.empty, to_host=to_host, to_device=cp.asarray))
+    static = GpuqStatic(to_host=to_host, device=True)
     rows = []
     for case in cases:
-        in_bytes = case.numel() * np.dtype(case.fdtype if case.op == "quantize" else case.qdtype).itemsize
+        contenders = contenders_for(case, pair, static, peers)
+        in_bytes = case.numel() * data.input_dtype(case).itemsize
         nbuf = 1 if case.latency else max(1, min(16, math.ceil(GPU_ROTATE_BYTES / max(1, in_bytes))))
         inputs = [data.device_input(case, cp, seed=k) for k in range(nbuf)]
-        scales, zps = data.host_params(case)
-        fn = gpuq.quantize if case.op == "quantize" else gpuq.dequantize
-        ref = cp.asnumpy(fn(inputs[0], scales, zps, **data.gpuq_kwargs(case)))
+        scales, zps = data.host_params_for(case)
+        ref = data.reference(case, inputs[0], scales, zps, to_host)
 
         def timer(c, run, case=case):
             ev = torch_ev if getattr(c, "timer", "cupy") == "torch" else cupy_ev

@@ -4,6 +4,8 @@ One table per file: a line per case, the median time of each contender in ms
 (us for latency cases), gpuq's % of copy, and gpuq's ratio to the best peer
 (best peer time / gpuq time: >= 0.5 meets the "within 2x" target, > 1 is faster).
 Used to write bench/NOTES.md from measured files rather than by hand.
+Issue-5 cases (``dyn/``, ``qp/``) get a second table: static quantize,
+gpuq, each peer, and the ratio to the static quantize (``bench.dynamic``).
 """
 
 from __future__ import annotations
@@ -11,9 +13,12 @@ from __future__ import annotations
 import json
 import sys
 
+from .dynamic import markdown as dynamic_markdown
+
 
 def markdown(doc: dict) -> str:
-    st, rows = doc["stamp"], doc["rows"]
+    st, all_rows = doc["stamp"], doc["rows"]
+    rows = [r for r in all_rows if not r.get("dynamic")]
     names = []
     for r in rows:
         if r["contender"] not in names:
@@ -24,6 +29,9 @@ def markdown(doc: dict) -> str:
     out = [f"{st['device']} {st['device_name']}, {st['threads']} thread(s), {st['date']}, commit "
            f"{st['commit'][:12]}; copy {st['copy']['gbps']:.1f} GB/s (1 thread: "
            f"{st['copy'].get('gbps_1t', st['copy']['gbps']):.1f})", ""]
+    dyn = dynamic_markdown(all_rows)
+    if not rows:
+        return "\n".join(out + [dyn])
     out.append("| case | " + " | ".join(names) + " | gpuq % copy | gpuq / best peer | best peer | peer mismatches |")
     out.append("|---" * (len(names) + 5) + "|")
     for case, cs in by_case.items():
@@ -44,6 +52,8 @@ def markdown(doc: dict) -> str:
         out.append(f"| `{case}` | " + " | ".join(cells)
                    + f" | {'-' if pct is None else f'{pct:.1f}'} | {'-' if ratio is None else f'{ratio:.2f}'}"
                    + f" | {g.get('best_peer') or '-'} | {mism or '0'} |")
+    if dyn:
+        out += ["", dyn]
     return "\n".join(out)
 
 

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -72,15 +73,71 @@ def test_mismatch_counts_reported(quick_run):
 
 
 def test_dynamic_rows(quick_run):
-    rows = _load(quick_run)["stamp"]["dynamic"]
-    assert {(r["scheme"], r["way"]) for r in rows} == {
-        (s, w) for s in ("tensor", "row4096", "group128") for w in ("static", "qparams", "dynamic")}
-    for r in rows:
-        assert r["median_s"] > 0 and r["ratio_to_static"] > 0
-        if r["way"] == "dynamic":
-            assert r["mismatches"] == 0  # quantize_dynamic == choose_qparams then quantize
-        if r["way"] == "static":
-            assert r["ratio_to_static"] == 1.0
+    """Issue 5's cases: quantize_dynamic / choose_qparams beside a static quantize of the same tensor."""
+    doc = _load(quick_run)
+    rows = [r for r in doc["rows"] if r.get("dynamic")]
+    cases = {r["case"] for r in rows}
+    assert {c.split("/")[0] + "/" + c.split("/")[1] for c in cases} == {
+        "dyn/tensor", "dyn/row4096", "dyn/group128", "qp/row4096"}
+    for case in cases:
+        cs = {r["contender"]: r for r in rows if r["case"] == case}
+        static, g = cs["gpuq static"], cs["gpuq"]
+        assert static["status"] == "ok" and g["status"] == "ok"
+        assert static["ratio_to_static"] == 1.0 and g["ratio_to_static"] > 0
+        assert "gpuq out=" not in cs  # quantize_dynamic has no out=: the static row replaces it
+        # quantize_dynamic == choose_qparams then quantize, codes and parameters alike.
+        assert static["mismatches"] == 0 and g["mismatches"] == 0
+        assert set(static["mismatch_parts"]) == {"q", "scales", "zps"}
+        # Bytes are the quantize's (x read, codes + params written) on every row of the case.
+        assert len({r["bytes"] for r in cs.values()}) == 1 and g["bytes"] > g["numel"] * 5
+        assert cs["numpy naive"]["status"] == "ok" and cs["numpy naive"]["mismatches"] == 0
+    targets = {r["case"].split("/")[1]: r["target"] for r in rows
+               if r["contender"] == "gpuq" and r["op"] == "dynamic"}
+    assert targets["tensor"] == 2.2 and targets["row4096"] == 1.3 and targets["group128"] is None
+    # onnxruntime's DynamicQuantizeLinear covers uint8 per-tensor only; elsewhere an n/a row says so.
+    ort = [r for r in rows if r["contender"] == "onnxruntime"]
+    for r in ort:
+        if r["case"].startswith("dyn/tensor/f32>u8"):
+            assert r["status"] == "ok" and r["mismatches"] == 0
+        else:
+            assert r["status"].startswith("n/a")
+    txt = next(quick_run.glob("*.txt")).read_text()
+    assert "qparams from data (issue 5)" in txt and "quantize_dynamic" in txt
+
+
+def test_dynamic_peer_expressions_match_gpuq():
+    """The GPU peers' dynamic expressions, run here on host arrays (NumPy for CuPy's naive
+    expression, torch CPU tensors for torch eager), equal gpuq exactly: the GPU rows will
+    report real rounding differences only."""
+    from bench import cases, data, runner
+    from bench.peers_cpu import naive_dynamic
+
+    peers = [lambda c, xs: naive_dynamic(c, xs, np, np.asarray)]
+    if importlib.util.find_spec("torch") is not None:
+        from bench.peers_gpu import TorchEager
+
+        eager = TorchEager(1)
+        peers.append(lambda c, xs: eager.prepare(c, xs, None, None))
+    for case in cases.dynamic_cases(1 << 16):
+        x = data.host_input(case)
+        x[0, :6] = [0, 2, -3, -2.5, 1.34, 0.5]
+        ref = data.reference(case, x, None, None)
+        for make in peers:
+            prep = make(case, [x])
+            assert runner.compare(ref, prep.fetch(prep.run(0)))["mismatches"] == 0, case.name
+
+
+def test_dynamic_cases_in_every_set():
+    from bench import cases
+
+    for cs in (cases.cpu_default_cases(1 << 26), cases.full_cases(1 << 20), cases.quick_cases()):
+        assert any(c.op == "dynamic" for c in cs) and any(c.op == "qparams" for c in cs)
+    names = [c.name for c in cases.dynamic_cases(1 << 26)]
+    assert "dyn/row4096/f32>s8/zp/64M" in names and "qp/group128/f32>s8/zp/64M" in names
+    row = cases.Case("dynamic", "row", 1 << 20, cases.TOKEN_ROW)
+    assert row.shape() == (256, 4096) and row.axis() == 0 and row.param_shape() == (256,)
+    # Bytes of the quantize: x (float32) read, codes (int8) + scales (f32) + zps (i32) written.
+    assert row.bytes_moved() == (1 << 20) * 5 + 256 * 8
 
 
 def test_table_and_plot(quick_run):

@@ -345,3 +345,31 @@ def test_errors(backend, call, exc, match):
     x = backend.put(_data((3, 4)))
     with pytest.raises(exc, match=match):
         call(x)
+
+
+def test_fused_rows_report_inf_in_whole_tensor_coordinates(monkeypatch):
+    # The one-pass NumPy quantize_dynamic works in blocks of rows; the error names the global row.
+    from gpuq.backends import numpy_qparams
+
+    monkeypatch.setattr(numpy_qparams, "FUSED_BLOCK", 64)
+    x = np.ones((64, 16), np.float32)
+    x[40, 3] = -np.inf
+    with pytest.raises(ValueError, match=r"got -inf in the block of scales index \(40,\)"):
+        gpuq.quantize_dynamic(x, axis=0)
+
+
+def test_fused_rows_match_two_passes_across_blocks(monkeypatch):
+    from gpuq.backends import numpy_qparams
+
+    monkeypatch.setattr(numpy_qparams, "FUSED_BLOCK", 64)
+    rng = np.random.default_rng(5)
+    x = rng.normal(0, 2, size=(37, 33)).astype(np.float32)
+    x[::5, ::7] = np.nan
+    x[3] = 0.0
+    for kw in (dict(axis=0), dict(axis=0, symmetric=True, dtype="uint8")):
+        q, s, z = gpuq.quantize_dynamic(x, **kw)
+        s2, z2 = gpuq.choose_qparams(x, **kw)
+        np.testing.assert_array_equal(s.view(np.uint32), s2.view(np.uint32))
+        np.testing.assert_array_equal(z, z2)
+        q2 = gpuq.quantize(x, s2, z2, axis=0, dtype=kw.get("dtype", "int8"))
+        np.testing.assert_array_equal(q, q2)

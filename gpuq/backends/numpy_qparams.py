@@ -15,15 +15,19 @@ Two steps, each in one place:
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
+from .._dtypes import QUANT_RANGE, compute_dtype
 from . import _blocks
-from .numpy_backend import _run, get_num_threads
+from .numpy_backend import _quantize_block, _run, _zero_point_params, get_num_threads
 
 #: Elements per reduction unit: its min and max pass both run over data in cache.
 UNIT = 1 << 17
+#: Elements per block of the fused quantize_dynamic (reduce + quantize in cache).
+FUSED_BLOCK = 1 << 19
 
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
@@ -33,6 +37,80 @@ def choose_qparams(x, scheme, qmin, qmax, symmetric, eps):
     """Scales and zero points for host ``x`` (validated by ``gpuq.qparams``)."""
     lo, hi = minmax(x, scheme)
     return finalize(lo, hi, qmin, qmax, symmetric, eps)
+
+
+def quantize_dynamic(x, scheme, qdtype, symmetric, eps):
+    """Codes, scales and zps in one pass over ``x`` where every scale covers one
+    contiguous row of C-order ``x`` (per-row / per-token, per-group along the last
+    axis); None elsewhere (the caller then runs choose_qparams and quantize).
+
+    Each block of rows is reduced, turned into qparams by :func:`finalize` and
+    quantized by the NumPy backend's block function while it is still in cache,
+    so ``x`` is read from memory once. Same functions, same bits as the two passes.
+    """
+    rows = _row_view(x, scheme)
+    if rows is None or rows.shape[1] > _blocks.BLOCK:
+        return None
+    qmin, qmax = QUANT_RANGE[qdtype]
+    q = np.empty(x.shape, qdtype)
+    nrows = rows.shape[0]
+    scales = np.empty(nrows, _F32)
+    zps = None if symmetric and qmin < 0 else np.empty(nrows, np.int32)
+    plan = _FusedRows(rows, q.reshape(rows.shape), scales, zps, qmin, qmax, symmetric, eps, qdtype)
+    plan.pshape = scheme.param_shape
+    fn = functools.partial(_quantize_block, qmin=qmin, qmax=qmax, ct=plan.ct, wide=False)
+    _run([plan], fn)
+    pshape = scheme.param_shape
+    return q, scales.reshape(pshape), None if zps is None else zps.reshape(pshape)
+
+
+def _row_view(x, scheme):
+    """``x`` as (slots, row) when each parameter slot is one contiguous row, else None."""
+    if x.size == 0 or not x.flags.c_contiguous or scheme.kind not in ("channel", "group"):
+        return None
+    shape = x.shape
+    (k,) = scheme.axes
+    if scheme.kind == "channel":
+        if math.prod(shape[:k]) != 1:
+            return None
+        return x.reshape(shape[k], -1)
+    g = scheme.group_size
+    if k != x.ndim - 1 or shape[k] % g:
+        return None
+    return x.reshape(-1, g)
+
+
+class _FusedRows:
+    """Blocks of whole rows: reduce, finalize, then hand the block to the quantize function."""
+
+    def __init__(self, rows, q, scales, zps, qmin, qmax, symmetric, eps, qdtype):
+        self.rows, self.q, self.scales, self.zps = rows, q, scales, zps
+        self.qmin, self.qmax, self.symmetric, self.eps, self.qdtype = qmin, qmax, symmetric, eps, qdtype
+        self.ct = compute_dtype(rows.dtype)
+        self.size = rows.size
+        self.per_block = max(1, FUSED_BLOCK // rows.shape[1])
+        self.nblocks = -(-rows.shape[0] // self.per_block)
+
+    def block(self, b, scratch):
+        r0 = b * self.per_block
+        r1 = min(r0 + self.per_block, self.rows.shape[0])
+        xb = self.rows[r0:r1]
+        lo, hi = np.fmin.reduce(xb, axis=1), np.fmax.reduce(xb, axis=1)
+        try:
+            s, z = finalize(lo, hi, self.qmin, self.qmax, self.symmetric, self.eps)
+        except ValueError:
+            # Say where, in the coordinates of the whole scales array.
+            full_lo, full_hi = np.zeros(self.scales.shape, lo.dtype), np.zeros(self.scales.shape, hi.dtype)
+            full_lo[r0:r1], full_hi[r0:r1] = lo, hi
+            full_lo, full_hi = full_lo.reshape(self.pshape), full_hi.reshape(self.pshape)
+            _check_finite(full_lo.astype(_F32), full_hi.astype(_F32), full_lo, full_hi)
+            raise
+        self.scales[r0:r1] = s
+        if self.zps is not None:
+            self.zps[r0:r1] = z
+        zparams, _ = _zero_point_params(z, self.ct, self.qdtype)
+        params = [s.astype(self.ct)[:, None]] + [p[:, None] for p in zparams]
+        return xb, self.q[r0:r1], params
 
 
 def minmax(x, scheme):
