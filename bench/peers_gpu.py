@@ -35,6 +35,18 @@ class TorchQuantizedCuda(TorchQuantized):
     def __init__(self, threads):
         super().__init__(threads, device="cuda")
 
+    def prepare(self, case, inputs, scales, zps):
+        # torch's CUDA coverage of quantized tensors is partial (e.g. float16 input,
+        # _make_per_channel_quantized_tensor outside the base class's try): a refusal is n/a
+        # with torch's reason, never an error row or a crash.
+        try:
+            return super().prepare(case, inputs, scales, zps)
+        except NotApplicable:
+            raise
+        except Exception as exc:
+            msg = str(exc).splitlines()[0][:120] if str(exc) else ""
+            raise NotApplicable(f"torch refused on CUDA: {type(exc).__name__}: {msg}") from None
+
 
 class TorchEager:
     """``torch.clamp(torch.round(x / s) + zp, qmin, qmax).to(q)`` and ``((q.float() - zp) * s)``."""
@@ -155,6 +167,7 @@ v = v < QMIN ? QMIN : (v > QMAX ? QMAX : v);
 y = (Q)v;
 """
 _DQ_BODY = "y = (F)((float)((long long)q - (long long)zp) * s);"
+_EW_OPTIONS = ("-ftz=false", "-prec-div=true", "-fmad=false")
 
 
 class CupyElementwise:
@@ -175,19 +188,19 @@ class CupyElementwise:
         key = (case.op, case.fdtype, case.qdtype)
         if key not in self._kernels:
             info = np.iinfo(case.qdtype)
+            # Parameter lists take NumPy dtype names (CuPy's ParameterInfo rejects C spellings
+            # such as "float" or "signed char"); the body casts with C type names.
             ctype = {"int8": "signed char", "uint8": "unsigned char"}[case.qdtype]
-            ftype = {"float32": "float", "float16": "float16", "float64": "double"}[case.fdtype]
+            ftype = {"float32": "float", "float16": "float16"}[case.fdtype]
             if case.op == "quantize":
                 body = (_Q_BODY.replace("QMIN", f"{info.min}LL").replace("QMAX", f"{info.max}LL")
                         .replace("(Q)", f"({ctype})"))
-                k = cp.ElementwiseKernel(f"{ftype} x, float32 s, int32 zp", f"{ctype} y", body,
-                                         f"bench_q_{case.fdtype}_{case.qdtype}",
-                                         options=("-ftz=false", "-prec-div=true", "-fmad=false"))
+                k = cp.ElementwiseKernel(f"{case.fdtype} x, float32 s, int32 zp", f"{case.qdtype} y", body,
+                                         f"bench_q_{case.fdtype}_{case.qdtype}", options=_EW_OPTIONS)
             else:
                 body = _DQ_BODY.replace("(F)", f"({ftype})")
-                k = cp.ElementwiseKernel(f"{ctype} q, float32 s, int32 zp", f"{ftype} y", body,
-                                         f"bench_dq_{case.fdtype}_{case.qdtype}",
-                                         options=("-ftz=false", "-prec-div=true", "-fmad=false"))
+                k = cp.ElementwiseKernel(f"{case.qdtype} q, float32 s, int32 zp", f"{case.fdtype} y", body,
+                                         f"bench_dq_{case.fdtype}_{case.qdtype}", options=_EW_OPTIONS)
             self._kernels[key] = k
         return self._kernels[key]
 
@@ -212,7 +225,14 @@ def gpu_peers(threads):
     peers, missing = [], []
     for cls in (TorchQuantizedCuda, TorchEager, CupyNaive, CupyElementwise):
         try:
-            peers.append(cls(threads))
+            peer = cls(threads)
         except ImportError as exc:
             missing.append((cls.name, f"not installed ({exc.name})"))
+            continue
+        torch = getattr(peer, "torch", None)
+        if torch is not None and not torch.cuda.is_available():
+            # A CPU-only torch build: every CUDA call (from_dlpack of a CuPy array, CUDA events) fails.
+            missing.append((cls.name, f"torch {torch.__version__} has no CUDA"))
+            continue
+        peers.append(peer)
     return peers, missing

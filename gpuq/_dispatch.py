@@ -22,7 +22,8 @@ def is_device_array(obj) -> bool:
     cupy = sys.modules.get("cupy")
     if cupy is not None and isinstance(obj, cupy.ndarray):
         return True
-    if hasattr(type(obj), "__cuda_array_interface__"):
+    # On the instance: a CPU torch tensor's class has the property, which raises for it.
+    if hasattr(obj, "__cuda_array_interface__"):
         return True
     dlpack_device = getattr(obj, "__dlpack_device__", None)
     if dlpack_device is not None and hasattr(obj, "__dlpack__"):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._dispatch import backend_for
+from ._dispatch import backend_for, is_device_array
 from ._dtypes import FLOAT_DTYPES, QUANT_RANGE, as_dtype, compute_dtype
 from ._params import out_array, scales_param, zps_param
 from ._scheme import Scheme
@@ -28,10 +28,26 @@ _QUANT_DTYPES = tuple(QUANT_RANGE)
 
 def _result_dtype(dtype, out, allowed, default):
     if dtype is None:
-        if out is not None and getattr(out, "dtype", None) is not None:
-            return as_dtype(out.dtype, "out.dtype", allowed)
+        out_dtype = None if out is None else _array_dtype(out)
+        if out_dtype is not None:
+            return as_dtype(out_dtype, "out.dtype", allowed)
         return np.dtype(default)
     return as_dtype(dtype, "dtype", allowed)
+
+
+def _array_dtype(a):
+    """The NumPy dtype of ``a``, a CUDA array of another library (torch) included; None if it has none."""
+    dt = getattr(a, "dtype", None)
+    if dt is None:
+        return None
+    try:
+        return np.dtype(dt)
+    except TypeError:  # torch.uint8 and the like: ask the zero-copy CuPy view
+        if is_device_array(a):
+            from .backends.cuda_backend import as_cupy
+
+            return as_cupy(a).dtype
+        return None
 
 
 def quantize(src, scales, zps=None, *, axis=None, group_size=None, dtype=None, out=None,

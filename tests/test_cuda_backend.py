@@ -213,6 +213,8 @@ def test_launches_on_the_current_stream(cp, monkeypatch):
 
     monkeypatch.setattr(cuda_backend, "get_function", spy)
     x = cp.arange(100, dtype=cp.float32)
+    # x was written on the legacy default stream, which a non-blocking stream does not wait for.
+    cp.cuda.Device().synchronize()
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         q = gpuq.quantize(x, 2.0)
@@ -287,3 +289,53 @@ def test_torch_tensors(cp):
     out = torch.empty(1001, dtype=torch.uint8, device="cuda")
     assert gpuq.quantize(t, 0.1, 3, out=out) is out
     assert np.array_equal(out.cpu().numpy(), cp.asnumpy(q))
+
+
+# ---------------------------------------------------------------------------
+# The GPU benchmark's own GPU pieces (bench/timing.py, bench/peers_gpu.py): checked here in
+# seconds, before a long `python -m bench` run depends on them.
+
+
+def _bench():
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    return pytest.importorskip("bench")
+
+
+@needs_gpu
+def test_bench_event_timer_hides_the_launch(cp):
+    _bench()
+    from bench.timing import CupyEvents, time_gpu
+
+    ev = CupyEvents(cp)
+    assert ev.spin(1e-4), "the spin kernel (%globaltimer) did not build or did not spin"
+    x = cp.ones(1 << 20, cp.float32)
+    y = cp.empty_like(x)
+    t = time_gpu(lambda i: cp.copyto(y, x), ev, reps=20)
+    assert t["launch_hidden"] and t["spin_s"] > 0
+    # 8 MiB moved: a few us on any recent GPU, far below the spin that hid the host's work.
+    assert t["median_s"] < t["spin_s"]
+
+
+@needs_gpu
+@pytest.mark.parametrize("op,fdtype,qdtype", [("quantize", "float32", "int8"), ("quantize", "float16", "uint8"),
+                                              ("dequantize", "float32", "uint8"),
+                                              ("dequantize", "float16", "int8")])
+def test_bench_elementwise_peer_runs_and_matches(cp, op, fdtype, qdtype):
+    _bench()
+    from bench import data, runner
+    from bench.cases import Case
+    from bench.peers_gpu import CupyElementwise, CupyNaive
+
+    case = Case(op, "last", 1 << 16, 64, fdtype, qdtype)
+    x = data.device_input(case, cp)
+    scales, zps = data.host_params_for(case)
+    ref = data.reference(case, x, scales, zps, cp.asnumpy)
+    for peer in (CupyElementwise(1), CupyNaive(1)):
+        prep = peer.prepare(case, [x], scales, zps)
+        got = runner.compare(ref, prep.fetch(prep.run(0)))
+        # One IEEE division / multiplication like gpuq: at most a handful of rounding differences.
+        assert got["mismatches"] <= case.numel() // 1000, (peer.name, got)

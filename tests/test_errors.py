@@ -141,6 +141,21 @@ def test_unsupported_src_type():
         gpuq.quantize([1.0, 2.0], 1.0)
 
 
+class _HostTensorLike:
+    """Like a CPU torch tensor: its class has ``__cuda_array_interface__``, which raises for it."""
+
+    dtype = np.dtype(np.float32)
+
+    @property
+    def __cuda_array_interface__(self):
+        raise AttributeError("not on a CUDA device")
+
+
+def test_host_object_whose_class_has_the_cuda_interface_is_refused():
+    with pytest.raises(TypeError, match=r"src must be a NumPy array or a CUDA array .*got .*_HostTensorLike"):
+        gpuq.quantize(_HostTensorLike(), 1.0)
+
+
 class _FakeCudaArray:
     """An object that claims CUDA memory: the host backend must refuse it, not copy it."""
 
