@@ -35,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for every contender (default: the CPUs this process may use)")
     p.add_argument("--reps", type=int, default=None, help="timed repetitions (default cpu 5, cuda 50)")
+    p.add_argument("--host-kernels", choices=("auto", "numba", "numpy"), default="auto",
+                   help="CPU: gpuq's host loops (auto: the compiled numba kernels when numba is "
+                        "installed, else NumPy ufuncs; see gpuq.set_host_kernels)")
     p.add_argument("--no-peers", action="store_true", help="gpuq and the copy limit only")
     p.add_argument("--no-latency", action="store_true", help="skip the 4096-element latency cases")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
@@ -82,12 +85,17 @@ def run(args, log=runner.log_stderr) -> dict:
     cases = select_cases(args, device)
     os.makedirs(args.out, exist_ok=True)
     if device == "cpu":
+        import gpuq
+
         from .peers_cpu import cpu_peers
+
+        gpuq.set_host_kernels(args.host_kernels)
 
         peers, missing = ([], []) if args.no_peers else cpu_peers(threads)
         copy = limits.host_copy(threads, nbytes=(32 << 20) if args.quick else limits.HOST_COPY_BYTES)
         log(f"host copy: {copy['gbps']:.2f} GB/s ({threads} threads), {copy['gbps_1t']:.2f} GB/s (1 thread)")
-        st = report.stamp("cpu", report.cpu_name(), threads, {"copy": copy})
+        st = report.stamp("cpu", report.cpu_name(), threads,
+                          {"copy": copy, "host_kernels": gpuq.get_host_kernels()})
         reps = args.reps or (3 if args.quick else 5)
         rows = runner.run_cpu(cases, peers, threads, copy["gbps"], reps=reps,
                               latency_inner=20 if args.quick else 200, log=log)

@@ -111,3 +111,25 @@ class GpuqStatic:
             return gpuq.quantize(inputs[i % len(inputs)], s, z, **kw), s, z
 
         return Prepared(run, lambda r: as_parts(replace(case, op="dynamic"), r, self.to_host))
+
+
+class GpuqUfuncs(GpuqOut):
+    """``gpuq out=`` through the NumPy ufunc loops instead of the compiled kernels (CPU runs
+    where numba serves host arrays): what the kernels are worth, measured beside them."""
+
+    name = "gpuq ufuncs out="
+
+    def prepare(self, case, inputs, scales, zps):
+        import gpuq
+
+        prep = super().prepare(case, inputs, scales, zps)
+        chosen = gpuq.get_host_kernels()
+
+        def run(i):
+            gpuq.set_host_kernels("numpy")
+            try:
+                return prep.run(i)
+            finally:
+                gpuq.set_host_kernels(chosen)
+
+        return Prepared(run, prep.fetch)

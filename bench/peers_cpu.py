@@ -147,7 +147,7 @@ class OnnxRuntime:
 
     def _model(self, case, x, scales, zps):
         import onnx
-        from onnx import TensorProto, helper, numpy_helper
+        from onnx import helper, numpy_helper
 
         if case.scheme == "axes":
             raise NotApplicable("ONNX has no multi-axis scale")

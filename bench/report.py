@@ -44,7 +44,7 @@ def _versions() -> dict:
     import importlib
 
     out = {"python": platform.python_version()}
-    for mod in ("numpy", "gpuq", "onnxruntime", "torch", "cupy"):
+    for mod in ("numpy", "numba", "gpuq", "onnxruntime", "torch", "cupy"):
         try:
             m = importlib.import_module(mod)
             out[mod] = getattr(m, "__version__", "?")
@@ -85,7 +85,8 @@ def _fmt(v, spec):
 def table(st: dict, rows: list) -> str:
     """A fixed-width table, one line per (case, contender)."""
     head = (f"gpuq bench | {st['device']}: {st['device_name']} | threads={st['threads']} | "
-            f"{st['date']} | commit {st['commit']}\n"
+            f"{st['date']} | commit {st['commit']}"
+            + (f" | host kernels: {st['host_kernels']}" if st.get("host_kernels") else "") + "\n"
             f"copy limit: {st['copy']['gbps']:.2f} GB/s (read + written)\n")
     cols = (f"{'case':<36}{'contender':<18}{'median':>11}{'GB/s':>8}{'%copy':>7}{'vs best':>8}"
             f"{'/static':>8}{'mism':>10}  status")

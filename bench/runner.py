@@ -27,11 +27,13 @@ import numpy as np
 
 from . import data
 from .cases import DYNAMIC_OPS
-from .contenders import GpuqFresh, GpuqOut, GpuqStatic, NotApplicable
+from .contenders import GpuqFresh, GpuqOut, GpuqStatic, GpuqUfuncs, NotApplicable
 from .timing import CupyEvents, TorchEvents, time_cpu, time_gpu, time_gpu_wall
 
 #: GPU: rotate inputs until one rotation holds at least this many bytes (2x a 50 MB L2).
 GPU_ROTATE_BYTES = 100 << 20
+#: ... in at most this many buffers (1M int8 codes: 100 buffers of 1 MiB).
+MAX_BUFFERS = 128
 
 
 def compare(ref, got) -> dict:
@@ -124,7 +126,7 @@ def run_case(case, contenders, inputs, scales, zps, ref, timer, copy_gbps, log):
         except NotApplicable as exc:
             row.update(status=f"n/a: {exc}", mismatches=None)
         except Exception as exc:  # a peer's failure is a result, not a crash
-            row.update(status=f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}",
+            row.update(status=f"error: {_error_text(exc)}",
                        mismatches=None)
         rows.append(row)
         prep = None
@@ -148,11 +150,17 @@ def _progress(row):
 
 
 def run_cpu(cases, peers, threads, copy_gbps, *, reps=5, latency_inner=200, log=print):
-    """All cases on host arrays; every contender at ``threads`` threads."""
+    """All cases on host arrays; every contender at ``threads`` threads.
+
+    Where the compiled host kernels serve gpuq, a ``gpuq ufuncs out=`` row
+    (the NumPy ufunc loops, same bits) runs beside them.
+    """
     import gpuq
 
     gpuq.set_num_threads(threads)
     pair, static = (GpuqFresh(), GpuqOut()), GpuqStatic()
+    if gpuq.get_host_kernels() == "numba":
+        pair += (GpuqUfuncs(),)
     rows = []
     for case in cases:
         contenders = contenders_for(case, pair, static, peers)
@@ -187,10 +195,17 @@ def run_gpu(cases, peers, copy_gbps, *, reps=50, log=print):
     for case in cases:
         contenders = contenders_for(case, pair, static, peers)
         in_bytes = case.numel() * data.input_dtype(case).itemsize
-        nbuf = 1 if case.latency else max(1, min(16, math.ceil(GPU_ROTATE_BYTES / max(1, in_bytes))))
-        inputs = [data.device_input(case, cp, seed=k) for k in range(nbuf)]
-        scales, zps = data.host_params_for(case)
-        ref = data.reference(case, inputs[0], scales, zps, to_host)
+        # Enough buffers that one rotation holds GPU_ROTATE_BYTES: 1M-element cases need ~100.
+        nbuf = 1 if case.latency else max(1, min(MAX_BUFFERS, math.ceil(GPU_ROTATE_BYTES / max(1, in_bytes))))
+        try:
+            inputs = [data.device_input(case, cp, seed=k) for k in range(nbuf)]
+            scales, zps = data.host_params_for(case)
+            ref = data.reference(case, inputs[0], scales, zps, to_host)
+        except Exception as exc:  # a case that cannot be set up is a result; the run goes on
+            rows += [_setup_error(case, c, copy_gbps, exc) for c in contenders]
+            log(_progress(rows[-1]))
+            cp.get_default_memory_pool().free_all_blocks()
+            continue
 
         def timer(c, run, case=case):
             ev = torch_ev if getattr(c, "timer", "cupy") == "torch" else cupy_ev
@@ -202,6 +217,19 @@ def run_gpu(cases, peers, copy_gbps, *, reps=50, log=print):
         del inputs, ref
         cp.get_default_memory_pool().free_all_blocks()
     return rows
+
+
+def _error_text(exc) -> str:
+    first = (str(exc).splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first[:160]}"
+
+
+def _setup_error(case, contender, copy_gbps, exc):
+    row = _row(case, contender, copy_gbps)
+    row.update(status=f"error in setup: {_error_text(exc)}",
+               mismatches=None, best_peer=None, ratio_to_best_peer=None, ratio_to_static=None,
+               ratio_to_static_min=None)
+    return row
 
 
 def log_stderr(msg):

@@ -10,6 +10,7 @@ arrays; one numerical contract, bit-identical on both (see README.md).
 """
 
 from .api import dequantize, quantize
+from .backends._compiled import get_host_kernels, set_host_kernels
 from .backends.numpy_backend import get_num_threads, set_num_threads
 from .ops import Dequantize, DynamicDequantize, DynamicQuantize, Quantize
 from .qparams import choose_qparams, quantize_dynamic
@@ -27,5 +28,7 @@ __all__ = [
     "DynamicDequantize",
     "get_num_threads",
     "set_num_threads",
+    "get_host_kernels",
+    "set_host_kernels",
     "__version__",
 ]

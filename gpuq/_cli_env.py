@@ -103,6 +103,7 @@ def info(compile_check: bool = True) -> dict:
         "python": platform.python_version(),
         "numpy": np.__version__,
         "cpu_threads": get_num_threads(),
+        "host_kernels": _host_kernels_info(),
         "backend": "numpy",
         "gpu": "none",
         "gpu_memory_gib": None,
@@ -121,6 +122,22 @@ def info(compile_check: bool = True) -> dict:
         _cupy_info(report)
     _nvrtc_info(report, compile_check)
     return report
+
+
+def _host_kernels_info() -> str:
+    from .backends import _compiled
+
+    try:
+        name = _compiled.get_host_kernels()
+    except ValueError as exc:  # a bad GPUQ_HOST_KERNELS
+        return f"error: {exc}"
+    if name == "numba":
+        import numba
+
+        return f"numba {numba.__version__} (compiled loops)"
+    if _compiled.available():
+        return "numpy ufuncs (chosen by GPUQ_HOST_KERNELS or set_host_kernels)"
+    return "numpy ufuncs (numba not installed: pip install 'gpuq[fast]')"
 
 
 def _cupy_info(report):

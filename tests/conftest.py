@@ -1,9 +1,13 @@
 """One test body, every backend: the ``backend`` fixture moves arrays there and back.
 
-The CUDA parameter skips cleanly where CuPy or a GPU is missing.
+Host arrays run twice, through the NumPy ufunc loops (``numpy``) and through
+the compiled kernels (``numba``, skipped where numba is not installed). The
+CUDA parameter skips cleanly where CuPy or a GPU is missing.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 import pytest
@@ -50,7 +54,11 @@ class CupyBackend:
         return cupy.asnumpy(a)
 
 
-@pytest.fixture(params=["numpy", "cuda"])
+class NumbaBackend(NumpyBackend):
+    name = "numba"
+
+
+@pytest.fixture(params=["numpy", "numba", "cuda"])
 def backend(request):
     """Array mover for one backend: ``put`` a NumPy array there, ``get`` it back."""
     if request.param == "cuda":
@@ -58,4 +66,26 @@ def backend(request):
         if reason:
             pytest.skip(reason)
         return CupyBackend
-    return NumpyBackend
+    with host_kernels(request.param):
+        yield NumbaBackend if request.param == "numba" else NumpyBackend
+
+
+@contextlib.contextmanager
+def host_kernels(name):
+    """Run host arrays through ``name`` ("numpy" ufuncs or "numba" kernels), then back to auto."""
+    import gpuq
+
+    if name == "numba":
+        pytest.importorskip("numba")
+    gpuq.set_host_kernels(name)
+    try:
+        yield
+    finally:
+        gpuq.set_host_kernels("auto")
+
+
+@pytest.fixture(params=["numpy", "numba"])
+def host_loops(request):
+    """For host-only tests: run them through the ufunc loops and through the compiled kernels."""
+    with host_kernels(request.param):
+        yield request.param

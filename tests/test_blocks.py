@@ -42,7 +42,7 @@ def _layout(x, axis):
 
 @pytest.mark.parametrize("shape,axis,mode", CASES, ids=str)
 @pytest.mark.parametrize("with_zp", [True, False], ids=["zp", "sym"])
-def test_layout_is_exact(small_blocks, shape, axis, mode, with_zp):
+def test_layout_is_exact(small_blocks, host_loops, shape, axis, mode, with_zp):
     x = RNG.normal(0, 100, size=shape).astype(np.float32)
     x.reshape(-1)[::101] = np.nan
     assert _layout(x, axis) == mode
@@ -55,7 +55,7 @@ def test_layout_is_exact(small_blocks, shape, axis, mode, with_zp):
     np.testing.assert_array_equal(y, ref.dequantize(q, s, z, axis=axis))
 
 
-def test_group_pieces_with_small_blocks(small_blocks):
+def test_group_pieces_with_small_blocks(small_blocks, host_loops):
     x = RNG.normal(0, 100, size=(7, 1001)).astype(np.float32)
     s = RNG.uniform(0.3, 3, size=(7, 8)).astype(np.float32)
     z = RNG.integers(-40, 40, size=(7, 8)).astype(np.int32)

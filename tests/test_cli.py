@@ -244,7 +244,8 @@ def test_example_then_info(tmp_path):
     assert proc.returncode == 0, proc.stderr
     info = json.loads(proc.stdout)
     assert info["gpuq"] == gpuq.__version__
-    assert {"backend", "gpu", "cupy", "cuda_runtime", "nvrtc", "kernels_compile"} <= set(info)
+    assert {"backend", "gpu", "cupy", "cuda_runtime", "nvrtc", "kernels_compile", "host_kernels"} <= set(info)
+    assert info["host_kernels"].split()[0] == gpuq.get_host_kernels()
 
 
 def test_info_kernel_compile_check(monkeypatch):

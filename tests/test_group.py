@@ -18,7 +18,6 @@ _ONNX_Q = {"int8": 3, "uint8": 2}  # onnx.TensorProto.INT8 / UINT8
 
 
 def _onnx_run(op, x, scale, zp, axis, block_size, out_type=None):
-    import onnx
     from onnx import helper
     from onnx.reference import ReferenceEvaluator
 

@@ -57,7 +57,7 @@ CASES = [((1025,), None), ((17, 33), 0), ((5, 7, 257), 1), ((64, 3), -1), ((4097
 @pytest.mark.parametrize("shape,axis", CASES, ids=str)
 @pytest.mark.parametrize("qdtype", ["int8", "uint8"])
 @pytest.mark.parametrize("with_zp", [True, False], ids=["zp", "nozp"])
-def test_quantize_linear(shape, axis, qdtype, with_zp):
+def test_quantize_linear(host_loops, shape, axis, qdtype, with_zp):
     scale_shape = () if axis is None else (shape[axis],)
     x, s = _inputs(shape, scale_shape)
     lo, hi = (-128, 128) if qdtype == "int8" else (0, 256)
@@ -68,7 +68,7 @@ def test_quantize_linear(shape, axis, qdtype, with_zp):
     np.testing.assert_array_equal(got, want)
 
 
-def test_quantize_linear_ties_per_tensor():
+def test_quantize_linear_ties_per_tensor(host_loops):
     s = np.array(0.1, np.float32)
     k = np.arange(-140, 140) + 0.5
     x = (k * np.float32(s)).astype(np.float32)
@@ -81,7 +81,7 @@ def test_quantize_linear_ties_per_tensor():
 @pytest.mark.parametrize("shape,axis", CASES, ids=str)
 @pytest.mark.parametrize("qdtype", ["int8", "uint8"])
 @pytest.mark.parametrize("with_zp", [True, False], ids=["zp", "nozp"])
-def test_dequantize_linear(shape, axis, qdtype, with_zp):
+def test_dequantize_linear(host_loops, shape, axis, qdtype, with_zp):
     scale_shape = () if axis is None else (shape[axis],)
     lo, hi = (-128, 128) if qdtype == "int8" else (0, 256)
     q = RNG.integers(lo, hi, size=shape).astype(qdtype)

@@ -196,7 +196,7 @@ def test_non_contiguous_views(backend, view, kw):
     x = {"step": base[::2, 1::3], "transpose": base.T, "reversed": base[::-1, ::-1],
          "column": base[:, 5:6]}[view]
     _check(backend, x, **kw)
-    if backend.name == "numpy":  # same object on the host: also check the view itself
+    if backend.name != "cuda":  # same object on the host: also check the view itself
         before = x.copy()
         gpuq.quantize_dynamic(x, **kw)
         _same_bits(x, before)

@@ -171,6 +171,22 @@ def test_exact_and_near_ties(backend, fdtype):
         _assert_same(got, ref.quantize(x, s, zp, dtype=qdtype))
 
 
+def test_ties_made_by_the_float32_division(backend):
+    """x / s lands on k + 0.5 only after rounding to float32: the tie must be broken to even.
+
+    A backend that divides in float64 and rounds that quotient (no float32
+    rounding in between) gets these wrong; the data holds hundreds of them.
+    """
+    rng = np.random.default_rng(5)
+    s = rng.uniform(0.01, 1, 20000).astype(np.float32)
+    k = rng.integers(-128, 128, 20000).astype(np.float32) + np.float32(0.5)
+    x = k * s  # float32 product, rounded: the exact quotient is near k + 0.5, rarely on it
+    made_ties = (x / s == k) & (x.astype(np.float64) / s.astype(np.float64) != k)
+    assert made_ties.sum() > 100
+    got = backend.get(gpuq.quantize(backend.put(x), s, axis=0))
+    _assert_same(got, ref.quantize(x, s, axis=0))
+
+
 def test_power_of_two_ties_round_half_even(backend):
     x = np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, 127.5, -127.5, -128.5], np.float32)
     got = backend.get(gpuq.quantize(backend.put(x), 1.0))

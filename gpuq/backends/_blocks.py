@@ -98,14 +98,21 @@ def _param_mergeable(a, b) -> bool:
 
 
 class FlatPlan:
-    """Blocks of a contiguous ``(outer, C, inner)`` problem, ``params`` 1-D of length C."""
+    """Blocks of a contiguous ``(outer, C, inner)`` problem, ``params`` 1-D of length C.
 
-    def __init__(self, x, o, params, outer, channels, inner):
+    With ``expand=False`` (the compiled kernels, which index parameters
+    themselves) short rows are never expanded: a "pattern" block is whole
+    periods as ``(periods, C * inner)`` with one period of parameters, a
+    "gather" block is ``(channels, inner)`` with a column of them.
+    """
+
+    def __init__(self, x, o, params, outer, channels, inner, expand=True):
         self.x = view(x, (x.size,))
         self.o = view(o, (o.size,))
         self.size = self.x.size
         self.params = params
         self.outer, self.channels, self.inner = outer, channels, inner
+        self.expand = expand
         n = outer * channels * inner
         if channels == 1:
             self.mode, self.step = "scalar", BLOCK
@@ -128,7 +135,8 @@ class FlatPlan:
             period = channels * inner
             self.mode = "pattern"
             self.step = (BLOCK // period) * period
-            self.patterns = [np.tile(np.repeat(p, inner), self.step // period) for p in params]
+            reps = self.step // period if expand else 1
+            self.patterns = [np.tile(np.repeat(p, inner), reps) for p in params]
             self.nblocks = -(-n // self.step)
         else:
             # Short rows, many channels: expand each block's params into scratch
@@ -146,6 +154,10 @@ class FlatPlan:
             hi = min(lo + self.step, self.x.size)
             if mode == "scalar":
                 return self.x[lo:hi], self.o[lo:hi], self.params
+            if not self.expand:
+                period = self.patterns[0].size
+                return (self.x[lo:hi].reshape(-1, period), self.o[lo:hi].reshape(-1, period),
+                        [p.reshape(1, period) for p in self.patterns])
             return self.x[lo:hi], self.o[lo:hi], [p[: hi - lo] for p in self.patterns]
         if mode == "rowchunk":
             row, chunk = divmod(b, self.chunks)
@@ -163,6 +175,10 @@ class FlatPlan:
         c1 = min(c0 + self.channels_per_block, self.channels)
         lo = (outer_i * self.channels + c0) * self.inner
         hi = lo + (c1 - c0) * self.inner
+        if not self.expand:
+            rows = (c1 - c0, self.inner)
+            return (self.x[lo:hi].reshape(rows), self.o[lo:hi].reshape(rows),
+                    [p[c0:c1, None] for p in self.params])
         expanded = []
         for i, p in enumerate(self.params):
             buf = scratch.buffer(("param", i), p.dtype, hi - lo)
@@ -203,16 +219,50 @@ class NdPlan:
         return self.blocks[b]
 
 
-def plan(x, o, params):
-    """Choose the block layout for one broadcast problem."""
+def runs(x, o, params):
+    """A block as flat runs: ``(x1, o1, run, params1)`` where element ``i`` of
+    ``x1`` uses ``params1[k][(i // run) % P]``, or None for other layouts.
+
+    That covers every contiguous block whose parameters vary along one range
+    of consecutive dims (per-tensor, the rows of a per-channel block, a
+    parameter pattern of whole periods); the compiled kernels take this form.
+
+    >>> x = np.zeros((2, 3, 4), np.float32)
+    >>> _, _, run, (p,) = runs(x, x, [np.arange(3.0).reshape(1, 3, 1)])
+    >>> run, p
+    (4, array([0., 1., 2.]))
+    """
+    if not (x.flags.c_contiguous and o.flags.c_contiguous):
+        return None
+    ps = [np.asarray(p) for p in params]
+    shape = ps[0].shape
+    if any(p.shape != shape for p in ps):
+        return None
+    if ps[0].size == 1:
+        run = x.size
+    else:
+        if len(shape) > x.ndim:
+            return None
+        shape = (1,) * (x.ndim - len(shape)) + shape
+        varying = [d for d, n in enumerate(shape) if n > 1]
+        first, last = varying[0], varying[-1] + 1
+        if shape[first:last] != x.shape[first:last]:
+            return None
+        run = math.prod(x.shape[last:])
+    return x.reshape(-1), o.reshape(-1), run, [np.ascontiguousarray(p).reshape(-1) for p in ps]
+
+
+def plan(x, o, params, expand=True):
+    """Choose the block layout for one broadcast problem (``expand``: see :class:`FlatPlan`)."""
     if x.size <= BLOCK:
         return NdPlan(x, o, params)  # one block: lowering would cost more than it saves
     shape, x2, o2, p2, scale_dims = lower(x, o, params)
     if x2.flags.c_contiguous and o2.flags.c_contiguous and len(scale_dims) <= 1:
         if not scale_dims:
-            return FlatPlan(x2, o2, [p.reshape(()) for p in p2], 1, 1, math.prod(shape))
+            return FlatPlan(x2, o2, [p.reshape(()) for p in p2], 1, 1, math.prod(shape), expand)
         (k,) = scale_dims
         outer, inner = math.prod(shape[:k]), math.prod(shape[k + 1:])
-        return FlatPlan(x2, o2, [np.ascontiguousarray(p).reshape(-1) for p in p2], outer, shape[k], inner)
+        return FlatPlan(x2, o2, [np.ascontiguousarray(p).reshape(-1) for p in p2], outer, shape[k], inner,
+                        expand)
     return NdPlan(x2, o2, p2)
 

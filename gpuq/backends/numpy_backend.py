@@ -28,11 +28,12 @@ import functools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, NamedTuple
 
 import numpy as np
 
 from .._dtypes import QUANT_RANGE
-from . import _blocks
+from . import _blocks, _compiled
 
 #: Tensors smaller than this run on the calling thread only.
 PARALLEL_MIN = 1 << 17
@@ -205,33 +206,99 @@ def _dequantize_block(qb, ob, params, scratch, *, ct, wide):
     np.multiply(t, s, out=ob)
 
 
-def _plans(src, out, scheme, params):
+def _plans(src, out, scheme, params, expand=True):
     plans = []
     for piece in scheme.pieces():
         x = _blocks.view(src[piece.src_index], piece.view_shape)
         o = _blocks.view(out[piece.src_index], piece.view_shape)
         ps = [p.reshape(scheme.param_shape)[piece.param_index].reshape(piece.param_view_shape)
               for p in params]
-        plans.append(_blocks.plan(x, o, ps))
+        plans.append(_blocks.plan(x, o, ps, expand))
     return plans
 
 
 def _zero_point_params(zps, ct, qdtype=None):
-    """The zero points as the block functions take them, and whether the wide path is needed.
+    """The zero points as the ufunc block functions take them, and whether the wide path is needed.
 
     Dequantize (``qdtype=None``) takes ``[zp]``; quantize takes the clamp bounds
     ``qmin - zp``, ``qmax - zp`` and ``zp mod 256`` as a byte.
     """
     if zps is None:
         return [], False
-    wide = ct == _F32 and zps.size > 0 and (int(zps.min()) < -NARROW_ZP or int(zps.max()) > NARROW_ZP)
-    if wide:
+    if ct == _F32 and not _narrow(zps):
         return [zps.astype(_I64)], True
     if qdtype is None:
         return [zps.astype(ct)], False
+    return _clamp_params(zps, ct, qdtype), False
+
+
+def _narrow(zps) -> bool:
+    """True when every |zp| <= NARROW_ZP (or there are none): the fast paths' range."""
+    return zps is None or zps.size == 0 or (int(zps.min()) >= -NARROW_ZP and int(zps.max()) <= NARROW_ZP)
+
+
+def _clamp_params(zps, ct, qdtype):
     qmin, qmax = QUANT_RANGE[qdtype]
-    z = zps.astype(_I64)
-    return [(qmin - z).astype(ct), (qmax - z).astype(ct), (z % 256).astype(np.uint8)], False
+    z = np.asarray(zps).astype(_I64)
+    return [(qmin - z).astype(ct), (qmax - z).astype(ct), (z % 256).astype(np.uint8)]
+
+
+def _quantize_block_compiled(xb, ob, params, scratch, *, kernels, qmin, qmax, ct):
+    """One block through the compiled kernel; params are ``[scales]`` or ``[scales, zps]`` (both ``ct``)."""
+    flat = _blocks.runs(xb, ob, params)
+    if flat is None:  # a strided or multi-axis block: the ufunc loop, the same bits
+        zparams = _clamp_params(params[1], ct, ob.dtype) if len(params) > 1 else []
+        _quantize_block(xb, ob, [params[0]] + zparams, scratch, qmin=qmin, qmax=qmax, ct=ct, wide=False)
+        return
+    x, o, run, (s, *z) = flat
+    table = None
+    if x.dtype == np.float16:
+        x, table = x.view(np.uint16), _float16_table()
+    kernels.quantize(x, table, o, run, s, z[0] if z else None, qmin, qmax)
+
+
+def _dequantize_block_compiled(qb, ob, params, scratch, *, kernels, ct):
+    """One block through the compiled kernel; params are ``[scales]`` or ``[scales, zps]`` (both ``ct``)."""
+    flat = _blocks.runs(qb, ob, params)
+    if flat is None:  # the ufunc loop takes the same params
+        _dequantize_block(qb, ob, params, scratch, ct=ct, wide=False)
+        return
+    q, o, run, (s, *z) = flat
+    if o.dtype == np.float16:
+        o = o.view(np.uint16)  # the kernel writes float16 bits
+    kernels.dequantize(q, o, run, s, z[0] if z else None)
+
+
+class Loop(NamedTuple):
+    """How one call runs its blocks: the block function, the zero-point parameters it
+    takes (``zparams(zps)``, after the scales), and whether plans expand short rows."""
+
+    block: Callable
+    zparams: Callable
+    expand: bool
+
+
+def quantize_loop(zps, ct, qdtype) -> Loop:
+    """The compiled kernels where they serve host arrays and the zps are narrow, else ufuncs."""
+    qmin, qmax = QUANT_RANGE[qdtype]
+    kernels = _compiled.kernels()
+    if kernels is not None and _narrow(zps):
+        fn = functools.partial(_quantize_block_compiled, kernels=kernels, qmin=qmin, qmax=qmax, ct=ct)
+        return Loop(fn, lambda z: _zero_point_params(z, ct)[0], False)
+    _, wide = _zero_point_params(zps, ct, qdtype)
+    fn = functools.partial(_quantize_block, qmin=qmin, qmax=qmax, ct=ct, wide=wide)
+    return Loop(fn, lambda z: _zero_point_params(z, ct, qdtype)[0], True)
+
+
+def dequantize_loop(zps, ct) -> Loop:
+    """As :func:`quantize_loop`, for dequantize."""
+    kernels = _compiled.kernels()
+    if kernels is not None and _narrow(zps):
+        fn = functools.partial(_dequantize_block_compiled, kernels=kernels, ct=ct)
+        return Loop(fn, lambda z: _zero_point_params(z, ct)[0], False)
+    _, wide = _zero_point_params(zps, ct)
+    fn = functools.partial(_dequantize_block, ct=ct, wide=wide)
+    return Loop(fn, lambda z: _zero_point_params(z, ct)[0], True)
 
 
 class NumpyBackend:
@@ -256,15 +323,10 @@ class NumpyBackend:
 
     @staticmethod
     def quantize(src, scheme, scales, zps, out) -> None:
-        ct = scales.dtype
-        qmin, qmax = QUANT_RANGE[out.dtype]
-        zparams, wide = _zero_point_params(zps, ct, out.dtype)
-        fn = functools.partial(_quantize_block, qmin=qmin, qmax=qmax, ct=ct, wide=wide)
-        _run(_plans(src, out, scheme, [scales] + zparams), fn)
+        loop = quantize_loop(zps, scales.dtype, out.dtype)
+        _run(_plans(src, out, scheme, [scales] + loop.zparams(zps), loop.expand), loop.block)
 
     @staticmethod
     def dequantize(src, scheme, scales, zps, out) -> None:
-        ct = scales.dtype
-        zparams, wide = _zero_point_params(zps, ct)
-        fn = functools.partial(_dequantize_block, ct=ct, wide=wide)
-        _run(_plans(src, out, scheme, [scales] + zparams), fn)
+        loop = dequantize_loop(zps, scales.dtype)
+        _run(_plans(src, out, scheme, [scales] + loop.zparams(zps), loop.expand), loop.block)

@@ -15,14 +15,13 @@ Two steps, each in one place:
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
 
 from .._dtypes import QUANT_RANGE, compute_dtype
 from . import _blocks
-from .numpy_backend import _quantize_block, _run, _zero_point_params, get_num_threads
+from .numpy_backend import _run, get_num_threads, quantize_loop
 
 #: Elements per reduction unit: its min and max pass both run over data in cache.
 UNIT = 1 << 17
@@ -56,10 +55,11 @@ def quantize_dynamic(x, scheme, qdtype, symmetric, eps):
     nrows = rows.shape[0]
     scales = np.empty(nrows, _F32)
     zps = None if symmetric and qmin < 0 else np.empty(nrows, np.int32)
-    plan = _FusedRows(rows, q.reshape(rows.shape), scales, zps, qmin, qmax, symmetric, eps, qdtype)
+    # Finalized zero points lie in [qmin, qmax]: the loop for narrow zps serves every block.
+    loop = quantize_loop(None, compute_dtype(x.dtype), qdtype)
+    plan = _FusedRows(rows, q.reshape(rows.shape), scales, zps, qmin, qmax, symmetric, eps, loop.zparams)
     plan.pshape = scheme.param_shape
-    fn = functools.partial(_quantize_block, qmin=qmin, qmax=qmax, ct=plan.ct, wide=False)
-    _run([plan], fn)
+    _run([plan], loop.block)
     pshape = scheme.param_shape
     return q, scales.reshape(pshape), None if zps is None else zps.reshape(pshape)
 
@@ -83,9 +83,10 @@ def _row_view(x, scheme):
 class _FusedRows:
     """Blocks of whole rows: reduce, finalize, then hand the block to the quantize function."""
 
-    def __init__(self, rows, q, scales, zps, qmin, qmax, symmetric, eps, qdtype):
+    def __init__(self, rows, q, scales, zps, qmin, qmax, symmetric, eps, zparams):
         self.rows, self.q, self.scales, self.zps = rows, q, scales, zps
-        self.qmin, self.qmax, self.symmetric, self.eps, self.qdtype = qmin, qmax, symmetric, eps, qdtype
+        self.qmin, self.qmax, self.symmetric, self.eps = qmin, qmax, symmetric, eps
+        self.zparams = zparams  # finalized zps -> the block function's zero-point params
         self.ct = compute_dtype(rows.dtype)
         self.size = rows.size
         self.per_block = max(1, FUSED_BLOCK // rows.shape[1])
@@ -108,8 +109,7 @@ class _FusedRows:
         self.scales[r0:r1] = s
         if self.zps is not None:
             self.zps[r0:r1] = z
-        zparams, _ = _zero_point_params(z, self.ct, self.qdtype)
-        params = [s.astype(self.ct)[:, None]] + [p[:, None] for p in zparams]
+        params = [s.astype(self.ct)[:, None]] + [p[:, None] for p in self.zparams(z)]
         return xb, self.q[r0:r1], params
 
 

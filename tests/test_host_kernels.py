@@ -1,0 +1,154 @@
+"""The compiled host kernels (numba) on their own: layouts, float16 rounding, the switch.
+
+Every shared test body also runs through them (the ``numba`` parameter of the
+``backend`` fixture); these tests pin what those cannot reach directly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gpuq
+import reference as ref
+from gpuq.backends import _blocks, _compiled
+
+RNG = np.random.default_rng(23)
+
+
+@pytest.fixture
+def kernels():
+    pytest.importorskip("numba")
+    from gpuq.backends import _host_kernels
+
+    return _host_kernels
+
+
+def _float32_around_float16_boundaries():
+    """float32 bit patterns at every place a float16 rounding can go wrong.
+
+    Normal range: the 13 bits float16 drops, at 0, 1, just below/at/above the
+    tie (0x1000) and at the top, for every sign/exponent/upper mantissa.
+    Subnormal float16 range: the ties k/2 * 2**-24 and their neighbours.
+    Plus zeros, infinities, NaN, float32 subnormals and random patterns.
+    """
+    upper = np.arange(1 << 19, dtype=np.uint32) << np.uint32(13)
+    low = np.array([0, 1, 0xFFF, 0x1000, 0x1001, 0x1FFF], np.uint32)
+    normal = (upper[:, None] | low[None, :]).ravel()
+    halves = (np.arange(2 * 1024 + 1, dtype=np.float32) * np.float32(2.0**-25)).view(np.uint32)
+    near = (halves[:, None].astype(np.int64) + np.arange(-2, 3)).clip(0).astype(np.uint32).ravel()
+    near = np.concatenate([near, near | np.uint32(0x80000000)])
+    special = np.array([0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x7F800001, 1, 0x007FFFFF,
+                        0x477FE000, 0x477FEFFF, 0x477FF000, 0x477FF001, 0x38800000, 0x387FFFFF], np.uint32)
+    rand = RNG.integers(0, 2**32, 1 << 20, dtype=np.uint64).astype(np.uint32)
+    return np.concatenate([normal, near, special, rand]).view(np.float32)
+
+
+def test_float16_rounding_equals_numpy_cast(kernels):
+    """float32 -> float16, nearest even, through the dequantize kernel's store (s = 1)."""
+    f = _float32_around_float16_boundaries()
+    got = np.empty(f.size, np.uint16)
+    _store_all(kernels, f, got)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = f.astype(np.float16)
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(got[~nan], want.view(np.uint16)[~nan])
+    assert np.isnan(got.view(np.float16)[nan]).all()
+
+
+def _store_all(kernels, f, out_bits):
+    from numba import njit
+
+    @njit
+    def store_every(values, out):
+        for i in range(values.size):
+            kernels.store(out, i, values[i])
+
+    store_every(f, out_bits)
+
+
+@pytest.mark.parametrize("size,run,nparams", [(1, 1, 1), (17, 1, 5), (1025, 1, 64), (4097, 7, 9),
+                                              (4097, 100, 41), (4097, 4097, 1), (4097, 4000, 1)])
+@pytest.mark.parametrize("with_zp", [True, False], ids=["zp", "sym"])
+def test_kernel_parameter_index_is_i_div_run_mod_nparams(kernels, size, run, nparams, with_zp):
+    """Partial last runs and patterns that do not divide the block, against the naive formula."""
+    x = RNG.normal(0, 50, size).astype(np.float32)
+    x[::13] = np.float32(2.5)  # a tie at s = 1
+    x[::31] = np.nan
+    s = RNG.uniform(0.5, 2, nparams).astype(np.float32)
+    s[0] = 1
+    z = RNG.integers(-30, 30, nparams).astype(np.int32) if with_zp else None
+    idx = (np.arange(size) // run) % nparams
+    q = np.empty(size, np.int8)
+    zf = None if z is None else z.astype(np.float32)  # the kernels take integral floats
+    kernels.quantize(x, None, q, run, s, zf, -128, 127)
+    want = ref.quantize(x, s[idx], None if z is None else z[idx], axis=0)
+    np.testing.assert_array_equal(q, want)
+    y = np.empty(size, np.float32)
+    kernels.dequantize(q, y, run, s, zf)
+    np.testing.assert_array_equal(y, ref.dequantize(q, s[idx], None if z is None else z[idx], axis=0))
+
+
+def test_runs_layouts():
+    x = np.zeros((6, 5, 4), np.float32)
+    o = np.zeros((6, 5, 4), np.int8)
+    # per-tensor: one run
+    assert _blocks.runs(x, o, [np.float32(2)])[2] == x.size
+    # per-channel on the middle axis: runs of 4, 5 parameters repeating
+    _, _, run, (p,) = _blocks.runs(x, o, [np.arange(5.0).reshape(1, 5, 1)])
+    assert run == 4 and p.tolist() == [0, 1, 2, 3, 4]
+    # two adjacent dims: runs of 4 over 30 parameters; fewer dims broadcast on the left
+    _, _, run, (p,) = _blocks.runs(x, o, [np.arange(30.0).reshape(6, 5, 1)])
+    assert run == 4 and p.size == 30
+    assert _blocks.runs(x, o, [np.arange(20.0).reshape(5, 4)])[2] == 1
+    # not flat: parameters on two non-adjacent dims, a strided src or out
+    assert _blocks.runs(x, o, [np.ones((6, 1, 4))]) is None
+    assert _blocks.runs(x[:, ::2], o[:, ::2], [np.float32(1)]) is None
+    assert _blocks.runs(x, o.transpose(0, 2, 1).copy().transpose(0, 2, 1), [np.float32(1)]) is None
+
+
+def test_strided_and_multi_axis_blocks_fall_back_exactly(host_loops):
+    """Blocks the kernels do not take go through the ufunc loop with the same bits."""
+    base = RNG.normal(0, 60, (9, 40, 6)).astype(np.float32)
+    for x, axis, pshape in [(base[:, ::3], 1, (14,)), (base, (0, 2), (9, 6)), (base.transpose(2, 0, 1), 0, (6,))]:
+        s = RNG.uniform(0.5, 2, pshape).astype(np.float32)
+        z = RNG.integers(-20, 20, pshape).astype(np.int32)
+        q = gpuq.quantize(x, s, z, axis=axis)
+        np.testing.assert_array_equal(q, ref.quantize(x, s, z, axis=axis))
+        y = gpuq.dequantize(q, s, z, axis=axis, dtype="float16")
+        np.testing.assert_array_equal(y, ref.dequantize(q, s, z, axis=axis, dtype="float16"))
+
+
+def test_set_host_kernels_validates_and_reports():
+    before = gpuq.get_host_kernels()
+    try:
+        gpuq.set_host_kernels("numpy")
+        assert gpuq.get_host_kernels() == "numpy"
+        with pytest.raises(ValueError, match=r"name must be one of auto, numba, numpy, got 'fast'"):
+            gpuq.set_host_kernels("fast")
+        with pytest.raises(ValueError, match="got 3"):
+            gpuq.set_host_kernels(3)
+    finally:
+        gpuq.set_host_kernels("auto")
+    assert gpuq.get_host_kernels() == before
+
+
+def test_without_numba_auto_uses_ufuncs_and_numba_is_refused(monkeypatch):
+    monkeypatch.setattr(_compiled, "_kernels", False)  # as if numba failed to import
+    gpuq.set_host_kernels("auto")
+    assert gpuq.get_host_kernels() == "numpy"
+    x = RNG.normal(size=1000).astype(np.float32)
+    np.testing.assert_array_equal(gpuq.quantize(x, 0.01, 3), ref.quantize(x, np.float32(0.01), np.int32(3)))
+    with pytest.raises(ValueError, match=r"name='numba' needs numba: pip install 'gpuq\[fast\]'"):
+        gpuq.set_host_kernels("numba")
+
+
+def test_environment_variable_is_validated(monkeypatch):
+    monkeypatch.setattr(_compiled, "_choice", None)
+    monkeypatch.setenv("GPUQ_HOST_KERNELS", "numpy")
+    assert gpuq.get_host_kernels() == "numpy"
+    monkeypatch.setattr(_compiled, "_choice", None)
+    monkeypatch.setenv("GPUQ_HOST_KERNELS", "cython")
+    with pytest.raises(ValueError, match="GPUQ_HOST_KERNELS must be one of auto, numba, numpy, got 'cython'"):
+        gpuq.quantize(np.ones(3, np.float32), 1.0)
+    monkeypatch.setattr(_compiled, "_choice", None)
