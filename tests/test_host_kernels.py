@@ -89,6 +89,63 @@ def test_kernel_parameter_index_is_i_div_run_mod_nparams(kernels, size, run, npa
     np.testing.assert_array_equal(y, ref.dequantize(q, s[idx], None if z is None else z[idx], axis=0))
 
 
+def _minmax_cases():
+    """(rows, run) problems with NaN, signed zeros, infinities, subnormals and all-NaN rows."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(0, 10, (9, 37)).astype(np.float32)
+    x[0] = np.nan  # no number: NaN for both
+    x[1, ::2] = np.nan
+    x[2] = [-0.0, 0.0] * 18 + [-0.0]
+    x[3, 5], x[3, 6] = np.inf, -np.inf
+    x[4] = np.float32(1e-45) * np.arange(-18, 19)  # subnormals
+    x[5, :] = -3.0
+    x[6, 0] = -np.nan  # a NaN with the sign bit set must not win the min
+    return x
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_compiled_row_minmax_equals_fmin_fmax(host_loops, dtype):
+    from gpuq.backends.numpy_qparams import row_minmax
+
+    x = _minmax_cases().astype(dtype)
+    lo, hi = row_minmax(x)
+    assert lo.dtype == hi.dtype == x.dtype
+    np.testing.assert_array_equal(lo, np.fmin.reduce(x, axis=1))  # NaN == NaN here; -0.0 == 0.0
+    np.testing.assert_array_equal(hi, np.fmax.reduce(x, axis=1))
+
+
+def test_finalize_one_equals_numpy_finalize(kernels):
+    """The compiled kernel's scalar finalize against numpy_qparams.finalize, bit for bit."""
+    from numba import njit
+
+    from gpuq.backends.numpy_qparams import finalize
+
+    f32 = np.finfo(np.float32)
+    rng = np.random.default_rng(9)
+    edges = np.array([0.0, -0.0, f32.tiny, -f32.tiny, 1e-45, -1e-45, 1.0, -1.0, 1e30, -1e30, f32.max, -f32.max,
+                      np.nan], np.float32)
+    lo = np.concatenate([np.repeat(edges, edges.size), rng.normal(0, 1, 20000).astype(np.float32) * 10.0 **
+                         rng.integers(-40, 38, 20000).astype(np.float32)]).astype(np.float32)
+    hi = np.concatenate([np.tile(edges, edges.size), rng.normal(0, 1, 20000).astype(np.float32) * 10.0 **
+                         rng.integers(-40, 38, 20000).astype(np.float32)]).astype(np.float32)
+    lo, hi = np.fmin(lo, hi), np.fmax(lo, hi)  # a min above its max does not occur
+
+    @njit
+    def finalize_all(lo, hi, qmin, qmax, symmetric, eps, scales, zps):
+        for i in range(lo.size):
+            scales[i], zps[i], _ = kernels.finalize_one(lo[i], hi[i], qmin, qmax, symmetric, eps)
+
+    eps = np.float32(f32.tiny)
+    for qmin, qmax in ((-128, 127), (0, 255)):
+        for symmetric in (False, True):
+            want_s, want_z = finalize(lo, hi, qmin, qmax, symmetric, eps)
+            s, z = np.empty(lo.size, np.float32), np.empty(lo.size, np.int32)
+            finalize_all(lo, hi, qmin, qmax, symmetric, eps, s, z)
+            np.testing.assert_array_equal(s.view(np.uint32), want_s.view(np.uint32))
+            if want_z is not None:
+                np.testing.assert_array_equal(z, want_z)
+
+
 def test_runs_layouts():
     x = np.zeros((6, 5, 4), np.float32)
     o = np.zeros((6, 5, 4), np.int8)

@@ -294,6 +294,8 @@ def test_float64_beyond_float32_raises(backend):
     x = np.array([1.0, 1e300], np.float64)
     with pytest.raises(ValueError, match="x must be finite"):
         gpuq.choose_qparams(backend.put(x))
+    with pytest.raises(ValueError, match="x must be finite"):
+        gpuq.quantize_dynamic(backend.put(x.reshape(1, 2)), axis=0)
 
 
 # --- shapes, dtypes, inputs -----------------------------------------------------------------------
@@ -347,7 +349,7 @@ def test_errors(backend, call, exc, match):
         call(x)
 
 
-def test_fused_rows_report_inf_in_whole_tensor_coordinates(monkeypatch):
+def test_fused_rows_report_inf_in_whole_tensor_coordinates(monkeypatch, host_loops):
     # The one-pass NumPy quantize_dynamic works in blocks of rows; the error names the global row.
     from gpuq.backends import numpy_qparams
 
@@ -358,7 +360,7 @@ def test_fused_rows_report_inf_in_whole_tensor_coordinates(monkeypatch):
         gpuq.quantize_dynamic(x, axis=0)
 
 
-def test_fused_rows_match_two_passes_across_blocks(monkeypatch):
+def test_fused_rows_match_two_passes_across_blocks(monkeypatch, host_loops):
     from gpuq.backends import numpy_qparams
 
     monkeypatch.setattr(numpy_qparams, "FUSED_BLOCK", 64)

@@ -161,3 +161,121 @@ def dequantize(q, out, run, scales, zps):
         else:
             for j in range(q.size - base):
                 store(out, base + j, (to_compute(q[base + j], zero) - zp) * s)
+
+
+@njit(**_JIT)
+def minmax_keys(bits, run, kmin, kmax, shift, mag, inf):
+    """The smallest and largest number of each run of ``bits`` (float bit patterns
+    viewed as signed integers), NaN skipped, as order keys combined into ``kmin``/``kmax``.
+
+    The key of a float is its bits with the magnitude bits flipped when the sign
+    is set (``v ^ ((v >> shift) & mag)``): integer order is then float order, so
+    the reduction is integer min/max, which vectorizes without reassociating
+    anything (float min/max reductions do not, short of fast-math). A NaN
+    (``v & mag > inf``) enters as the neutral key. ``kmin`` starts at ``mag`` and
+    ``kmax`` at ``~mag``, the keys of NaNs: a run with no number gives NaN.
+    The GPU's reductions order floats by keys of the same kind (``kernels/qparams.cu``).
+    """
+    for r in range(kmin.size):
+        a, b = kmin[r], kmax[r]
+        base = r * run
+        for j in range(run):
+            v = bits[base + j]
+            key = v ^ ((v >> shift) & mag)
+            nan = (v & mag) > inf
+            a = min(a, mag if nan else key)
+            b = max(b, ~mag if nan else key)
+        kmin[r], kmax[r] = a, b
+
+
+def float_of_key(key, bits, shift, mag, table):
+    """The float (compute type) whose order key is ``key``, ``bits`` the integer view it came from."""
+
+
+@overload(float_of_key, inline="always")
+def _float_of_key(key, bits, shift, mag, table):
+    if not isinstance(table, types.NoneType):  # float16: its bits index the widening table
+        return lambda key, bits, shift, mag, table: table[np.uint16(key ^ ((key >> shift) & mag))]
+    if bits.dtype == types.int32:
+        return lambda key, bits, shift, mag, table: np.int32(key ^ ((key >> shift) & mag)).view(np.float32)
+    return lambda key, bits, shift, mag, table: np.int64(key ^ ((key >> shift) & mag)).view(np.float64)
+
+
+@njit(inline="always")
+def fmax_keep(a, b):
+    """``np.fmax``: the larger, a NaN giving way to the other operand."""
+    if a != a:
+        return b
+    if b != b:
+        return a
+    return a if a > b else b
+
+
+@njit(inline="always")
+def fmin_keep(a, b):
+    """``np.fmin``: the smaller, a NaN giving way to the other operand."""
+    if a != a:
+        return b
+    if b != b:
+        return a
+    return a if a < b else b
+
+
+@njit(inline="always")
+def finalize_one(lo, hi, qmin, qmax, symmetric, eps):
+    """``(scale, zp, ok)`` from one slot's float32 min and max (NaN: no number).
+
+    The formula of ``numpy_qparams.finalize`` and ``kernels/qparams.cu``
+    (``finalize_one``), bit for bit (tested against the former); ``ok`` is
+    False where a bound is +/-inf (the caller raises).
+    """
+    zero = np.float32(0)
+    if lo == -np.inf or hi == np.inf:
+        return eps, np.int32(0), False
+    if symmetric:
+        amax = fmax_keep(fmax_keep(hi, -lo), zero)
+        return max(amax / np.float32(127), eps), np.int32(0 if qmin < 0 else 128), True
+    lo0, hi0 = fmin_keep(lo, zero), fmax_keep(hi, zero)
+    span = hi0 - lo0
+    if span == np.inf:  # hi - lo overflows float32: the same quotient via float64, rounded once
+        scale = np.float32((np.float64(hi0) - np.float64(lo0)) / np.float64(qmax - qmin))
+    else:
+        scale = span / np.float32(qmax - qmin)
+    scale = max(scale, eps)
+    zp = np.float32(qmin) - np.rint(lo0 / scale)
+    return scale, np.int32(min(max(zp, np.float32(qmin)), np.float32(qmax))), True
+
+
+@njit(**_JIT)
+def quantize_dynamic_rows(x, table, bits, run, out, scales, zps, qmin, qmax, symmetric, eps, czero,
+                          shift, mag, inf):
+    """``quantize_dynamic`` of flat ``x`` cut in runs of ``run``, one slot per run.
+
+    Per run: min and max (order keys of ``bits``, the same memory as ``x`` viewed
+    as signed integers, see :func:`minmax_keys`), :func:`finalize_one`, then the
+    codes, while the run is still in L1/L2: ``x`` is read from memory once.
+    ``czero`` is 0 in the compute type. Returns the first run with a +/-inf
+    bound (nothing after it is written), or -1.
+    """
+    lo_q, hi_q = to_compute(qmin, czero), to_compute(qmax, czero)
+    for r in range(scales.size):
+        base = r * run
+        a, b = mag, ~mag
+        for j in range(run):
+            v = bits[base + j]
+            key = v ^ ((v >> shift) & mag)
+            nan = (v & mag) > inf
+            a = min(a, mag if nan else key)
+            b = max(b, ~mag if nan else key)
+        lo = np.float32(float_of_key(a, bits, shift, mag, table))
+        hi = np.float32(float_of_key(b, bits, shift, mag, table))
+        scale, zp, ok = finalize_one(lo, hi, qmin, qmax, symmetric, eps)
+        if not ok:
+            return r
+        scales[r] = scale
+        if zps is not None:
+            zps[r] = zp
+        s, z = to_compute(scale, czero), to_compute(zp, czero)
+        for j in range(run):
+            out[base + j] = quantize_one(load(x, base + j, table), s, z, lo_q, hi_q)
+    return -1

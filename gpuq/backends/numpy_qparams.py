@@ -15,13 +15,15 @@ Two steps, each in one place:
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
 from .._dtypes import QUANT_RANGE, compute_dtype
 from . import _blocks
-from .numpy_backend import _run, get_num_threads, quantize_loop
+from . import _compiled
+from .numpy_backend import _float16_table, _run, get_num_threads, quantize_loop
 
 #: Elements per reduction unit: its min and max pass both run over data in cache.
 UNIT = 1 << 17
@@ -55,13 +57,37 @@ def quantize_dynamic(x, scheme, qdtype, symmetric, eps):
     nrows = rows.shape[0]
     scales = np.empty(nrows, _F32)
     zps = None if symmetric and qmin < 0 else np.empty(nrows, np.int32)
-    # Finalized zero points lie in [qmin, qmax]: the loop for narrow zps serves every block.
-    loop = quantize_loop(None, compute_dtype(x.dtype), qdtype)
-    plan = _FusedRows(rows, q.reshape(rows.shape), scales, zps, qmin, qmax, symmetric, eps, loop.zparams)
+    kernels = _compiled.kernels()
+    if kernels is not None:
+        plan = _FusedRows(rows, q.reshape(rows.shape), scales, zps, qmin, qmax, symmetric, eps, None)
+        fn = functools.partial(_dynamic_rows_compiled, kernels=kernels, plan=plan)
+    else:
+        # Finalized zero points lie in [qmin, qmax]: the loop for narrow zps serves every block.
+        loop = quantize_loop(None, compute_dtype(x.dtype), qdtype)
+        plan = _FusedRows(rows, q.reshape(rows.shape), scales, zps, qmin, qmax, symmetric, eps, loop.zparams)
+        fn = loop.block
     plan.pshape = scheme.param_shape
-    _run([plan], loop.block)
+    _run([plan], fn)
     pshape = scheme.param_shape
     return q, scales.reshape(pshape), None if zps is None else zps.reshape(pshape)
+
+
+def _dynamic_rows_compiled(xb, qb, span, scratch, *, kernels, plan):
+    """One block of rows through the compiled one-pass kernel."""
+    r0, r1 = span
+    ct = compute_dtype(xb.dtype)
+    x, table = xb.reshape(-1), None
+    if x.dtype == np.float16:
+        x, table = x.view(np.uint16), _float16_table()
+    it = _KEY_INT[xb.dtype.itemsize]
+    shift, mag, inf = _key_constants(xb.dtype)
+    zps = None if plan.zps is None else plan.zps[r0:r1]
+    bad = kernels.quantize_dynamic_rows(
+        x, table, xb.reshape(-1).view(it), xb.shape[1], qb.reshape(-1), plan.scales[r0:r1], zps,
+        plan.qmin, plan.qmax, plan.symmetric, np.float32(plan.eps), ct.type(0), shift, mag, inf)
+    if bad >= 0:
+        lo, hi = row_minmax(xb)
+        plan.raise_not_finite(r0, r1, lo, hi)
 
 
 def _row_view(x, scheme):
@@ -96,21 +122,27 @@ class _FusedRows:
         r0 = b * self.per_block
         r1 = min(r0 + self.per_block, self.rows.shape[0])
         xb = self.rows[r0:r1]
-        lo, hi = np.fmin.reduce(xb, axis=1), np.fmax.reduce(xb, axis=1)
+        if self.zparams is None:  # the compiled kernel does it all
+            return xb, self.q[r0:r1], (r0, r1)
+        lo, hi = row_minmax(xb)
         try:
             s, z = finalize(lo, hi, self.qmin, self.qmax, self.symmetric, self.eps)
         except ValueError:
-            # Say where, in the coordinates of the whole scales array.
-            full_lo, full_hi = np.zeros(self.scales.shape, lo.dtype), np.zeros(self.scales.shape, hi.dtype)
-            full_lo[r0:r1], full_hi[r0:r1] = lo, hi
-            full_lo, full_hi = full_lo.reshape(self.pshape), full_hi.reshape(self.pshape)
-            _check_finite(full_lo.astype(_F32), full_hi.astype(_F32), full_lo, full_hi)
-            raise
+            self.raise_not_finite(r0, r1, lo, hi)
         self.scales[r0:r1] = s
         if self.zps is not None:
             self.zps[r0:r1] = z
         params = [s.astype(self.ct)[:, None]] + [p[:, None] for p in self.zparams(z)]
         return xb, self.q[r0:r1], params
+
+    def raise_not_finite(self, r0, r1, lo, hi):
+        """The ValueError of :func:`finalize` for rows ``r0:r1`` (min/max ``lo``/``hi``), saying
+        where in the coordinates of the whole scales array."""
+        full_lo, full_hi = np.zeros(self.scales.shape, lo.dtype), np.zeros(self.scales.shape, hi.dtype)
+        full_lo[r0:r1], full_hi[r0:r1] = lo, hi
+        full_lo, full_hi = full_lo.reshape(self.pshape), full_hi.reshape(self.pshape)
+        _check_finite(full_lo.astype(_F32), full_hi.astype(_F32), full_lo, full_hi)
+        raise AssertionError("gpuq internal error: a bound is infinite but no finite check failed")
 
 
 def minmax(x, scheme):
@@ -188,7 +220,44 @@ class _ReducePlan:
 
 
 def _reduce_unit(x, out, reduced, scratch):
+    kept = x.ndim - len(reduced)
+    if x.flags.c_contiguous and reduced == tuple(range(kept, x.ndim)) and _compiled.kernels() is not None:
+        # Rows of contiguous reduced elements: one compiled pass.
+        lo, hi = row_minmax(x.reshape(math.prod(x.shape[:kept]), -1))
+        out[0][...] = lo.reshape(out[0].shape)
+        out[1][...] = hi.reshape(out[1].shape)
+        return
     _reduce_seq(x, out[0], out[1], reduced, False)
+
+
+_KEY_INT = {2: np.dtype(np.int16), 4: np.dtype(np.int32), 8: np.dtype(np.int64)}
+
+
+def _key_constants(dtype):
+    """``(shift, mag, inf)`` of the order keys of ``dtype``'s bits (``_host_kernels.minmax_keys``)."""
+    it = _KEY_INT[dtype.itemsize]
+    info = np.iinfo(it)
+    return it.type(info.bits - 1), it.type(info.max), np.array(np.inf, dtype).view(it)[()]
+
+
+def row_minmax(rows):
+    """NaN-ignoring min and max of every row of 2-D C-contiguous ``rows``, in its dtype.
+
+    The compiled kernels' one pass where they serve host arrays (order keys,
+    ``_host_kernels.minmax_keys``), else ``np.fmin.reduce`` / ``np.fmax.reduce``.
+    A row with no number gets NaN either way.
+    """
+    kernels = _compiled.kernels()
+    if kernels is None or rows.size == 0:
+        return np.fmin.reduce(rows, axis=1), np.fmax.reduce(rows, axis=1)
+    it = _KEY_INT[rows.dtype.itemsize]
+    shift, mag, inf = _key_constants(rows.dtype)
+    kmin, kmax = np.full(rows.shape[0], mag, it), np.full(rows.shape[0], ~mag, it)
+    kernels.minmax_keys(rows.reshape(-1).view(it), rows.shape[1], kmin, kmax, shift, mag, inf)
+    # A key is its own inverse map: the same flip turns it back into the float's bits.
+    lo = (kmin ^ ((kmin >> shift) & mag)).view(rows.dtype)
+    hi = (kmax ^ ((kmax >> shift) & mag)).view(rows.dtype)
+    return lo, hi
 
 
 def _reduce_seq(x, lo, hi, reduced, accumulate):
