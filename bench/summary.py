@@ -2,7 +2,8 @@
 
 One table per file: a line per case, the median time of each contender in ms
 (us for latency cases), gpuq's % of copy, and gpuq's ratio to the best peer
-(best peer time / gpuq time: >= 0.5 meets the "within 2x" target, > 1 is faster).
+(best peer time / gpuq time: >= 0.5 meets the "within 2x" target, > 1 is faster),
+and the same ratio for ``gpuq out=``.
 Used to write bench/NOTES.md from measured files rather than by hand.
 Issue-5 cases (``dyn/``, ``qp/``) get a second table: static quantize,
 gpuq, each peer, and the ratio to the static quantize (``bench.dynamic``).
@@ -32,8 +33,9 @@ def markdown(doc: dict) -> str:
     dyn = dynamic_markdown(all_rows)
     if not rows:
         return "\n".join(out + [dyn])
-    out.append("| case | " + " | ".join(names) + " | gpuq % copy | gpuq / best peer | best peer | peer mismatches |")
-    out.append("|---" * (len(names) + 5) + "|")
+    out.append("| case | " + " | ".join(names)
+               + " | gpuq % copy | gpuq / best peer | out= / best peer | best peer | peer mismatches |")
+    out.append("|---" * (len(names) + 6) + "|")
     for case, cs in by_case.items():
         cells = []
         for n in names:
@@ -47,10 +49,12 @@ def markdown(doc: dict) -> str:
         g = cs.get("gpuq", {})
         pct = g.get("pct_copy")
         ratio = g.get("ratio_to_best_peer")
+        ratio_out = cs.get("gpuq out=", {}).get("ratio_to_best_peer")
         mism = ", ".join(f"{n}: {r['mismatches']}" for n, r in cs.items()
                          if r["peer"] and r["status"] == "ok" and r["mismatches"])
         out.append(f"| `{case}` | " + " | ".join(cells)
                    + f" | {'-' if pct is None else f'{pct:.1f}'} | {'-' if ratio is None else f'{ratio:.2f}'}"
+                   + f" | {'-' if ratio_out is None else f'{ratio_out:.2f}'}"
                    + f" | {g.get('best_peer') or '-'} | {mism or '0'} |")
     if dyn:
         out += ["", dyn]
