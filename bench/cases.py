@@ -217,7 +217,7 @@ def cpu_default_cases(size: int) -> list:
     """The CPU default: a subset that runs in a few minutes on 2 cores.
 
     Every scheme and every per-channel axis at C=64 (first, middle, last),
-    plus the collapse-prone shapes (C=3 first, C=4096 last and middle),
+    plus the collapse-prone shapes (C=3 first and last, C=4096 last and middle),
     uint8, symmetric, and float16 on per-tensor; both ops; and every
     :func:`dynamic_cases` case.
     """
@@ -232,6 +232,7 @@ def cpu_default_cases(size: int) -> list:
             Case(op, "first", size, 64),
             Case(op, "middle", size, 64),
             Case(op, "middle", size, 4096),
+            Case(op, "last", size, 3),
             Case(op, "last", size, 64),
             Case(op, "last", size, 4096),
             Case(op, "axes", size),

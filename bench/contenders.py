@@ -11,13 +11,32 @@ cover the case (shown in the table, never hidden).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
 
 from .cases import DYNAMIC_OPS
 from .data import as_parts, gpuq_fn, gpuq_kwargs, out_dtype
+
+
+@dataclass
+class OwnRows:
+    """gpuq's own contenders in one run: fresh output, ``out=``, the static quantize of the
+    issue-5 cases, and optionally rows for quantize/dequantize and for the issue-5 cases that
+    only some runs have (the ufunc-loop rows)."""
+
+    fresh: object
+    out: object
+    static: object
+    extra: list = field(default_factory=list)
+    extra_dynamic: list = field(default_factory=list)
+
+    def for_case(self, case) -> list:
+        if case.op in DYNAMIC_OPS:
+            # static first: later rows log their ratio; out= does not exist for these
+            return [self.static, self.fresh] + self.extra_dynamic
+        return [self.fresh, self.out] + self.extra
 
 
 class NotApplicable(Exception):
@@ -113,23 +132,27 @@ class GpuqStatic:
         return Prepared(run, lambda r: as_parts(replace(case, op="dynamic"), r, self.to_host))
 
 
-class GpuqUfuncs(GpuqOut):
-    """``gpuq out=`` through the NumPy ufunc loops instead of the compiled kernels (CPU runs
-    where numba serves host arrays): what the kernels are worth, measured beside them."""
+class GpuqUfuncs:
+    """Contender ``base`` run on the NumPy ufunc loops instead of the compiled kernels (CPU runs
+    where numba serves host arrays): what the kernels are worth, measured beside them.
+    ``gpuq ufuncs out=`` (of ``GpuqOut``) for quantize/dequantize, ``gpuq ufuncs`` (of
+    ``GpuqFresh``) for the issue-5 cases."""
 
-    name = "gpuq ufuncs out="
+    is_peer = False
+
+    def __init__(self, base, name):
+        self.base, self.name = base, name
 
     def prepare(self, case, inputs, scales, zps):
         import gpuq
 
-        prep = super().prepare(case, inputs, scales, zps)
-        chosen = gpuq.get_host_kernels()
+        prep = self.base.prepare(case, inputs, scales, zps)
 
         def run(i):
-            gpuq.set_host_kernels("numpy")
+            previous = gpuq.set_host_kernels("numpy")
             try:
                 return prep.run(i)
             finally:
-                gpuq.set_host_kernels(chosen)
+                gpuq.set_host_kernels(previous)
 
         return Prepared(run, prep.fetch)

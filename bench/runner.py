@@ -27,7 +27,7 @@ import numpy as np
 
 from . import data
 from .cases import DYNAMIC_OPS
-from .contenders import GpuqFresh, GpuqOut, GpuqStatic, GpuqUfuncs, NotApplicable
+from .contenders import GpuqFresh, GpuqOut, GpuqStatic, GpuqUfuncs, NotApplicable, OwnRows
 from .timing import CupyEvents, TorchEvents, time_cpu, time_gpu, time_gpu_wall
 
 #: GPU: rotate inputs until one rotation holds at least this many bytes (2x a 50 MB L2).
@@ -104,12 +104,11 @@ def _finish_case(rows):
     return rows
 
 
-def contenders_for(case, gpuq_pair, static, peers):
-    """Who runs ``case``: gpuq fresh + ``out=`` and the peers; issue-5 cases swap ``out=``
-    (which quantize_dynamic/choose_qparams lack) for the static quantize they are measured against."""
-    if case.op in DYNAMIC_OPS:
-        return [static, gpuq_pair[0]] + list(peers)  # static first: later rows log their ratio
-    return list(gpuq_pair) + list(peers)
+def contenders_for(case, own, peers):
+    """Who runs ``case``: gpuq's own rows (``contenders.OwnRows``) and the peers; issue-5 cases
+    swap ``out=`` (which quantize_dynamic/choose_qparams lack) for the static quantize they are
+    measured against."""
+    return own.for_case(case) + list(peers)
 
 
 def run_case(case, contenders, inputs, scales, zps, ref, timer, copy_gbps, log):
@@ -158,12 +157,13 @@ def run_cpu(cases, peers, threads, copy_gbps, *, reps=5, latency_inner=200, log=
     import gpuq
 
     gpuq.set_num_threads(threads)
-    pair, static = (GpuqFresh(), GpuqOut()), GpuqStatic()
+    own = OwnRows(GpuqFresh(), GpuqOut(), GpuqStatic())
     if gpuq.get_host_kernels() == "numba":
-        pair += (GpuqUfuncs(),)
+        own.extra.append(GpuqUfuncs(own.out, "gpuq ufuncs out="))
+        own.extra_dynamic.append(GpuqUfuncs(own.fresh, "gpuq ufuncs"))
     rows = []
     for case in cases:
-        contenders = contenders_for(case, pair, static, peers)
+        contenders = contenders_for(case, own, peers)
         x = data.host_input(case)
         scales, zps = data.host_params_for(case)
         ref = data.reference(case, x, scales, zps)
@@ -188,12 +188,12 @@ def run_gpu(cases, peers, copy_gbps, *, reps=50, log=print):
 
         torch_ev = TorchEvents(torch)
     to_host = cp.asnumpy
-    pair = (GpuqFresh(to_host=to_host, to_device=cp.asarray),
-            GpuqOut(empty=cp.empty, to_host=to_host, to_device=cp.asarray))
-    static = GpuqStatic(to_host=to_host, device=True)
+    own = OwnRows(GpuqFresh(to_host=to_host, to_device=cp.asarray),
+                  GpuqOut(empty=cp.empty, to_host=to_host, to_device=cp.asarray),
+                  GpuqStatic(to_host=to_host, device=True))
     rows = []
     for case in cases:
-        contenders = contenders_for(case, pair, static, peers)
+        contenders = contenders_for(case, own, peers)
         in_bytes = case.numel() * data.input_dtype(case).itemsize
         # Enough buffers that one rotation holds GPU_ROTATE_BYTES: 1M-element cases need ~100.
         nbuf = 1 if case.latency else max(1, min(MAX_BUFFERS, math.ceil(GPU_ROTATE_BYTES / max(1, in_bytes))))

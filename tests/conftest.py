@@ -72,16 +72,16 @@ def backend(request):
 
 @contextlib.contextmanager
 def host_kernels(name):
-    """Run host arrays through ``name`` ("numpy" ufuncs or "numba" kernels), then back to auto."""
+    """Run host arrays through ``name`` ("numpy" ufuncs or "numba" kernels), then restore the choice."""
     import gpuq
 
     if name == "numba":
         pytest.importorskip("numba")
-    gpuq.set_host_kernels(name)
+    previous = gpuq.set_host_kernels(name)
     try:
         yield
     finally:
-        gpuq.set_host_kernels("auto")
+        gpuq.set_host_kernels(previous)
 
 
 @pytest.fixture(params=["numpy", "numba"])

@@ -104,11 +104,11 @@ def _minmax_cases():
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
-def test_compiled_row_minmax_equals_fmin_fmax(host_loops, dtype):
+def test_compiled_row_minmax_equals_fmin_fmax(kernels, dtype):
     from gpuq.backends.numpy_qparams import row_minmax
 
     x = _minmax_cases().astype(dtype)
-    lo, hi = row_minmax(x)
+    lo, hi = row_minmax(x, kernels)
     assert lo.dtype == hi.dtype == x.dtype
     np.testing.assert_array_equal(lo, np.fmin.reduce(x, axis=1))  # NaN == NaN here; -0.0 == 0.0
     np.testing.assert_array_equal(hi, np.fmax.reduce(x, axis=1))
@@ -147,21 +147,48 @@ def test_finalize_one_equals_numpy_finalize(kernels):
 
 
 def test_runs_layouts():
-    x = np.zeros((6, 5, 4), np.float32)
-    o = np.zeros((6, 5, 4), np.int8)
+    x = np.zeros((6, 5, 40), np.float32)
+    o = np.zeros((6, 5, 40), np.int8)
     # per-tensor: one run
-    assert _blocks.runs(x, o, [np.float32(2)])[2] == x.size
-    # per-channel on the middle axis: runs of 4, 5 parameters repeating
-    _, _, run, (p,) = _blocks.runs(x, o, [np.arange(5.0).reshape(1, 5, 1)])
-    assert run == 4 and p.tolist() == [0, 1, 2, 3, 4]
-    # two adjacent dims: runs of 4 over 30 parameters; fewer dims broadcast on the left
-    _, _, run, (p,) = _blocks.runs(x, o, [np.arange(30.0).reshape(6, 5, 1)])
-    assert run == 4 and p.size == 30
-    assert _blocks.runs(x, o, [np.arange(20.0).reshape(5, 4)])[2] == 1
+    assert _blocks.runs(x, o, [np.float32(2)])[2].run == x.size
+    # per-channel on the middle axis: runs of 40, 5 parameters repeating
+    _, _, (run, (p,)) = _blocks.runs(x, o, [np.arange(5.0).reshape(1, 5, 1)])
+    assert run == 40 and p.tolist() == [0, 1, 2, 3, 4]
+    # two adjacent dims: runs of 40 over 30 parameters; fewer dims broadcast on the left
+    _, _, (run, (p,)) = _blocks.runs(x, o, [np.arange(30.0).reshape(6, 5, 1)])
+    assert run == 40 and p.size == 30
+    # runs shorter than RUN_MIN become one parameter per element; short periods are tiled
+    _, _, (run, (p,)) = _blocks.runs(x[:, :, :4].copy(), o[:, :, :4].copy(), [np.arange(5.0).reshape(1, 5, 1)])
+    assert run == 1 and p.size >= _blocks.PERIOD_MIN and p.size % 20 == 0
+    np.testing.assert_array_equal(p[:20], np.repeat(np.arange(5.0), 4))
+    _, _, (run, (p,)) = _blocks.runs(x, o, [np.arange(200.0).reshape(5, 40)])
+    assert run == 1 and p.size % 200 == 0 and p.size >= _blocks.PERIOD_MIN
     # not flat: parameters on two non-adjacent dims, a strided src or out
-    assert _blocks.runs(x, o, [np.ones((6, 1, 4))]) is None
+    assert _blocks.runs(x, o, [np.ones((6, 1, 40))]) is None
     assert _blocks.runs(x[:, ::2], o[:, ::2], [np.float32(1)]) is None
     assert _blocks.runs(x, o.transpose(0, 2, 1).copy().transpose(0, 2, 1), [np.float32(1)]) is None
+
+
+@pytest.mark.parametrize("shape,axis", [((50001, 3), 1), ((9999, 8), -1), ((300, 7, 2), 1), ((40, 6000, 3), 1),
+                                        ((30, 500, 20), 1), ((100, 70), 0), ((3, 70001), 0), ((2, 5, 70000), 1)],
+                         ids=str)
+def test_short_periods_and_runs_exact(small_kernel_blocks, host_loops, shape, axis):
+    """The widened layouts (tiled short patterns, expanded short runs), on blocks that cut periods."""
+    x = RNG.normal(0, 60, shape).astype(np.float32)
+    x.reshape(-1)[::97] = np.nan
+    n = shape[axis]
+    s = RNG.uniform(0.5, 2, n).astype(np.float32)
+    z = RNG.integers(-20, 20, n).astype(np.int32)
+    q = gpuq.quantize(x, s, z, axis=axis)
+    np.testing.assert_array_equal(q, ref.quantize(x, s, z, axis=axis))
+    np.testing.assert_array_equal(gpuq.dequantize(q, s, z, axis=axis), ref.dequantize(q, s, z, axis=axis))
+
+
+@pytest.fixture
+def small_kernel_blocks(monkeypatch):
+    """Blocks of 4096 (not a multiple of most periods here) and threads on small inputs."""
+    monkeypatch.setattr(_blocks, "BLOCK", 4096)
+    monkeypatch.setattr("gpuq.backends.numpy_backend.PARALLEL_MIN", 0)
 
 
 def test_strided_and_multi_axis_blocks_fall_back_exactly(host_loops):
@@ -176,23 +203,24 @@ def test_strided_and_multi_axis_blocks_fall_back_exactly(host_loops):
         np.testing.assert_array_equal(y, ref.dequantize(q, s, z, axis=axis, dtype="float16"))
 
 
-def test_set_host_kernels_validates_and_reports():
+def test_set_host_kernels_validates_restores_and_reports():
     before = gpuq.get_host_kernels()
+    previous = gpuq.set_host_kernels("numpy")
     try:
-        gpuq.set_host_kernels("numpy")
         assert gpuq.get_host_kernels() == "numpy"
         with pytest.raises(ValueError, match=r"name must be one of auto, numba, numpy, got 'fast'"):
             gpuq.set_host_kernels("fast")
         with pytest.raises(ValueError, match="got 3"):
             gpuq.set_host_kernels(3)
+        assert gpuq.get_host_kernels() == "numpy"  # a refused name changes nothing
     finally:
-        gpuq.set_host_kernels("auto")
+        assert gpuq.set_host_kernels(previous) == "numpy"
     assert gpuq.get_host_kernels() == before
 
 
 def test_without_numba_auto_uses_ufuncs_and_numba_is_refused(monkeypatch):
     monkeypatch.setattr(_compiled, "_kernels", False)  # as if numba failed to import
-    gpuq.set_host_kernels("auto")
+    monkeypatch.setattr(_compiled, "_choice", "auto")
     assert gpuq.get_host_kernels() == "numpy"
     x = RNG.normal(size=1000).astype(np.float32)
     np.testing.assert_array_equal(gpuq.quantize(x, 0.01, 3), ref.quantize(x, np.float32(0.01), np.int32(3)))
@@ -200,10 +228,30 @@ def test_without_numba_auto_uses_ufuncs_and_numba_is_refused(monkeypatch):
         gpuq.set_host_kernels("numba")
 
 
-def test_environment_variable_is_validated(monkeypatch):
-    monkeypatch.setattr(_compiled, "_choice", None)
-    monkeypatch.setenv("GPUQ_HOST_KERNELS", "numpy")
+def test_kernels_that_fail_to_load_fall_back_with_a_warning(monkeypatch):
+    """numba present but unusable (e.g. its cache has nowhere to go): a warning, then ufuncs."""
+    def broken():
+        raise RuntimeError("cannot cache function 'quantize': no locator available")
+
+    monkeypatch.setattr(_compiled, "_import_kernels", broken)
+    monkeypatch.setattr(_compiled, "_kernels", None)
+    monkeypatch.setattr(_compiled, "_choice", "auto")
+    x = RNG.normal(size=100).astype(np.float32)
+    with pytest.warns(RuntimeWarning, match="compiled host kernels did not load .*no locator"):
+        q = gpuq.quantize(x, 0.05)
+    np.testing.assert_array_equal(q, ref.quantize(x, np.float32(0.05)))
     assert gpuq.get_host_kernels() == "numpy"
+
+
+@pytest.mark.parametrize("value,want", [("numpy", "numpy"), ("", None), ("NumPy", "numpy")])
+def test_environment_variable(monkeypatch, value, want):
+    monkeypatch.setattr(_compiled, "_choice", None)
+    monkeypatch.setenv("GPUQ_HOST_KERNELS", value)
+    assert gpuq.get_host_kernels() == (want or ("numba" if _compiled.available() else "numpy"))
+    monkeypatch.setattr(_compiled, "_choice", None)
+
+
+def test_environment_variable_is_validated(monkeypatch):
     monkeypatch.setattr(_compiled, "_choice", None)
     monkeypatch.setenv("GPUQ_HOST_KERNELS", "cython")
     with pytest.raises(ValueError, match="GPUQ_HOST_KERNELS must be one of auto, numba, numpy, got 'cython'"):

@@ -9,21 +9,24 @@ Two block layouts:
 * flat: ``x`` and ``o`` are contiguous and the parameters vary along at most
   one merged dim, so the problem is ``(outer, C, inner)`` with parameter
   index ``c`` -- per-tensor, per-channel on any axis, adjacent multi-axis,
-  and per-group along the last axis. Blocks are contiguous 1-D ranges; the
-  parameters of a block are a scalar, a column (rows of ``inner`` elements),
-  or, where ``inner`` is too short for NumPy's inner loop, expanded to one
-  value per element into per-thread scratch (a tiled pattern or a gather).
+  and per-group along the last axis. Blocks are contiguous 1-D ranges; for
+  the ufunc loop the parameters of a block are a scalar, a column (rows of
+  ``inner`` elements), or, where ``inner`` is too short for NumPy's inner
+  loop, expanded to one value per element into per-thread scratch (a tiled
+  pattern or a gather); for the compiled kernels they come as :class:`Runs`.
 * n-d: anything else (strided views, parameters varying along several
-  non-adjacent dims). Blocks are n-d sub-views and NumPy broadcasts.
+  non-adjacent dims). Blocks are n-d sub-views and NumPy broadcasts; the
+  compiled path takes those that :func:`runs` can flatten.
 
 Every layout hands the same block function the same kind of arguments, so the
-arithmetic lives in one place (``numpy_backend``).
+arithmetic lives in one place per loop (``numpy_backend``, ``_host_kernels``).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -37,6 +40,18 @@ BLOCK = 1 << 19
 #: Shortest row worth a NumPy inner loop; shorter rows expand their parameters
 #: (rows of 64+ broadcast faster than a gather, bench/NOTES.md).
 INNER_MIN = 64
+#: The compiled kernels: runs shorter than this become one parameter per element, and a
+#: parameter pattern shorter than PERIOD_MIN is tiled to at least that length: a loop
+#: of a few elements does not vectorize (period 3: ~10x slower than tiled, measured).
+RUN_MIN = 16
+PERIOD_MIN = 1024
+
+
+class Runs(NamedTuple):
+    """A flat block in the compiled kernels' form: element ``i`` uses ``params[k][(i // run) % P]``."""
+
+    run: int
+    params: list
 
 
 def lower(x, o, params):
@@ -100,10 +115,12 @@ def _param_mergeable(a, b) -> bool:
 class FlatPlan:
     """Blocks of a contiguous ``(outer, C, inner)`` problem, ``params`` 1-D of length C.
 
-    With ``expand=False`` (the compiled kernels, which index parameters
-    themselves) short rows are never expanded: a "pattern" block is whole
-    periods as ``(periods, C * inner)`` with one period of parameters, a
-    "gather" block is ``(channels, inner)`` with a column of them.
+    With ``expand=True`` (the ufunc loop) a block's parameters broadcast
+    against it. With ``expand=False`` (the compiled kernels, which index
+    parameters themselves) every block is 1-D and its parameters come as
+    :class:`Runs`: rows are runs of ``inner``, a "pattern" is one period
+    tiled to at least ``PERIOD_MIN`` elements (not to a whole block), and
+    only rows shorter than ``RUN_MIN`` are expanded to one value per element.
     """
 
     def __init__(self, x, o, params, outer, channels, inner, expand=True):
@@ -134,8 +151,10 @@ class FlatPlan:
             # Short rows, short period: the params pattern of whole periods, tiled once.
             period = channels * inner
             self.mode = "pattern"
-            self.step = (BLOCK // period) * period
-            reps = self.step // period if expand else 1
+            if not expand:
+                period *= -(-PERIOD_MIN // period)
+            self.step = max(1, BLOCK // period) * period
+            reps = self.step // (channels * inner) if expand else period // (channels * inner)
             self.patterns = [np.tile(np.repeat(p, inner), reps) for p in params]
             self.nblocks = -(-n // self.step)
         else:
@@ -153,38 +172,40 @@ class FlatPlan:
             lo = b * self.step
             hi = min(lo + self.step, self.x.size)
             if mode == "scalar":
-                return self.x[lo:hi], self.o[lo:hi], self.params
+                params = Runs(hi - lo, [p.reshape(1) for p in self.params]) if not self.expand else self.params
+                return self.x[lo:hi], self.o[lo:hi], params
             if not self.expand:
-                period = self.patterns[0].size
-                return (self.x[lo:hi].reshape(-1, period), self.o[lo:hi].reshape(-1, period),
-                        [p.reshape(1, period) for p in self.patterns])
+                return self.x[lo:hi], self.o[lo:hi], Runs(1, self.patterns)
             return self.x[lo:hi], self.o[lo:hi], [p[: hi - lo] for p in self.patterns]
         if mode == "rowchunk":
             row, chunk = divmod(b, self.chunks)
             lo = row * self.inner + chunk * BLOCK
             hi = min(lo + BLOCK, (row + 1) * self.inner)
             c = row % self.channels
+            if not self.expand:
+                return self.x[lo:hi], self.o[lo:hi], Runs(hi - lo, [p[c:c + 1] for p in self.params])
             return self.x[lo:hi], self.o[lo:hi], [p[c] for p in self.params]
         if mode == "rows":
             r0 = b * self.rows_per_block
             r1 = min(r0 + self.rows_per_block, self.outer * self.channels)
             chans = np.arange(r0, r1) % self.channels
+            if not self.expand:
+                lo, hi = r0 * self.inner, r1 * self.inner
+                return self.x[lo:hi], self.o[lo:hi], Runs(self.inner, [p[chans] for p in self.params])
             return self.x2[r0:r1], self.o2[r0:r1], [p[chans][:, None] for p in self.params]
         outer_i, cb = divmod(b, self.cblocks)
         c0 = cb * self.channels_per_block
         c1 = min(c0 + self.channels_per_block, self.channels)
         lo = (outer_i * self.channels + c0) * self.inner
         hi = lo + (c1 - c0) * self.inner
-        if not self.expand:
-            rows = (c1 - c0, self.inner)
-            return (self.x[lo:hi].reshape(rows), self.o[lo:hi].reshape(rows),
-                    [p[c0:c1, None] for p in self.params])
+        if not self.expand and self.inner >= RUN_MIN:
+            return self.x[lo:hi], self.o[lo:hi], Runs(self.inner, [p[c0:c1] for p in self.params])
         expanded = []
         for i, p in enumerate(self.params):
             buf = scratch.buffer(("param", i), p.dtype, hi - lo)
             np.copyto(buf.reshape(c1 - c0, self.inner), p[c0:c1, None])
             expanded.append(buf)
-        return self.x[lo:hi], self.o[lo:hi], expanded
+        return self.x[lo:hi], self.o[lo:hi], Runs(1, expanded) if not self.expand else expanded
 
 
 class NdPlan:
@@ -220,17 +241,18 @@ class NdPlan:
 
 
 def runs(x, o, params):
-    """A block as flat runs: ``(x1, o1, run, params1)`` where element ``i`` of
-    ``x1`` uses ``params1[k][(i // run) % P]``, or None for other layouts.
+    """A block as flat runs: ``(x1, o1, Runs(run, params1))``, or None for other layouts.
 
-    That covers every contiguous block whose parameters vary along one range
-    of consecutive dims (per-tensor, the rows of a per-channel block, a
-    parameter pattern of whole periods); the compiled kernels take this form.
+    Element ``i`` of ``x1`` uses ``params1[k][(i // run) % P]``. That covers
+    every contiguous block whose parameters vary along one range of
+    consecutive dims (per-tensor, the rows of a per-channel block, a
+    parameter pattern of whole periods); short runs and periods are widened
+    as in :class:`FlatPlan` (``expand=False``).
 
-    >>> x = np.zeros((2, 3, 4), np.float32)
-    >>> _, _, run, (p,) = runs(x, x, [np.arange(3.0).reshape(1, 3, 1)])
+    >>> x = np.zeros((2, 3, 40), np.float32)
+    >>> _, _, (run, (p,)) = runs(x, x, [np.arange(3.0).reshape(1, 3, 1)])
     >>> run, p
-    (4, array([0., 1., 2.]))
+    (40, array([0., 1., 2.]))
     """
     if not (x.flags.c_contiguous and o.flags.c_contiguous):
         return None
@@ -249,7 +271,12 @@ def runs(x, o, params):
         if shape[first:last] != x.shape[first:last]:
             return None
         run = math.prod(x.shape[last:])
-    return x.reshape(-1), o.reshape(-1), run, [np.ascontiguousarray(p).reshape(-1) for p in ps]
+    flat = [np.ascontiguousarray(p).reshape(-1) for p in ps]
+    if run < RUN_MIN:
+        flat, run = [np.repeat(p, run) for p in flat], 1
+    if run == 1 and flat[0].size < PERIOD_MIN:
+        flat = [np.tile(p, -(-PERIOD_MIN // p.size)) for p in flat]
+    return x.reshape(-1), o.reshape(-1), Runs(run, flat)
 
 
 def plan(x, o, params, expand=True):

@@ -1,39 +1,51 @@
 """Which loops serve host arrays: compiled kernels (numba) or NumPy ufuncs.
 
 ``"auto"`` (the default, or ``GPUQ_HOST_KERNELS=auto``) uses the compiled
-kernels of ``_host_kernels`` when numba imports, ufuncs otherwise. Both give
-the same bits; the compiled loops read memory once instead of 4-5 times.
-numba is imported on the first host call that needs it, never by ``import
-gpuq``.
+kernels of ``_host_kernels`` when they load, ufuncs otherwise. Both give the
+same bits; the compiled loops read memory once instead of 4-5 times. numba is
+imported on the first host call that needs it, never by ``import gpuq``. The
+choice is process-wide and read once per call (a call in flight keeps its
+loops).
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import warnings
 
 CHOICES = ("auto", "numba", "numpy")
 
 _lock = threading.Lock()
-_choice = None
-_kernels = None  # the loaded _host_kernels module, or False when numba is missing
+_choice = None  # "auto", "numba" or "numpy"; None: not read from the environment yet
+_kernels = None  # the loaded _host_kernels module, or False when it cannot load
+
+
+def _import_kernels():
+    from . import _host_kernels
+
+    return _host_kernels
 
 
 def _load():
     global _kernels
-    with _lock:
-        if _kernels is None:
-            try:
-                from . import _host_kernels
-            except ImportError:
-                _kernels = False
-            else:
-                _kernels = _host_kernels
+    if _kernels is None:
+        with _lock:
+            if _kernels is None:
+                try:
+                    _kernels = _import_kernels()
+                except ImportError:
+                    _kernels = False  # numba is not installed: the ufunc loops, quietly
+                except Exception as exc:  # e.g. numba's cache has nowhere to go
+                    _kernels = False
+                    warnings.warn(f"gpuq: the compiled host kernels did not load "
+                                  f"({type(exc).__name__}: {exc}); host arrays use NumPy ufuncs",
+                                  RuntimeWarning, stacklevel=3)
     return _kernels
 
 
 def available() -> bool:
-    """Whether the compiled kernels can load here (numba imports)."""
+    """Whether the compiled kernels load here (numba imports and compiles)."""
     return bool(_load())
 
 
@@ -46,12 +58,16 @@ def _validated(name, argname):
     return name
 
 
-def kernels():
-    """The compiled kernel module when it serves host arrays now, else None."""
+def _current_choice() -> str:
     global _choice
     if _choice is None:
-        _choice = _validated(os.environ.get("GPUQ_HOST_KERNELS", "auto"), "GPUQ_HOST_KERNELS")
-    if _choice == "numpy":
+        _choice = _validated(os.environ.get("GPUQ_HOST_KERNELS") or "auto", "GPUQ_HOST_KERNELS")
+    return _choice
+
+
+def kernels():
+    """The compiled kernel module when it serves host arrays now, else None."""
+    if _current_choice() == "numpy":
         return None
     return _load() or None
 
@@ -66,15 +82,21 @@ def get_host_kernels() -> str:
     return "numba" if kernels() is not None else "numpy"
 
 
-def set_host_kernels(name: str) -> None:
-    """Choose the host loops: ``"auto"`` (numba if installed), ``"numba"`` or ``"numpy"``.
+def set_host_kernels(name: str) -> str:
+    """Choose the host loops, process-wide: ``"auto"`` (numba if it loads), ``"numba"`` or
+    ``"numpy"``. Returns the previous choice, to restore it with.
 
-    The results are the same bits either way; only the speed differs.
+    The results are the same bits either way; only the speed differs. The
+    initial choice comes from ``GPUQ_HOST_KERNELS`` (unset or empty: ``auto``).
 
     >>> import gpuq
-    >>> gpuq.set_host_kernels("numpy"); gpuq.get_host_kernels()
+    >>> before = gpuq.set_host_kernels("numpy")
+    >>> gpuq.get_host_kernels()
     'numpy'
-    >>> gpuq.set_host_kernels("auto")
+    >>> gpuq.set_host_kernels(before)
+    'numpy'
     """
     global _choice
-    _choice = _validated(name, "name")
+    name = _validated(name, "name")
+    previous, _choice = _current_choice(), name
+    return previous

@@ -1,12 +1,19 @@
-"""The NumPy backend: the contract of DESIGN.md section 1 in cache-sized blocks.
+"""The host backend: the contract of DESIGN.md section 1 in cache-sized blocks.
 
-Each block runs a handful of ufuncs with ``out=`` into per-thread scratch of
-``_blocks.BLOCK`` elements, so the extra memory of a call is bounded (a few
-hundred KiB per thread plus parameter-sized arrays), never a multiple of the
-input. Blocks are shared among a small thread pool: NumPy ufuncs release the
-GIL, so two cores quantize about twice as fast as one.
+Blocks (``_blocks``) are shared among a small thread pool and run one of two
+loops, which return the same bits:
 
-Why each step is exact (float32 compute; float64 is the same with more room):
+* the compiled kernels (``_host_kernels``, numba, where ``_compiled`` says they
+  serve host arrays): one fused pass per block, GIL released;
+* NumPy ufuncs with ``out=`` into per-thread scratch of ``_blocks.BLOCK``
+  elements (this module): 4-5 passes per block. They serve where numba is
+  missing, zero points beyond ``NARROW_ZP``, and blocks the kernels' flat form
+  cannot express (strided src/out, parameters on non-adjacent dims).
+
+Either way the extra memory of a call is bounded (scratch of a few hundred
+KiB per thread plus parameter-sized arrays), never a multiple of the input.
+
+Why each ufunc step is exact (float32 compute; float64 is the same with more room):
 
 * ``x / s`` is one IEEE division. Clamping it to ``[qmin - zp, qmax - zp]``
   before rounding equals clamping after (the bounds are integers).
@@ -243,14 +250,22 @@ def _clamp_params(zps, ct, qdtype):
     return [(qmin - z).astype(ct), (qmax - z).astype(ct), (z % 256).astype(np.uint8)]
 
 
+def _kernel_form(xb, ob, params):
+    """``(x, o, Runs)`` for the compiled kernels: FlatPlan blocks come that way, others via
+    ``_blocks.runs``; None where a block has no such form (strided, multi-axis)."""
+    if isinstance(params, _blocks.Runs):
+        return xb, ob, params
+    return _blocks.runs(xb, ob, params)
+
+
 def _quantize_block_compiled(xb, ob, params, scratch, *, kernels, qmin, qmax, ct):
     """One block through the compiled kernel; params are ``[scales]`` or ``[scales, zps]`` (both ``ct``)."""
-    flat = _blocks.runs(xb, ob, params)
+    flat = _kernel_form(xb, ob, params)
     if flat is None:  # a strided or multi-axis block: the ufunc loop, the same bits
         zparams = _clamp_params(params[1], ct, ob.dtype) if len(params) > 1 else []
         _quantize_block(xb, ob, [params[0]] + zparams, scratch, qmin=qmin, qmax=qmax, ct=ct, wide=False)
         return
-    x, o, run, (s, *z) = flat
+    x, o, (run, (s, *z)) = flat
     table = None
     if x.dtype == np.float16:
         x, table = x.view(np.uint16), _float16_table()
@@ -259,11 +274,11 @@ def _quantize_block_compiled(xb, ob, params, scratch, *, kernels, qmin, qmax, ct
 
 def _dequantize_block_compiled(qb, ob, params, scratch, *, kernels, ct):
     """One block through the compiled kernel; params are ``[scales]`` or ``[scales, zps]`` (both ``ct``)."""
-    flat = _blocks.runs(qb, ob, params)
+    flat = _kernel_form(qb, ob, params)
     if flat is None:  # the ufunc loop takes the same params
         _dequantize_block(qb, ob, params, scratch, ct=ct, wide=False)
         return
-    q, o, run, (s, *z) = flat
+    q, o, (run, (s, *z)) = flat
     if o.dtype == np.float16:
         o = o.view(np.uint16)  # the kernel writes float16 bits
     kernels.dequantize(q, o, run, s, z[0] if z else None)

@@ -3,14 +3,17 @@
 Two steps, each in one place:
 
 * :func:`minmax` reduces ``x`` to the smallest and largest number of every
-  parameter slot (one slot per scale) with ``np.fmin.reduce`` /
-  ``np.fmax.reduce`` on views: NaN is ignored, and nothing the size of ``x``
-  is allocated. The tensor is cut into units of about ``UNIT`` elements; the
+  parameter slot (one slot per scale): rows of contiguous elements in one
+  pass of the compiled kernels (integer order keys, :func:`row_minmax`) where
+  they serve host arrays, else ``np.fmin.reduce`` / ``np.fmax.reduce`` on
+  views. NaN is ignored, and nothing the size of ``x`` is allocated. The tensor is cut into units of about ``UNIT`` elements; the
   min and the max of a unit are taken back to back so that the second read
   comes from cache. Units are shared among the NumPy backend's threads.
 * :func:`finalize` turns the per-slot (min, max) into scales and zero points
   with parameter-sized float32 arithmetic. ``kernels/qparams.cu``
-  (``finalize_one``) states the same formula for the GPU, bit for bit.
+  (``finalize_one``) states the same formula for the GPU, and
+  ``_host_kernels.finalize_one`` for the fused host kernel (one slot at a
+  time, inside the row loop), bit for bit (tested against this one).
 """
 
 from __future__ import annotations
@@ -45,9 +48,11 @@ def quantize_dynamic(x, scheme, qdtype, symmetric, eps):
     contiguous row of C-order ``x`` (per-row / per-token, per-group along the last
     axis); None elsewhere (the caller then runs choose_qparams and quantize).
 
-    Each block of rows is reduced, turned into qparams by :func:`finalize` and
-    quantized by the NumPy backend's block function while it is still in cache,
-    so ``x`` is read from memory once. Same functions, same bits as the two passes.
+    With the compiled kernels, ``_host_kernels.quantize_dynamic_rows`` does each
+    row in one pass (reduce, finalize, codes from L1). Otherwise each block of
+    rows is reduced, turned into qparams by :func:`finalize` and quantized by the
+    ufunc block function while it is still in cache. Either way ``x`` is read
+    from memory once, with the same bits as choose_qparams then quantize.
     """
     rows = _row_view(x, scheme)
     if rows is None or rows.shape[1] > _blocks.BLOCK:
@@ -58,35 +63,33 @@ def quantize_dynamic(x, scheme, qdtype, symmetric, eps):
     scales = np.empty(nrows, _F32)
     zps = None if symmetric and qmin < 0 else np.empty(nrows, np.int32)
     kernels = _compiled.kernels()
+    plan = _FusedRows(rows, q.reshape(rows.shape), scales, zps, qmin, qmax, symmetric, eps, kernels)
+    plan.pshape = scheme.param_shape
     if kernels is not None:
-        plan = _FusedRows(rows, q.reshape(rows.shape), scales, zps, qmin, qmax, symmetric, eps, None)
-        fn = functools.partial(_dynamic_rows_compiled, kernels=kernels, plan=plan)
+        fn = functools.partial(_dynamic_rows_compiled, plan=plan)
     else:
         # Finalized zero points lie in [qmin, qmax]: the loop for narrow zps serves every block.
-        loop = quantize_loop(None, compute_dtype(x.dtype), qdtype)
-        plan = _FusedRows(rows, q.reshape(rows.shape), scales, zps, qmin, qmax, symmetric, eps, loop.zparams)
-        fn = loop.block
-    plan.pshape = scheme.param_shape
+        loop = quantize_loop(None, plan.ct, qdtype)
+        plan.zparams, fn = loop.zparams, loop.block
     _run([plan], fn)
     pshape = scheme.param_shape
     return q, scales.reshape(pshape), None if zps is None else zps.reshape(pshape)
 
 
-def _dynamic_rows_compiled(xb, qb, span, scratch, *, kernels, plan):
+def _dynamic_rows_compiled(xb, qb, span, scratch, *, plan):
     """One block of rows through the compiled one-pass kernel."""
     r0, r1 = span
-    ct = compute_dtype(xb.dtype)
     x, table = xb.reshape(-1), None
     if x.dtype == np.float16:
         x, table = x.view(np.uint16), _float16_table()
     it = _KEY_INT[xb.dtype.itemsize]
     shift, mag, inf = _key_constants(xb.dtype)
     zps = None if plan.zps is None else plan.zps[r0:r1]
-    bad = kernels.quantize_dynamic_rows(
+    bad = plan.kernels.quantize_dynamic_rows(
         x, table, xb.reshape(-1).view(it), xb.shape[1], qb.reshape(-1), plan.scales[r0:r1], zps,
-        plan.qmin, plan.qmax, plan.symmetric, np.float32(plan.eps), ct.type(0), shift, mag, inf)
+        plan.qmin, plan.qmax, plan.symmetric, np.float32(plan.eps), plan.ct.type(0), shift, mag, inf)
     if bad >= 0:
-        lo, hi = row_minmax(xb)
+        lo, hi = row_minmax(xb, plan.kernels)
         plan.raise_not_finite(r0, r1, lo, hi)
 
 
@@ -107,12 +110,15 @@ def _row_view(x, scheme):
 
 
 class _FusedRows:
-    """Blocks of whole rows: reduce, finalize, then hand the block to the quantize function."""
+    """Blocks of whole rows. With the compiled kernels (``kernels``) a block is just its rows
+    (``_dynamic_rows_compiled`` does the rest); otherwise ``block`` reduces and finalizes, and
+    hands the rows with their parameters to the ufunc quantize (``zparams``: finalized zps ->
+    its zero-point params)."""
 
-    def __init__(self, rows, q, scales, zps, qmin, qmax, symmetric, eps, zparams):
+    def __init__(self, rows, q, scales, zps, qmin, qmax, symmetric, eps, kernels):
         self.rows, self.q, self.scales, self.zps = rows, q, scales, zps
         self.qmin, self.qmax, self.symmetric, self.eps = qmin, qmax, symmetric, eps
-        self.zparams = zparams  # finalized zps -> the block function's zero-point params
+        self.kernels, self.zparams = kernels, None
         self.ct = compute_dtype(rows.dtype)
         self.size = rows.size
         self.per_block = max(1, FUSED_BLOCK // rows.shape[1])
@@ -122,9 +128,9 @@ class _FusedRows:
         r0 = b * self.per_block
         r1 = min(r0 + self.per_block, self.rows.shape[0])
         xb = self.rows[r0:r1]
-        if self.zparams is None:  # the compiled kernel does it all
+        if self.kernels is not None:
             return xb, self.q[r0:r1], (r0, r1)
-        lo, hi = row_minmax(xb)
+        lo, hi = row_minmax(xb, None)
         try:
             s, z = finalize(lo, hi, self.qmin, self.qmax, self.symmetric, self.eps)
         except ValueError:
@@ -164,7 +170,7 @@ def minmax(x, scheme):
         lv = lo[pidx].reshape(piece.param_view_shape)
         hv = hi[pidx].reshape(piece.param_view_shape)
         plans.append(_ReducePlan(xv, lv, hv))
-    _run(plans, _reduce_unit)
+    _run(plans, functools.partial(_reduce_unit, kernels=_compiled.kernels()))
     for plan in plans:
         plan.combine()
     return lo, hi
@@ -219,11 +225,11 @@ class _ReducePlan:
             np.fmax.reduce(self.partial[1], axis=0, out=self.hi)
 
 
-def _reduce_unit(x, out, reduced, scratch):
+def _reduce_unit(x, out, reduced, scratch, *, kernels):
     kept = x.ndim - len(reduced)
-    if x.flags.c_contiguous and reduced == tuple(range(kept, x.ndim)) and _compiled.kernels() is not None:
+    if kernels is not None and x.flags.c_contiguous and reduced == tuple(range(kept, x.ndim)):
         # Rows of contiguous reduced elements: one compiled pass.
-        lo, hi = row_minmax(x.reshape(math.prod(x.shape[:kept]), -1))
+        lo, hi = row_minmax(x.reshape(math.prod(x.shape[:kept]), -1), kernels)
         out[0][...] = lo.reshape(out[0].shape)
         out[1][...] = hi.reshape(out[1].shape)
         return
@@ -240,19 +246,18 @@ def _key_constants(dtype):
     return it.type(info.bits - 1), it.type(info.max), np.array(np.inf, dtype).view(it)[()]
 
 
-def row_minmax(rows):
+def row_minmax(rows, kernels):
     """NaN-ignoring min and max of every row of 2-D C-contiguous ``rows``, in its dtype.
 
-    The compiled kernels' one pass where they serve host arrays (order keys,
-    ``_host_kernels.minmax_keys``), else ``np.fmin.reduce`` / ``np.fmax.reduce``.
-    A row with no number gets NaN either way.
+    One pass of the compiled ``kernels`` (order keys, ``_host_kernels.minmax_keys``)
+    where given, else ``np.fmin.reduce`` / ``np.fmax.reduce``. A row with no number
+    gets NaN either way.
     """
-    kernels = _compiled.kernels()
     if kernels is None or rows.size == 0:
         return np.fmin.reduce(rows, axis=1), np.fmax.reduce(rows, axis=1)
     it = _KEY_INT[rows.dtype.itemsize]
     shift, mag, inf = _key_constants(rows.dtype)
-    kmin, kmax = np.full(rows.shape[0], mag, it), np.full(rows.shape[0], ~mag, it)
+    kmin, kmax = np.empty(rows.shape[0], it), np.empty(rows.shape[0], it)
     kernels.minmax_keys(rows.reshape(-1).view(it), rows.shape[1], kmin, kmax, shift, mag, inf)
     # A key is its own inverse map: the same flip turns it back into the float's bits.
     lo = (kmin ^ ((kmin >> shift) & mag)).view(rows.dtype)
