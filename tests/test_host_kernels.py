@@ -147,24 +147,28 @@ def test_finalize_one_equals_numpy_finalize(kernels):
 
 
 def test_runs_layouts():
-    x = np.zeros((6, 5, 40), np.float32)
-    o = np.zeros((6, 5, 40), np.int8)
+    x = np.zeros((100, 5, 40), np.float32)  # above _blocks.SMALL: short runs get widened
+    o = np.zeros((100, 5, 40), np.int8)
     # per-tensor: one run
     assert _blocks.runs(x, o, [np.float32(2)])[2].run == x.size
     # per-channel on the middle axis: runs of 40, 5 parameters repeating
     _, _, (run, (p,)) = _blocks.runs(x, o, [np.arange(5.0).reshape(1, 5, 1)])
     assert run == 40 and p.tolist() == [0, 1, 2, 3, 4]
     # two adjacent dims: runs of 40 over 30 parameters; fewer dims broadcast on the left
-    _, _, (run, (p,)) = _blocks.runs(x, o, [np.arange(30.0).reshape(6, 5, 1)])
-    assert run == 40 and p.size == 30
+    _, _, (run, (p,)) = _blocks.runs(x, o, [np.arange(500.0).reshape(100, 5, 1)])
+    assert run == 40 and p.size == 500
     # runs shorter than RUN_MIN become one parameter per element; short periods are tiled
-    _, _, (run, (p,)) = _blocks.runs(x[:, :, :4].copy(), o[:, :, :4].copy(), [np.arange(5.0).reshape(1, 5, 1)])
+    short = np.zeros((1000, 5, 4), np.float32)
+    _, _, (run, (p,)) = _blocks.runs(short, short, [np.arange(5.0).reshape(1, 5, 1)])
     assert run == 1 and p.size >= _blocks.PERIOD_MIN and p.size % 20 == 0
     np.testing.assert_array_equal(p[:20], np.repeat(np.arange(5.0), 4))
+    # ... but not in a small block, where widening costs more than it saves
+    _, _, (run, (p,)) = _blocks.runs(short[:10], short[:10], [np.arange(5.0).reshape(1, 5, 1)])
+    assert run == 4 and p.size == 5
     _, _, (run, (p,)) = _blocks.runs(x, o, [np.arange(200.0).reshape(5, 40)])
     assert run == 1 and p.size % 200 == 0 and p.size >= _blocks.PERIOD_MIN
     # not flat: parameters on two non-adjacent dims, a strided src or out
-    assert _blocks.runs(x, o, [np.ones((6, 1, 40))]) is None
+    assert _blocks.runs(x, o, [np.ones((100, 1, 40))]) is None
     assert _blocks.runs(x[:, ::2], o[:, ::2], [np.float32(1)]) is None
     assert _blocks.runs(x, o.transpose(0, 2, 1).copy().transpose(0, 2, 1), [np.float32(1)]) is None
 

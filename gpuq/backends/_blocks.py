@@ -45,6 +45,8 @@ INNER_MIN = 64
 #: of a few elements does not vectorize (period 3: ~10x slower than tiled, measured).
 RUN_MIN = 16
 PERIOD_MIN = 1024
+#: ... except in blocks of at most this many elements (small tensors: per-call latency).
+SMALL = 1 << 14
 
 
 class Runs(NamedTuple):
@@ -272,6 +274,8 @@ def runs(x, o, params):
             return None
         run = math.prod(x.shape[last:])
     flat = [np.ascontiguousarray(p).reshape(-1) for p in ps]
+    if x.size <= SMALL:  # widening costs more than it saves on a few thousand elements (measured)
+        return x.reshape(-1), o.reshape(-1), Runs(run, flat)
     if run < RUN_MIN:
         flat, run = [np.repeat(p, run) for p in flat], 1
     if run == 1 and flat[0].size < PERIOD_MIN:
