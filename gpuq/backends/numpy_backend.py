@@ -293,27 +293,23 @@ class Loop(NamedTuple):
     expand: bool
 
 
-def quantize_loop(zps, ct, qdtype) -> Loop:
-    """The compiled kernels where they serve host arrays and the zps are narrow, else ufuncs."""
-    qmin, qmax = QUANT_RANGE[qdtype]
-    kernels = _compiled.kernels()
-    if kernels is not None and _narrow(zps):
-        fn = functools.partial(_quantize_block_compiled, kernels=kernels, qmin=qmin, qmax=qmax, ct=ct)
+def block_loop(zps, ct, qdtype=None) -> Loop:
+    """The compiled kernels where they serve host arrays and the zps are narrow, else ufuncs;
+    for quantize to ``qdtype``, or for dequantize where ``qdtype`` is None."""
+    narrow = _narrow(zps)  # one reduction of the zps per call
+    kernels = _compiled.kernels() if narrow else None
+    if kernels is not None:
+        compiled = _quantize_block_compiled if qdtype is not None else _dequantize_block_compiled
+        extra = dict(qmin=QUANT_RANGE[qdtype][0], qmax=QUANT_RANGE[qdtype][1]) if qdtype is not None else {}
+        fn = functools.partial(compiled, kernels=kernels, ct=ct, **extra)
         return Loop(fn, lambda z: _zero_point_params(z, ct)[0], False)
-    _, wide = _zero_point_params(zps, ct, qdtype)
-    fn = functools.partial(_quantize_block, qmin=qmin, qmax=qmax, ct=ct, wide=wide)
+    wide = ct == _F32 and not narrow
+    if qdtype is None:
+        fn = functools.partial(_dequantize_block, ct=ct, wide=wide)
+    else:
+        qmin, qmax = QUANT_RANGE[qdtype]
+        fn = functools.partial(_quantize_block, qmin=qmin, qmax=qmax, ct=ct, wide=wide)
     return Loop(fn, lambda z: _zero_point_params(z, ct, qdtype)[0], True)
-
-
-def dequantize_loop(zps, ct) -> Loop:
-    """As :func:`quantize_loop`, for dequantize."""
-    kernels = _compiled.kernels()
-    if kernels is not None and _narrow(zps):
-        fn = functools.partial(_dequantize_block_compiled, kernels=kernels, ct=ct)
-        return Loop(fn, lambda z: _zero_point_params(z, ct)[0], False)
-    _, wide = _zero_point_params(zps, ct)
-    fn = functools.partial(_dequantize_block, ct=ct, wide=wide)
-    return Loop(fn, lambda z: _zero_point_params(z, ct)[0], True)
 
 
 class NumpyBackend:
@@ -338,10 +334,10 @@ class NumpyBackend:
 
     @staticmethod
     def quantize(src, scheme, scales, zps, out) -> None:
-        loop = quantize_loop(zps, scales.dtype, out.dtype)
+        loop = block_loop(zps, scales.dtype, out.dtype)
         _run(_plans(src, out, scheme, [scales] + loop.zparams(zps), loop.expand), loop.block)
 
     @staticmethod
     def dequantize(src, scheme, scales, zps, out) -> None:
-        loop = dequantize_loop(zps, scales.dtype)
+        loop = block_loop(zps, scales.dtype)
         _run(_plans(src, out, scheme, [scales] + loop.zparams(zps), loop.expand), loop.block)

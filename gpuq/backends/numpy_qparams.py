@@ -26,7 +26,7 @@ import numpy as np
 from .._dtypes import QUANT_RANGE, compute_dtype
 from . import _blocks
 from . import _compiled
-from .numpy_backend import _float16_table, _run, get_num_threads, quantize_loop
+from .numpy_backend import _float16_table, _run, get_num_threads, block_loop
 
 #: Elements per reduction unit: its min and max pass both run over data in cache.
 UNIT = 1 << 17
@@ -69,7 +69,7 @@ def quantize_dynamic(x, scheme, qdtype, symmetric, eps):
         fn = functools.partial(_dynamic_rows_compiled, plan=plan)
     else:
         # Finalized zero points lie in [qmin, qmax]: the loop for narrow zps serves every block.
-        loop = quantize_loop(None, plan.ct, qdtype)
+        loop = block_loop(None, plan.ct, qdtype)
         plan.zparams, fn = loop.zparams, loop.block
     _run([plan], fn)
     pshape = scheme.param_shape
