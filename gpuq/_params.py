@@ -8,6 +8,8 @@ synchronisation; ``check_values=False`` skips it in hot loops).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ._dispatch import is_device_array
@@ -19,7 +21,7 @@ def _shape_ok(shape, scheme) -> bool:
     if tuple(shape) == expected:
         return True
     if scheme.kind == "tensor":
-        return len(shape) <= 1 and int(np.prod(shape)) == 1
+        return len(shape) <= 1 and math.prod(shape) == 1
     return False
 
 
@@ -63,6 +65,11 @@ def scales_param(obj, scheme, ct, backend, src, *, argname="scales", check_value
     """
     if obj is None:
         raise TypeError(f"{argname} is required, got None")
+    if type(obj) is float and scheme.kind == "tensor":  # the common case, without an array round trip
+        arr = np.array(obj, ct)
+        if not (arr > 0 and arr < np.inf):
+            raise ValueError(f"{argname} must be finite and > 0 in {ct.name}, got {arr}")
+        return backend.to_param(arr, src)
     arr = _host_array(obj, argname, backend)
     if arr is None:
         dev = backend.as_cupy(obj)
@@ -77,9 +84,11 @@ def scales_param(obj, scheme, ct, backend, src, *, argname="scales", check_value
     if arr.dtype.kind != "f" and (from_array or arr.dtype.kind not in "iu"):
         raise TypeError(f"{argname} must be floating (float32), got {arr.dtype}")
     _check_shape(arr, scheme, argname)
-    arr = arr.astype(ct).reshape(scheme.param_shape)
-    bad = ~(np.isfinite(arr) & (arr > 0))
-    if bad.any():
+    # No copy when the dtype already fits: the backends only read parameters.
+    arr = arr.astype(ct, copy=False).reshape(scheme.param_shape)
+    lo, hi = extremes(arr)
+    if not (lo > 0 and hi < np.inf):  # NaN fails both (min and max propagate it)
+        bad = ~(np.isfinite(arr) & (arr > 0))
         i = np.unravel_index(int(np.argmax(bad)), arr.shape)
         where = f" at index {tuple(int(j) for j in i)}" if arr.ndim else ""
         raise ValueError(f"{argname} must be finite and > 0 in {ct.name}, got {arr[i]}{where}")
@@ -94,6 +103,10 @@ def zps_param(obj, scheme, backend, src, *, argname="zps", check_values=True):
     """
     if obj is None:
         return None
+    if type(obj) is int and scheme.kind == "tensor":  # the common case, without an array round trip
+        if not INT32_MIN <= obj <= INT32_MAX:
+            raise ValueError(f"{argname} must fit int32 [{INT32_MIN}, {INT32_MAX}], got {obj}")
+        return backend.to_param(np.array(obj, np.int32), src)
     arr = _host_array(obj, argname, backend)
     if arr is None:
         dev = backend.as_cupy(obj)
@@ -107,10 +120,30 @@ def zps_param(obj, scheme, backend, src, *, argname="zps", check_values=True):
     if arr.dtype.kind not in "iu":
         raise TypeError(f"{argname} must be integers (int8, uint8 or int32), got {arr.dtype}")
     _check_shape(arr, scheme, argname)
-    if arr.size and (int(arr.min()) < INT32_MIN or int(arr.max()) > INT32_MAX):
-        bad = int(arr.min()) if int(arr.min()) < INT32_MIN else int(arr.max())
-        raise ValueError(f"{argname} must fit int32 [{INT32_MIN}, {INT32_MAX}], got {bad}")
-    return backend.to_param(arr.astype(np.int32).reshape(scheme.param_shape), src)
+    info = np.iinfo(arr.dtype)
+    if arr.size and (info.min < INT32_MIN or info.max > INT32_MAX):  # only wider dtypes need a look at the values
+        lo, hi = (int(v) for v in extremes(arr))
+        if lo < INT32_MIN or hi > INT32_MAX:
+            raise ValueError(f"{argname} must fit int32 [{INT32_MIN}, {INT32_MAX}], "
+                             f"got {lo if lo < INT32_MIN else hi}")
+    return backend.to_param(arr.astype(np.int32, copy=False).reshape(scheme.param_shape), src)
+
+
+def extremes(arr):
+    """``(min, max)`` of a host array, NaN propagating; ``(inf, -inf)`` when empty.
+
+    One element (every per-tensor parameter) is read directly: two reductions
+    cost more than the rest of a small call's validation.
+
+    >>> extremes(np.array([3, -1, 2]))
+    (np.int64(-1), np.int64(3))
+    """
+    if arr.size == 1:
+        v = arr.reshape(-1)[0]
+        return v, v
+    if arr.size == 0:
+        return np.inf, -np.inf
+    return arr.min(), arr.max()
 
 
 def out_array(out, src, dtype, backend):

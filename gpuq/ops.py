@@ -44,13 +44,14 @@ class _Static:
         stand_in = Scheme.build((s.size,), None if self._axis is None else 0)
         from .backends.numpy_backend import NumpyBackend
 
-        self._scales = scales_param(scales, stand_in, np.dtype(np.float32), NumpyBackend, None)
+        # Copies: the op must not follow later changes to the caller's arrays.
+        self._scales = scales_param(scales, stand_in, np.dtype(np.float32), NumpyBackend, None).copy()
         self._zps = None
         if zps is not None:
             z = np.asarray(zps)
             if z.shape != s.shape:
                 raise ValueError(f"zps must have {s.size} elements like scales, got shape {z.shape}")
-            self._zps = zps_param(zps, stand_in, NumpyBackend, None)
+            self._zps = zps_param(zps, stand_in, NumpyBackend, None).copy()
         self._device_params = {}
 
     def _params(self, src, ct):

@@ -30,6 +30,7 @@ def small_blocks(monkeypatch):
     monkeypatch.setattr(_blocks, "BLOCK", 1024)
     monkeypatch.setattr(_blocks, "INNER_MIN", 16)
     monkeypatch.setattr("gpuq.backends.numpy_backend.PARALLEL_MIN", 0)  # threads even on small input
+    monkeypatch.setattr(_blocks, "SMALL", 0)  # no direct kernel call for small tensors: the layouts
 
 
 def _layout(x, axis):

@@ -53,14 +53,14 @@ def test_alignment_head_never_exceeds_n():
     assert cuda_backend._alignment(_fake(4, 4), _fake(0, 1), 2) == (2, 1)
 
 
-def test_lower_expands_only_beyond_max_dims():
+def test_index_map_expands_only_beyond_max_dims():
     from gpuq._scheme import Scheme
 
     shape = (2,) * 10
-    assert cuda_backend.lower(Scheme.build(shape, axis=(0, 2, 4, 6, 8)))[0] == "expand"
-    assert cuda_backend.lower(Scheme.build(shape, axis=(0, 2, 4, 6)))[0] == "strided"
-    assert cuda_backend.lower(Scheme.build((4, 1, 5), axis=(1,)))[0] == "tensor"
-    assert cuda_backend.lower(Scheme.build((4, 3, 5), axis=(1, 2)))[:3] == ("channel", 15, 1)
+    assert Scheme.build(shape, axis=(0, 2, 4, 6, 8)).index_map[0] == "expand"
+    assert Scheme.build(shape, axis=(0, 2, 4, 6)).index_map[0] == "strided"
+    assert Scheme.build((4, 1, 5), axis=(1,)).index_map[0] == "tensor"
+    assert Scheme.build((4, 3, 5), axis=(1, 2)).index_map[:3] == ("channel", 15, 1)
 
 
 # ---------------------------------------------------------------------------

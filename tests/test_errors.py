@@ -36,6 +36,16 @@ class TestParameterShapes:
         _raises(backend, ValueError, r"scales must have shape \(2, 4\) for axis=\(0, 2\).*got shape \(4, 2\)",
                 fn, src, np.ones((4, 2), np.float32), axis=(2, 0))
 
+    def test_lookalikes_of_a_valid_axis_are_refused_after_it(self, backend, fn, src):
+        """Schemes are cached per (shape, axis, group_size): True == 1 and 2.0 == 2 must not hit."""
+        s = np.ones(3, np.float32)
+        fn(backend.put(src), s, axis=1)
+        fn(backend.put(src), np.ones((2, 3, 2), np.float32), axis=2, group_size=2)
+        _raises(backend, TypeError, r"axis must be an integer, got True", fn, src, s, axis=True)
+        _raises(backend, TypeError, r"axis must be an integer, got True", fn, src, s, axis=(True,))
+        _raises(backend, TypeError, r"group_size must be an integer, got 2.0", fn, src,
+                np.ones((2, 3, 2), np.float32), axis=2, group_size=2.0)
+
     def test_axis_out_of_range(self, backend, fn, src):
         _raises(backend, ValueError, r"axis must be in \[-3, 2\] for rank 3, got 3", fn, src, [1.0] * 4, axis=3)
         _raises(backend, ValueError, r"axis must be in \[-3, 2\] for rank 3, got -4", fn, src, [1.0] * 4, axis=-4)

@@ -11,6 +11,7 @@ import pytest
 
 import gpuq
 import reference as ref
+from conftest import host_kernels
 from gpuq.backends import _blocks, _compiled
 
 RNG = np.random.default_rng(23)
@@ -192,6 +193,7 @@ def test_short_periods_and_runs_exact(small_kernel_blocks, host_loops, shape, ax
 def small_kernel_blocks(monkeypatch):
     """Blocks of 4096 (not a multiple of most periods here) and threads on small inputs."""
     monkeypatch.setattr(_blocks, "BLOCK", 4096)
+    monkeypatch.setattr(_blocks, "SMALL", 0)
     monkeypatch.setattr("gpuq.backends.numpy_backend.PARALLEL_MIN", 0)
 
 
@@ -261,3 +263,59 @@ def test_environment_variable_is_validated(monkeypatch):
     with pytest.raises(ValueError, match="GPUQ_HOST_KERNELS must be one of auto, numba, numpy, got 'cython'"):
         gpuq.quantize(np.ones(3, np.float32), 1.0)
     monkeypatch.setattr(_compiled, "_choice", None)
+
+
+_DIRECT = [  # (shape, axis, group_size, view): small calls the kernels take without blocks or plans
+    ((1,), None, None, None),
+    ((4097,), None, None, None),
+    ((17, 33), 0, None, None),
+    ((5, 17, 9), 1, None, None),
+    ((9, 1025), -1, None, None),
+    ((3, 4, 5, 7), (1, 2), None, None),   # adjacent axes: one merged channel dim
+    ((6, 1, 40), 2, 8, None),             # full groups along the last axis
+    ((64, 64), 0, None, "rows"),          # a contiguous view at an offset
+]
+_PLANNED = [  # ... and those that still go through the block plans (the same bits)
+    ((17, 33), 0, None, "strided"),
+    ((5, 17, 9), (0, 2), None, None),     # parameters on non-adjacent dims
+    ((6, 41), 1, 8, None),                # a ragged last group
+    ((17, 33), 1, None, "wide_zp"),       # zero points beyond NARROW_ZP
+    ((200, 100), 1, None, None),          # above _blocks.SMALL
+]
+
+
+def _small_case(shape, axis, group_size, view):
+    x = RNG.normal(0, 50, shape).astype(np.float32)
+    x.reshape(-1)[::13] = np.nan
+    x.reshape(-1)[1::29] = 2.5  # a tie at s = 1
+    if view == "rows":
+        x = x[1:]
+    elif view == "strided":
+        x = x[:, ::2]
+    pshape = gpuq._scheme.Scheme.build(x.shape, axis, group_size).param_shape
+    s = RNG.uniform(0.5, 2, pshape).astype(np.float32)
+    s.reshape(-1)[:1] = 1.0
+    zmax = 2**30 if view == "wide_zp" else 100
+    z = RNG.integers(-zmax, zmax, pshape).astype(np.int32)
+    return x, s, z
+
+
+@pytest.mark.parametrize("shape,axis,group_size,view", _DIRECT + _PLANNED, ids=str)
+@pytest.mark.parametrize("code,out_dtype", [("int8", "float32"), ("uint8", "float16")])
+def test_small_calls_skip_the_plans_where_they_can(kernels, monkeypatch, shape, axis, group_size, view,
+                                                   code, out_dtype):
+    from gpuq.backends import numpy_backend
+
+    planned = []
+    plans = numpy_backend._plans
+    monkeypatch.setattr(numpy_backend, "_plans", lambda *a, **k: planned.append(1) or plans(*a, **k))
+    x, s, z = _small_case(shape, axis, group_size, view)
+    kw = {"axis": axis, "group_size": group_size}
+    with host_kernels("numba"):
+        q = gpuq.quantize(x, s, z, dtype=code, **kw)
+        y = gpuq.dequantize(q, s, z, dtype=out_dtype, **kw)
+        y16 = gpuq.dequantize(q, s, None, dtype="float16", **kw)
+    np.testing.assert_array_equal(q, ref.quantize(x, s, z, dtype=code, **kw))
+    np.testing.assert_array_equal(y, ref.dequantize(q, s, z, dtype=out_dtype, **kw))
+    np.testing.assert_array_equal(y16, ref.dequantize(q, s, None, dtype="float16", **kw))
+    assert bool(planned) == ((shape, axis, group_size, view) in _PLANNED)

@@ -120,3 +120,17 @@ def test_op_out_argument(backend):
     res = gpuq.DynamicQuantize(dtype="u8")(backend.put(X), np.float32([1.0]), np.uint8([100]), out=out)
     assert res is out
     _eq(backend.get(out), ref.quantize(X, 1.0, 100, dtype=np.uint8))
+
+
+def test_static_op_keeps_its_own_copy_of_scales_and_zps(backend):
+    """Changing the caller's arrays after construction changes nothing (and skips no check)."""
+    scales, zps = np.array([0.5, 2.0], np.float32), np.array([3, -4], np.int32)
+    q_op = gpuq.Quantize(scales, zps, qtype="per_channel", axis=1)
+    d_op = gpuq.Dequantize(scales, zps, qtype="per_channel", axis=1)
+    x = RNG.normal(0, 20, (5, 2)).astype(np.float32)
+    want_q = ref.quantize(x, [0.5, 2.0], [3, -4], axis=1)
+    scales[:], zps[:] = -1.0, 10**6
+    q = backend.get(q_op(backend.put(x)))
+    np.testing.assert_array_equal(q, want_q)
+    np.testing.assert_array_equal(backend.get(d_op(backend.put(q))),
+                                  ref.dequantize(want_q, [0.5, 2.0], [3, -4], axis=1))

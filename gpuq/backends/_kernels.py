@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from .._dtypes import C_TYPES, FLOAT_DTYPES, QUANT_RANGE, compute_dtype
+from .._scheme import MAX_MAP_DIMS
 from .cuda_qparams import kernel_names as qparams_names  # CuPy-free, like this module
 
 #: NVRTC options of the contract (DESIGN.md section 1). CuPy appends
@@ -41,7 +42,7 @@ OPTIONS = ("-std=c++17", "-ftz=false", "-prec-div=true", "-fmad=false")
 MAPS = {"tensor": 0, "channel": 1, "group": 2, "strided": 3}
 
 #: Most merged dims the strided (multi-axis) map walks (kMaxDims in elementwise.cuh).
-MAX_DIMS = 8
+MAX_DIMS = MAX_MAP_DIMS
 
 _QUANT_DTYPES = tuple(QUANT_RANGE)
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')

@@ -7,7 +7,7 @@ the functions, so importing this module never touches CUDA.
   ``__cuda_array_interface__`` (Numba, PyTorch) or a CUDA ``__dlpack__``
   (PyTorch, JAX) are wrapped zero-copy. Results are CuPy arrays on the
   device of ``src`` (not device 0), computed on CuPy's current stream.
-* One kernel launch per call for every scheme (see :func:`lower`), no host
+* One kernel launch per call for every scheme (see :attr:`gpuq._scheme.Scheme.index_map`), no host
   synchronisation on the call path, except the opt-out value check of
   device-resident scales/zps (one reduction and one synchronisation).
 * Non-contiguous ``src`` is copied once with ``cupy.ascontiguousarray`` (one
@@ -27,7 +27,6 @@ array([   0,    2, -128], dtype=int8)
 from __future__ import annotations
 
 import functools
-import math
 
 import numpy as np
 
@@ -77,65 +76,6 @@ def _max_blocks(device_id: int) -> int:
     return attrs["MultiProcessorCount"] * per_sm
 
 
-# ---------------------------------------------------------------------------
-# Scheme -> index map
-
-
-def lower(scheme):
-    """The kernel index map for ``scheme`` on a C-contiguous src.
-
-    Returns ``(map_name, m0, m1, m2, dims)``; ``dims`` is a tuple for the
-    strided map (shapes then param strides of the merged dims), else None.
-    ``map_name`` ``"expand"`` means the parameters must be broadcast to the full
-    shape first (multi-axis with more than MAX_DIMS alternating dims).
-
-    >>> from gpuq._scheme import Scheme
-    >>> lower(Scheme.build((2, 3, 4), axis=1))
-    ('channel', 3, 4, 0, None)
-    >>> lower(Scheme.build((2, 3, 4), axis=(0, 2)))
-    ('strided', 3, 0, 0, (2, 3, 4, 4, 0, 1))
-    >>> lower(Scheme.build((6, 10), axis=1, group_size=4))
-    ('group', 10, 1, 4, None)
-    >>> lower(Scheme.build((6, 8), axis=1, group_size=4))
-    ('channel', 12, 4, 0, None)
-    """
-    shape = scheme.shape
-    if scheme.kind == "tensor":
-        return "tensor", 0, 0, 0, None
-    if scheme.kind == "group":
-        (k,) = scheme.axes
-        n, g = shape[k], scheme.group_size
-        inner = math.prod(shape[k + 1:])
-        if n % g == 0 and inner == 1:
-            # Full groups along the last (merged) axis: scale index = i // g.
-            return "channel", math.prod(shape) // g, g, 0, None
-        return "group", n, inner, g, None
-    axes = set(scheme.axes)
-    dims = []  # [size, varies_with_scale]; size-1 dims dropped, equal neighbours merged
-    for d, size in enumerate(shape):
-        if size == 1:
-            continue
-        scale = d in axes
-        if dims and dims[-1][1] == scale:
-            dims[-1][0] *= size
-        else:
-            dims.append([size, scale])
-    runs = [i for i, (_, s) in enumerate(dims) if s]
-    if not runs:
-        return "tensor", 0, 0, 0, None
-    if len(runs) == 1:
-        (i,) = runs
-        return "channel", dims[i][0], math.prod(size for size, _ in dims[i + 1:]), 0, None
-    if len(dims) > _kernels.MAX_DIMS:
-        return "expand", 0, 0, 0, None
-    pstrides, stride = [], 1
-    for size, scale in reversed(dims):
-        pstrides.append(stride if scale else 0)
-        stride *= size if scale else 1
-    sizes = tuple(size for size, _ in dims)
-    return "strided", len(dims), 0, 0, sizes + tuple(reversed(pstrides))
-
-
 @functools.lru_cache(maxsize=256)
 def _dims_array(device_id: int, dims: tuple):
     cupy = _cupy()
@@ -170,7 +110,7 @@ def _launch(op, src, out, scheme, scales, zps):
     """One launch of the ``op`` kernel for contiguous ``src``/``out`` on src's device."""
     cupy = _cupy()
     n = src.size
-    map_name, m0, m1, m2, dims = lower(scheme)
+    map_name, m0, m1, m2, dims = scheme.index_map
     if map_name == "expand":
         # Rare: parameters broadcast to full size (n elements each), then p = i.
         view = tuple(d if i in scheme.axes else 1 for i, d in enumerate(scheme.shape))

@@ -40,6 +40,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from .._dtypes import QUANT_RANGE
+from .._params import extremes
 from . import _blocks, _compiled
 
 #: Tensors smaller than this run on the calling thread only.
@@ -241,7 +242,10 @@ def _zero_point_params(zps, ct, qdtype=None):
 
 def _narrow(zps) -> bool:
     """True when every |zp| <= NARROW_ZP (or there are none): the fast paths' range."""
-    return zps is None or zps.size == 0 or (int(zps.min()) >= -NARROW_ZP and int(zps.max()) <= NARROW_ZP)
+    if zps is None:
+        return True
+    lo, hi = extremes(zps)
+    return lo >= -NARROW_ZP and hi <= NARROW_ZP
 
 
 def _clamp_params(zps, ct, qdtype):
@@ -265,7 +269,11 @@ def _quantize_block_compiled(xb, ob, params, scratch, *, kernels, qmin, qmax, ct
         zparams = _clamp_params(params[1], ct, ob.dtype) if len(params) > 1 else []
         _quantize_block(xb, ob, [params[0]] + zparams, scratch, qmin=qmin, qmax=qmax, ct=ct, wide=False)
         return
-    x, o, (run, (s, *z)) = flat
+    _quantize_flat(kernels, *flat, qmin, qmax)
+
+
+def _quantize_flat(kernels, x, o, runs, qmin, qmax):
+    run, (s, *z) = runs
     table = None
     if x.dtype == np.float16:
         x, table = x.view(np.uint16), _float16_table()
@@ -278,10 +286,36 @@ def _dequantize_block_compiled(qb, ob, params, scratch, *, kernels, ct):
     if flat is None:  # the ufunc loop takes the same params
         _dequantize_block(qb, ob, params, scratch, ct=ct, wide=False)
         return
-    q, o, (run, (s, *z)) = flat
+    _dequantize_flat(kernels, *flat)
+
+
+def _dequantize_flat(kernels, q, o, runs):
+    run, (s, *z) = runs
     if o.dtype == np.float16:
         o = o.view(np.uint16)  # the kernel writes float16 bits
     kernels.dequantize(q, o, run, s, z[0] if z else None)
+
+
+def _small_direct(src, scheme, scales, zps, out):
+    """``(kernels, x, o, Runs)`` for a small call that can skip blocks and plans, else None.
+
+    A tensor of at most ``_blocks.SMALL`` elements is one block anyway; when
+    it is contiguous and its parameters follow one flat run (per-tensor,
+    per-channel, adjacent axes, full groups along the last axis) the kernel is
+    called directly: per-call overhead is what small tensors pay for.
+    """
+    if src.size > _blocks.SMALL or not (src.flags.c_contiguous and out.flags.c_contiguous):
+        return None
+    name, _, m1, _, _ = scheme.index_map
+    if name not in ("tensor", "channel") or not _narrow(zps):
+        return None
+    kernels = _compiled.kernels()
+    if kernels is None:
+        return None
+    params = [scales.reshape(-1)]
+    if zps is not None:
+        params.append(zps.reshape(-1).astype(scales.dtype))
+    return kernels, src.reshape(-1), out.reshape(-1), _blocks.Runs(src.size if name == "tensor" else m1, params)
 
 
 class Loop(NamedTuple):
@@ -334,10 +368,18 @@ class NumpyBackend:
 
     @staticmethod
     def quantize(src, scheme, scales, zps, out) -> None:
+        direct = _small_direct(src, scheme, scales, zps, out)
+        if direct is not None:
+            _quantize_flat(*direct, *QUANT_RANGE[out.dtype])
+            return
         loop = block_loop(zps, scales.dtype, out.dtype)
         _run(_plans(src, out, scheme, [scales] + loop.zparams(zps), loop.expand), loop.block)
 
     @staticmethod
     def dequantize(src, scheme, scales, zps, out) -> None:
+        direct = _small_direct(src, scheme, scales, zps, out)
+        if direct is not None:
+            _dequantize_flat(*direct)
+            return
         loop = block_loop(zps, scales.dtype)
         _run(_plans(src, out, scheme, [scales] + loop.zparams(zps), loop.expand), loop.block)
