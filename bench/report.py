@@ -15,18 +15,19 @@ import subprocess
 
 
 def git_commit(root=None) -> str:
-    """``git rev-parse HEAD`` of the repository, 'unknown' if there is none (a '+dirty' suffix if modified)."""
+    """``git rev-parse HEAD`` of the repository (a '+dirty' suffix if modified); outside one,
+    ``$GPUQ_COMMIT`` (the device tool sends a tree without .git), else 'unknown'."""
     root = root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
                              text=True, timeout=10)
         if sha.returncode != 0:
-            return "unknown"
+            return os.environ.get("GPUQ_COMMIT") or "unknown"
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
                                capture_output=True, text=True, timeout=10).stdout.strip()
         return sha.stdout.strip() + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        return os.environ.get("GPUQ_COMMIT") or "unknown"
 
 
 def cpu_name() -> str:

@@ -319,3 +319,26 @@ def test_small_calls_skip_the_plans_where_they_can(kernels, monkeypatch, shape, 
     np.testing.assert_array_equal(y, ref.dequantize(q, s, z, dtype=out_dtype, **kw))
     np.testing.assert_array_equal(y16, ref.dequantize(q, s, None, dtype="float16", **kw))
     assert bool(planned) == ((shape, axis, group_size, view) in _PLANNED)
+
+
+@pytest.mark.parametrize("shape", [(7, 1025), (40, 1000)], ids=["small", "blocks"])
+def test_float64_takes_the_kernels_with_any_int32_zero_point(kernels, monkeypatch, shape):
+    """float64 holds rint(x / s) + zp exactly for every int32 zp: no ufunc fallback there."""
+    from gpuq.backends import numpy_backend
+
+    def no_ufuncs(*args, **kwargs):
+        raise AssertionError("the ufunc loop ran")
+
+    monkeypatch.setattr(numpy_backend, "_quantize_block", no_ufuncs)
+    monkeypatch.setattr(numpy_backend, "_dequantize_block", no_ufuncs)
+    s = RNG.uniform(0.5, 2, shape[1])
+    z = RNG.choice(np.array([-(2**31), 2**31 - 1, 2**30, -(2**22) - 1, 5]), shape[1]).astype(np.int32)
+    # Around -zp * s, where the codes are not all saturated: the big zps decide them.
+    x = (RNG.uniform(-40, 300, shape) - z) * s
+    x.reshape(-1)[::11] = np.nan
+    with host_kernels("numba"):
+        q = gpuq.quantize(x, s, z, axis=1, dtype="uint8")
+        y = gpuq.dequantize(q, s, z, axis=1, dtype="float64")
+    np.testing.assert_array_equal(q, ref.quantize(x, s, z, axis=1, dtype="uint8"))
+    np.testing.assert_array_equal(y, ref.dequantize(q, s, z, axis=1, dtype="float64"))
+    assert len(np.unique(q)) > 200  # mostly inside the range, not saturated

@@ -7,7 +7,7 @@ loops, which return the same bits:
   serve host arrays): one fused pass per block, GIL released;
 * NumPy ufuncs with ``out=`` into per-thread scratch of ``_blocks.BLOCK``
   elements (this module): 4-5 passes per block. They serve where numba is
-  missing, zero points beyond ``NARROW_ZP``, and blocks the kernels' flat form
+  missing, float32 zero points beyond ``NARROW_ZP``, and blocks the kernels' flat form
   cannot express (strided src/out, parameters on non-adjacent dims).
 
 Either way the extra memory of a call is bounded (scratch of a few hundred
@@ -225,27 +225,32 @@ def _plans(src, out, scheme, params, expand=True):
     return plans
 
 
-def _zero_point_params(zps, ct, qdtype=None):
-    """The zero points as the ufunc block functions take them, and whether the wide path is needed.
+def _zero_point_params(zps, ct, qdtype, wide):
+    """The zero points as the ufunc block functions take them.
 
     Dequantize (``qdtype=None``) takes ``[zp]``; quantize takes the clamp bounds
-    ``qmin - zp``, ``qmax - zp`` and ``zp mod 256`` as a byte.
+    ``qmin - zp``, ``qmax - zp`` and ``zp mod 256`` as a byte; the wide path
+    takes ``[zp]`` in int64.
     """
     if zps is None:
-        return [], False
-    if ct == _F32 and not _narrow(zps):
-        return [zps.astype(_I64)], True
+        return []
+    if wide:
+        return [zps.astype(_I64)]
     if qdtype is None:
-        return [zps.astype(ct)], False
-    return _clamp_params(zps, ct, qdtype), False
+        return [zps.astype(ct)]
+    return _clamp_params(zps, ct, qdtype)
 
 
-def _narrow(zps) -> bool:
-    """True when every |zp| <= NARROW_ZP (or there are none): the fast paths' range."""
-    if zps is None:
-        return True
+def _wide(zps, ct) -> bool:
+    """Whether the zero points need the wide path: float32 compute with some |zp| > NARROW_ZP.
+
+    In float64, ``rint(x / s) + zp`` is exact for every int32 zp wherever the
+    clamp does not decide the code anyway, so float64 never needs it.
+    """
+    if ct != _F32 or zps is None:
+        return False
     lo, hi = extremes(zps)
-    return lo >= -NARROW_ZP and hi <= NARROW_ZP
+    return lo < -NARROW_ZP or hi > NARROW_ZP
 
 
 def _clamp_params(zps, ct, qdtype):
@@ -307,7 +312,7 @@ def _small_direct(src, scheme, scales, zps, out):
     if src.size > _blocks.SMALL or not (src.flags.c_contiguous and out.flags.c_contiguous):
         return None
     name, _, m1, _, _ = scheme.index_map
-    if name not in ("tensor", "channel") or not _narrow(zps):
+    if name not in ("tensor", "channel") or _wide(zps, scales.dtype):
         return None
     kernels = _compiled.kernels()
     if kernels is None:
@@ -328,22 +333,21 @@ class Loop(NamedTuple):
 
 
 def block_loop(zps, ct, qdtype=None) -> Loop:
-    """The compiled kernels where they serve host arrays and the zps are narrow, else ufuncs;
-    for quantize to ``qdtype``, or for dequantize where ``qdtype`` is None."""
-    narrow = _narrow(zps)  # one reduction of the zps per call
-    kernels = _compiled.kernels() if narrow else None
+    """The compiled kernels where they serve host arrays and the zps fit them (not wide),
+    else ufuncs; for quantize to ``qdtype``, or for dequantize where ``qdtype`` is None."""
+    wide = _wide(zps, ct)  # one reduction of the zps per call
+    kernels = None if wide else _compiled.kernels()
     if kernels is not None:
         compiled = _quantize_block_compiled if qdtype is not None else _dequantize_block_compiled
         extra = dict(qmin=QUANT_RANGE[qdtype][0], qmax=QUANT_RANGE[qdtype][1]) if qdtype is not None else {}
         fn = functools.partial(compiled, kernels=kernels, ct=ct, **extra)
-        return Loop(fn, lambda z: _zero_point_params(z, ct)[0], False)
-    wide = ct == _F32 and not narrow
+        return Loop(fn, lambda z: _zero_point_params(z, ct, None, False), False)
     if qdtype is None:
         fn = functools.partial(_dequantize_block, ct=ct, wide=wide)
     else:
         qmin, qmax = QUANT_RANGE[qdtype]
         fn = functools.partial(_quantize_block, qmin=qmin, qmax=qmax, ct=ct, wide=wide)
-    return Loop(fn, lambda z: _zero_point_params(z, ct, qdtype)[0], True)
+    return Loop(fn, lambda z: _zero_point_params(z, ct, qdtype, wide), True)
 
 
 class NumpyBackend:
