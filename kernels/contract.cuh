@@ -136,18 +136,28 @@ __device__ __forceinline__ void to_compute_rn(long long d, double& out) {
 // ---------------------------------------------------------------------------
 // The contract, one element at a time.
 
+// A zero point with its clamp bounds. clamp(r + zp, qmin, qmax) equals
+// clamp(r, qmin - zp, qmax - zp) + zp for every integer r and int32 zp, and the
+// bounds depend on zp alone: kernels form them once per zero point, not per
+// element (two 64-bit clamps per element instead of four).
+template <typename TQ>
+struct ZeroPoint {
+    long long lo, hi;  // qmin - zp, qmax - zp
+    int zp;
+};
+template <typename TQ>
+__device__ __forceinline__ ZeroPoint<TQ> zero_point(int zp) {
+    return {CodeRange<TQ>::lo - static_cast<long long>(zp), CodeRange<TQ>::hi - static_cast<long long>(zp), zp};
+}
+
 // Quantize with a zero point: clamp(rint(x / s) + zp, qmin, qmax); NaN -> zp.
+// rint_to_i64_sat saturates: a huge |x / s| stays beyond the bounds on its side,
+// and the sum of the clamped value and zp is in [qmin, qmax], so nothing overflows.
 template <typename TQ, typename TC>
-__device__ __forceinline__ TQ quantize_rn_zp(TC x, TC s, int zp) {
-    // Rounded values are clamped to +/-2^32 before the zero point is added: any
-    // int32 zp then keeps the side of the saturation and the int64 sum cannot
-    // overflow (the NumPy backend's wide path does the same).
-    const long long wide = 1LL << 32;
+__device__ __forceinline__ TQ quantize_rn_zp(TC x, TC s, const ZeroPoint<TQ>& zp) {
     const TC v = div_rn(x, s);
-    long long r = is_nan(v) ? 0LL : rint_to_i64_sat(v);
-    r = min(max(r, -wide), wide) + zp;
-    r = min(max(r, static_cast<long long>(CodeRange<TQ>::lo)), static_cast<long long>(CodeRange<TQ>::hi));
-    return static_cast<TQ>(r);
+    const long long r = is_nan(v) ? 0LL : rint_to_i64_sat(v);
+    return static_cast<TQ>(min(max(r, zp.lo), zp.hi) + zp.zp);
 }
 
 // Symmetric quantize (zp = 0): clamp(rint(x / s), qmin, qmax); NaN -> 0.

@@ -51,13 +51,15 @@ __device__ __forceinline__ void divmod(long long a, long long b, long long& q, l
 
 // Each map is a cursor: seek(i) once per unit (a few divisions), then next()
 // per element (no division); next() returns whether the index changed, so a
-// scale is reloaded only when it may differ. m0..m2 and dims are the kernel
-// arguments described at each map.
+// scale is reloaded only when it may differ. uniform() after seek(i) says that
+// all of [i, i + kUnit) uses one parameter: the unit then skips next() and its
+// per-lane checks. m0..m2 and dims are the kernel arguments described at each map.
 
 // Per-tensor: every element uses scales[0].
 struct TensorMap {
     __device__ TensorMap(long long, long long, long long, const long long*) {}
     __device__ void seek(long long) {}
+    __device__ bool uniform() const { return true; }
     __device__ bool next() { return false; }
     __device__ long long index() const { return 0; }
 };
@@ -75,6 +77,7 @@ struct ChannelMap {
         long long unused;
         divmod(row, channels, unused, c);
     }
+    __device__ bool uniform() const { return r + kUnit <= inner; }
     __device__ bool next() {
         if (++r < inner) return false;
         r = 0;
@@ -99,6 +102,8 @@ struct GroupMap {
         divmod(j, g, gq, jr);
         p = (o * groups + gq) * inner + t;
     }
+    // Only rows of one element (inner == 1) keep a scale from one element to the next.
+    __device__ bool uniform() const { return inner == 1 && jr + kUnit <= g && j + kUnit <= n; }
     __device__ bool next() {
         if (++t < inner) {
             ++p;
@@ -145,6 +150,7 @@ struct StridedMap {
             i = q;
         }
     }
+    __device__ bool uniform() const { return false; }  // rare scheme: the general walk
     __device__ bool next() {
 #pragma unroll 1
         for (int d = nd - 1; d >= 0; --d) {
@@ -224,6 +230,7 @@ __device__ __forceinline__ void for_each_unit(const TIn* __restrict__ in, TOut* 
     const bool vec_out = (vec & (VecInIsFloat ? kVecCode : kVecFloat)) != 0;
     const long long units = unit_count(n, head);
     const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
+    Map map(m0, m1, m2, dims);  // seek() sets all of its position: built once per thread
     for (long long u = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; u < units; u += stride) {
         long long begin;
         int len;
@@ -238,15 +245,19 @@ __device__ __forceinline__ void for_each_unit(const TIn* __restrict__ in, TOut* 
             for (int l = 0; l < kUnit; ++l)
                 if (l < len) x[l] = in[begin + l];
         }
-        Map map(m0, m1, m2, dims);
         map.seek(begin);
         TOut y[kUnit];
         op.reload(map.index());
+        if (full && map.uniform()) {
 #pragma unroll
-        for (int l = 0; l < kUnit; ++l) {
-            if (l < len) {
-                if (l > 0 && map.next()) op.reload(map.index());
-                y[l] = op(x[l]);
+            for (int l = 0; l < kUnit; ++l) y[l] = op(x[l]);
+        } else {
+#pragma unroll
+            for (int l = 0; l < kUnit; ++l) {
+                if (l < len) {
+                    if (l > 0 && map.next()) op.reload(map.index());
+                    y[l] = op(x[l]);
+                }
             }
         }
         if (full && vec_out) {

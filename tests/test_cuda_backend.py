@@ -53,6 +53,13 @@ def test_alignment_head_never_exceeds_n():
     assert cuda_backend._alignment(_fake(4, 4), _fake(0, 1), 2) == (2, 1)
 
 
+def test_grid_is_one_unit_per_thread():
+    """Never capped at one wave: resident blocks per SM depend on each kernel's registers."""
+    assert [cuda_backend._grid(u) for u in (1, 256, 257)] == [1, 1, 2]
+    units = 1 + -(-(2**33) // 16)  # 8 Gi elements
+    assert cuda_backend._grid(units) * cuda_backend.THREADS >= units and cuda_backend._grid(units) < 2**31
+
+
 def test_index_map_expands_only_beyond_max_dims():
     from gpuq._scheme import Scheme
 

@@ -180,6 +180,15 @@ _CASES = [
     ((4, 9, 2), 1, 20),
     ((3, 5), 1, 1),
     ((50,), 0, 7),
+    # rows of >= 16 elements: units inside one row skip the walk (uniform()), others straddle
+    ((3, 5, 40), 1, None),
+    ((4, 100), 0, None),
+    ((2, 3, 17), (0, 1), None),
+    # ragged groups along the last axis (inner == 1), groups longer than a unit
+    ((3, 70), 1, 20),
+    ((5, 37), 1, 32),
+    ((9, 37), 1, 20),  # a ragged last group longer than a unit: the row ends inside it
+    ((2, 50), 1, 16),
 ]
 
 

@@ -13,8 +13,10 @@ the functions, so importing this module never touches CUDA.
 * Non-contiguous ``src`` is copied once with ``cupy.ascontiguousarray`` (one
   extra read and write of src); a non-contiguous ``out`` is written through
   a contiguous temporary and one copy into ``out``. Contiguous views at any
-  offset need no copy: units of 16 elements use 16-byte vectors from the first
-  aligned element on, with a scalar head and tail.
+  offset need no copy: units of 16 elements start at the float side's first
+  16-byte aligned element (a scalar head before it, a scalar tail); the float
+  side then uses 16-byte vectors, the code side too where it is aligned at
+  that element, else single bytes (a view like ``x[1:]`` pays for that).
 * Compiled on first use per dtype pair, once per device architecture
   (:mod:`gpuq.backends._cuda_compile`).
 
@@ -68,12 +70,16 @@ def _device_id(arr) -> int:
     return arr.device.id
 
 
-@functools.cache
-def _max_blocks(device_id: int) -> int:
-    """Enough resident blocks to fill the device once (grid-stride loops do the rest)."""
-    attrs = _cupy().cuda.Device(device_id).attributes
-    per_sm = max(1, attrs["MaxThreadsPerMultiProcessor"] // THREADS)
-    return attrs["MultiProcessorCount"] * per_sm
+def _grid(units: int) -> int:
+    """Blocks for ``units`` 16-element units: one unit per thread.
+
+    A grid of one wave of resident blocks (8 per SM at 256 threads) with a
+    grid-stride loop would be wrong here: the kernels' registers let 3 to 6
+    blocks stay resident per SM (bench/NOTES.md, the compiler's report), and
+    the blocks beyond those would each run a whole share afterwards, a second
+    thin wave. Many short blocks balance themselves.
+    """
+    return max(1, -(-units // THREADS))
 
 
 @functools.lru_cache(maxsize=256)
@@ -127,10 +133,9 @@ def _launch(op, src, out, scheme, scales, zps):
     fn = get_function(f"{op}.cu", group, names[(zps is not None, map_name)])
     head, vec = _alignment(float_arr, code_arr, n)
     units = 1 + -(-(n - head) // 16)
-    blocks = max(1, min(-(-units // THREADS), _max_blocks(_device_id(src))))
     args = (src, out, scales, scales if zps is None else zps, np.int64(n), np.int64(head),
             np.int32(vec), np.int64(m0), np.int64(m1), np.int64(m2), dims_arg)
-    fn((blocks,), (THREADS,), args, stream=cupy.cuda.get_current_stream())
+    fn((_grid(units),), (THREADS,), args, stream=cupy.cuda.get_current_stream())
 
 
 def _run(op, src, scheme, scales, zps, out):
