@@ -143,11 +143,12 @@ __device__ __forceinline__ void to_compute_rn(long long d, double& out) {
 template <typename TQ>
 struct ZeroPoint {
     long long lo, hi;  // qmin - zp, qmax - zp
-    int zp;
+    long long zp;      // widened once here, not at every element's add
 };
 template <typename TQ>
 __device__ __forceinline__ ZeroPoint<TQ> zero_point(int zp) {
-    return {CodeRange<TQ>::lo - static_cast<long long>(zp), CodeRange<TQ>::hi - static_cast<long long>(zp), zp};
+    return {CodeRange<TQ>::lo - static_cast<long long>(zp), CodeRange<TQ>::hi - static_cast<long long>(zp),
+            static_cast<long long>(zp)};
 }
 
 // Quantize with a zero point: clamp(rint(x / s) + zp, qmin, qmax); NaN -> zp.

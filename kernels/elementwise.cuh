@@ -220,8 +220,9 @@ constexpr int kVecFloat = 1;  // float side (src of quantize, out of dequantize)
 constexpr int kVecCode = 2;   // code side (out of quantize, src of dequantize) aligned there as well
 
 // Walk every unit of [0, n) on a grid-stride loop: load 16 inputs (vectors
-// where aligned and whole, else scalars), call op(lane, scale_index) for each,
-// store 16 outputs the same way. `op` returns the output for its input.
+// where aligned and whole, else scalars), op.reload(index) at the unit's first
+// element and wherever the map's index changes, y = op(x) for each element,
+// store 16 outputs the same way.
 template <typename Map, typename TIn, typename TOut, bool VecInIsFloat, typename Op>
 __device__ __forceinline__ void for_each_unit(const TIn* __restrict__ in, TOut* __restrict__ out,
                                               long long n, long long head, int vec, long long m0,

@@ -189,6 +189,9 @@ _CASES = [
     ((5, 37), 1, 32),
     ((9, 37), 1, 20),  # a ragged last group longer than a unit: the row ends inside it
     ((2, 50), 1, 16),
+    # groups of >= 16 along an axis with elements after it (inner > 1): never uniform
+    ((2, 40, 3), 1, 20),
+    ((3, 37, 2), 1, 32),
 ]
 
 

@@ -79,7 +79,7 @@ def _grid(units: int) -> int:
     the blocks beyond those would each run a whole share afterwards, a second
     thin wave. Many short blocks balance themselves.
     """
-    return max(1, -(-units // THREADS))
+    return max(1, min(-(-units // THREADS), 2**31 - 1))  # the grid-stride loop covers any excess
 
 
 @functools.lru_cache(maxsize=256)
