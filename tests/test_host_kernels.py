@@ -274,12 +274,12 @@ _DIRECT = [  # (shape, axis, group_size, view): small calls the kernels take wit
     ((3, 4, 5, 7), (1, 2), None, None),   # adjacent axes: one merged channel dim
     ((6, 1, 40), 2, 8, None),             # full groups along the last axis
     ((64, 64), 0, None, "rows"),          # a contiguous view at an offset
+    ((17, 33), 1, None, "wide_zp"),       # zero points beyond NARROW_ZP (the ufuncs' wide path)
 ]
 _PLANNED = [  # ... and those that still go through the block plans (the same bits)
     ((17, 33), 0, None, "strided"),
     ((5, 17, 9), (0, 2), None, None),     # parameters on non-adjacent dims
     ((6, 41), 1, 8, None),                # a ragged last group
-    ((17, 33), 1, None, "wide_zp"),       # zero points beyond NARROW_ZP
     ((200, 100), 1, None, None),          # above _blocks.SMALL
 ]
 
@@ -302,7 +302,7 @@ def _small_case(shape, axis, group_size, view):
 
 @pytest.mark.parametrize("shape,axis,group_size,view", _DIRECT + _PLANNED, ids=str)
 @pytest.mark.parametrize("code,out_dtype", [("int8", "float32"), ("uint8", "float16")])
-def test_small_calls_skip_the_plans_where_they_can(kernels, monkeypatch, shape, axis, group_size, view,
+def test_small_calls_skip_the_plans_where_they_can(host_loops, monkeypatch, shape, axis, group_size, view,
                                                    code, out_dtype):
     from gpuq.backends import numpy_backend
 
@@ -311,10 +311,9 @@ def test_small_calls_skip_the_plans_where_they_can(kernels, monkeypatch, shape, 
     monkeypatch.setattr(numpy_backend, "_plans", lambda *a, **k: planned.append(1) or plans(*a, **k))
     x, s, z = _small_case(shape, axis, group_size, view)
     kw = {"axis": axis, "group_size": group_size}
-    with host_kernels("numba"):
-        q = gpuq.quantize(x, s, z, dtype=code, **kw)
-        y = gpuq.dequantize(q, s, z, dtype=out_dtype, **kw)
-        y16 = gpuq.dequantize(q, s, None, dtype="float16", **kw)
+    q = gpuq.quantize(x, s, z, dtype=code, **kw)
+    y = gpuq.dequantize(q, s, z, dtype=out_dtype, **kw)
+    y16 = gpuq.dequantize(q, s, None, dtype="float16", **kw)
     np.testing.assert_array_equal(q, ref.quantize(x, s, z, dtype=code, **kw))
     np.testing.assert_array_equal(y, ref.dequantize(q, s, z, dtype=out_dtype, **kw))
     np.testing.assert_array_equal(y16, ref.dequantize(q, s, None, dtype="float16", **kw))

@@ -274,11 +274,7 @@ def _quantize_block_compiled(xb, ob, params, scratch, *, kernels, qmin, qmax, ct
         zparams = _clamp_params(params[1], ct, ob.dtype) if len(params) > 1 else []
         _quantize_block(xb, ob, [params[0]] + zparams, scratch, qmin=qmin, qmax=qmax, ct=ct, wide=False)
         return
-    _quantize_flat(kernels, *flat, qmin, qmax)
-
-
-def _quantize_flat(kernels, x, o, runs, qmin, qmax):
-    run, (s, *z) = runs
+    x, o, (run, (s, *z)) = flat
     table = None
     if x.dtype == np.float16:
         x, table = x.view(np.uint16), _float16_table()
@@ -291,36 +287,38 @@ def _dequantize_block_compiled(qb, ob, params, scratch, *, kernels, ct):
     if flat is None:  # the ufunc loop takes the same params
         _dequantize_block(qb, ob, params, scratch, ct=ct, wide=False)
         return
-    _dequantize_flat(kernels, *flat)
-
-
-def _dequantize_flat(kernels, q, o, runs):
-    run, (s, *z) = runs
+    q, o, (run, (s, *z)) = flat
     if o.dtype == np.float16:
         o = o.view(np.uint16)  # the kernel writes float16 bits
     kernels.dequantize(q, o, run, s, z[0] if z else None)
 
 
-def _small_direct(src, scheme, scales, zps, out):
-    """``(kernels, x, o, Runs)`` for a small call that can skip blocks and plans, else None.
+def _small_call(src, scheme, scales, zps, out, loop) -> bool:
+    """Run a small call as one block without plans, where it can; False where it cannot.
 
-    A tensor of at most ``_blocks.SMALL`` elements is one block anyway; when
-    it is contiguous and its parameters follow one flat run (per-tensor,
-    per-channel, adjacent axes, full groups along the last axis) the kernel is
-    called directly: per-call overhead is what small tensors pay for.
+    A tensor of at most ``_blocks.SMALL`` elements is one block anyway; when it
+    is contiguous and its parameters follow one flat run (per-tensor,
+    per-channel, adjacent axes, full groups along the last axis), the block is
+    ``(rows, count, run)`` with parameter ``c`` on ``[:, c, :]``: the compiled
+    kernels take it as :class:`_blocks.Runs`, the ufuncs as broadcast columns.
+    Per-call overhead is what small tensors pay for.
     """
     if src.size > _blocks.SMALL or not (src.flags.c_contiguous and out.flags.c_contiguous):
-        return None
-    name, _, m1, _, _ = scheme.index_map
-    if name not in ("tensor", "channel") or _wide(zps, scales.dtype):
-        return None
-    kernels = _compiled.kernels()
-    if kernels is None:
-        return None
-    params = [scales.reshape(-1)]
-    if zps is not None:
-        params.append(zps.reshape(-1).astype(scales.dtype))
-    return kernels, src.reshape(-1), out.reshape(-1), _blocks.Runs(src.size if name == "tensor" else m1, params)
+        return False
+    name, m0, m1, _, _ = scheme.index_map
+    if name not in ("tensor", "channel"):
+        return False
+    count, run = (1, src.size) if name == "tensor" else (m0, m1)
+    params = [p.reshape(-1) for p in [scales] + loop.zparams(zps)]
+    x, o = src.reshape(-1), out.reshape(-1)
+    if not loop.expand:
+        loop.block(x, o, _blocks.Runs(run, params), _scratch)
+        return True
+    shape = (-1, count, run)
+    with np.errstate(over="ignore", invalid="ignore"):  # as in _run_range
+        loop.block(x.reshape(shape), o.reshape(shape),
+                   [p.reshape(count, 1) if count > 1 else p.reshape(()) for p in params], _scratch)
+    return True
 
 
 class Loop(NamedTuple):
@@ -336,7 +334,11 @@ def block_loop(zps, ct, qdtype=None) -> Loop:
     """The compiled kernels where they serve host arrays and the zps fit them (not wide),
     else ufuncs; for quantize to ``qdtype``, or for dequantize where ``qdtype`` is None."""
     wide = _wide(zps, ct)  # one reduction of the zps per call
-    kernels = None if wide else _compiled.kernels()
+    return _loop(ct, qdtype, wide, None if wide else _compiled.kernels())
+
+
+@functools.lru_cache(maxsize=64)
+def _loop(ct, qdtype, wide, kernels) -> Loop:
     if kernels is not None:
         compiled = _quantize_block_compiled if qdtype is not None else _dequantize_block_compiled
         extra = dict(qmin=QUANT_RANGE[qdtype][0], qmax=QUANT_RANGE[qdtype][1]) if qdtype is not None else {}
@@ -372,18 +374,12 @@ class NumpyBackend:
 
     @staticmethod
     def quantize(src, scheme, scales, zps, out) -> None:
-        direct = _small_direct(src, scheme, scales, zps, out)
-        if direct is not None:
-            _quantize_flat(*direct, *QUANT_RANGE[out.dtype])
-            return
         loop = block_loop(zps, scales.dtype, out.dtype)
-        _run(_plans(src, out, scheme, [scales] + loop.zparams(zps), loop.expand), loop.block)
+        if not _small_call(src, scheme, scales, zps, out, loop):
+            _run(_plans(src, out, scheme, [scales] + loop.zparams(zps), loop.expand), loop.block)
 
     @staticmethod
     def dequantize(src, scheme, scales, zps, out) -> None:
-        direct = _small_direct(src, scheme, scales, zps, out)
-        if direct is not None:
-            _dequantize_flat(*direct)
-            return
         loop = block_loop(zps, scales.dtype)
-        _run(_plans(src, out, scheme, [scales] + loop.zparams(zps), loop.expand), loop.block)
+        if not _small_call(src, scheme, scales, zps, out, loop):
+            _run(_plans(src, out, scheme, [scales] + loop.zparams(zps), loop.expand), loop.block)
