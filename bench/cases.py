@@ -51,13 +51,19 @@ class Case:
     qdtype: str = "int8"
     zps: bool = True
     latency: bool = False
+    #: Elements between the start of the allocation and the input: a view like ``x[1:]``,
+    #: whose float and code sides cannot both be 16-byte aligned at the same element.
+    offset: int = 0
 
     @property
     def name(self) -> str:
-        """A short unique label, e.g. ``q/last64/f32>s8/zp``."""
+        """A short unique label, e.g. ``q/last64/f32>s8/zp`` (``q/tensor+1/...``: the input is
+        a view one element into its allocation)."""
         sch = self.scheme if self.scheme in ("tensor", "axes", "group") else f"{self.scheme}{self.channels}"
         if self.scheme == "group":
             sch = f"group{GROUP}"
+        if self.offset:
+            sch += f"+{self.offset}"
         f = {"float32": "f32", "float16": "f16", "float64": "f64"}[self.fdtype]
         q = {"int8": "s8", "uint8": "u8"}[self.qdtype]
         types = f"{f}>{q}" if self.op == "quantize" else f"{q}>{f}"
@@ -210,6 +216,7 @@ def full_cases(size: int) -> list:
         cases.append(Case(op, "last", size, 64, fdtype="float16"))
         cases.append(Case(op, "last", size, 64, qdtype="uint8"))
         cases.append(Case(op, "last", size, 64, zps=False))
+        cases.append(Case(op, "tensor", size, offset=1))  # an unaligned view: scalar code side
     return cases + dynamic_cases(size)
 
 
@@ -258,6 +265,7 @@ def quick_cases() -> list:
     n = 1 << 18
     return [
         Case("quantize", "tensor", n),
+        Case("quantize", "tensor", n, offset=1),
         Case("quantize", "last", n, 64),
         Case("quantize", "group", n),
         Case("dequantize", "tensor", n),

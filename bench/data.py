@@ -27,22 +27,30 @@ def host_params(case: Case, seed: int = 1):
 def host_input(case: Case, seed: int = 0) -> np.ndarray:
     """The source tensor of ``case`` (floats for quantize, codes for dequantize)."""
     rng = np.random.default_rng(seed)
-    shape = case.shape()
+    size = case.numel() + case.offset
     if case.op != "dequantize":
-        x = rng.standard_normal(size=shape, dtype=np.float32)
-        return x.astype(case.fdtype, copy=False)
-    info = np.iinfo(case.qdtype)
-    return rng.integers(info.min, info.max + 1, size=shape, dtype=case.qdtype)
+        x = rng.standard_normal(size=size, dtype=np.float32).astype(case.fdtype, copy=False)
+    else:
+        info = np.iinfo(case.qdtype)
+        x = rng.integers(info.min, info.max + 1, size=size, dtype=case.qdtype)
+    return _placed(x, case)
 
 
 def device_input(case: Case, cp, seed: int = 0):
     """The source tensor of ``case`` on the current CUDA device (CuPy)."""
     rs = cp.random.RandomState(seed)
-    shape = case.shape()
+    size = case.numel() + case.offset
     if case.op != "dequantize":
-        return rs.standard_normal(size=shape, dtype=cp.float32).astype(case.fdtype, copy=False)
-    info = np.iinfo(case.qdtype)
-    return rs.randint(info.min, info.max + 1, size=shape, dtype=np.int32).astype(case.qdtype)
+        x = rs.standard_normal(size=size, dtype=cp.float32).astype(case.fdtype, copy=False)
+    else:
+        info = np.iinfo(case.qdtype)
+        x = rs.randint(info.min, info.max + 1, size=size, dtype=np.int32).astype(case.qdtype)
+    return _placed(x, case)
+
+
+def _placed(flat, case: Case):
+    """``flat`` (``offset`` elements longer than the case) as the case's shape, ``offset`` in."""
+    return flat[case.offset:].reshape(case.shape())
 
 
 def out_dtype(case: Case):

@@ -72,6 +72,23 @@ def test_mismatch_counts_reported(quick_run):
     assert any(r["contender"] == "numpy naive" and r["status"] == "ok" for r in rows)
 
 
+def test_offset_view_case(quick_run):
+    """``q/tensor+1``: the input is a view one element into its allocation, and every
+    contender that ran agrees with gpuq (the naive NumPy peer exactly)."""
+    from bench import cases, data
+
+    case = cases.Case("quantize", "tensor", 4096, offset=1)
+    x = data.host_input(case)
+    assert x.shape == case.shape() and x.base is not None
+    assert x.__array_interface__["data"][0] - x.base.__array_interface__["data"][0] == x.itemsize
+    rows = [r for r in _load(quick_run)["rows"] if r["case"].startswith("q/tensor+1/")]
+    assert {r["contender"] for r in rows} >= {"gpuq", "gpuq out=", "numpy naive"}
+    for r in rows:
+        assert r["status"] == "ok", r
+        if r["contender"] in ("gpuq", "gpuq out=", "numpy naive"):
+            assert r["mismatches"] == 0
+
+
 def test_dynamic_rows(quick_run):
     """Issue 5's cases: quantize_dynamic / choose_qparams beside a static quantize of the same tensor."""
     doc = _load(quick_run)
