@@ -46,6 +46,8 @@ INNER_MIN = 64
 RUN_MIN = 16
 PERIOD_MIN = 1024
 #: ... except in blocks of at most this many elements (small tensors: per-call latency).
+#: Contiguous tensors this small with one flat parameter run also skip the block plans
+#: (``numpy_backend._small_call``).
 SMALL = 1 << 14
 
 

@@ -374,12 +374,14 @@ class NumpyBackend:
 
     @staticmethod
     def quantize(src, scheme, scales, zps, out) -> None:
-        loop = block_loop(zps, scales.dtype, out.dtype)
-        if not _small_call(src, scheme, scales, zps, out, loop):
-            _run(_plans(src, out, scheme, [scales] + loop.zparams(zps), loop.expand), loop.block)
+        _call(src, scheme, scales, zps, out, block_loop(zps, scales.dtype, out.dtype))
 
     @staticmethod
     def dequantize(src, scheme, scales, zps, out) -> None:
-        loop = block_loop(zps, scales.dtype)
-        if not _small_call(src, scheme, scales, zps, out, loop):
-            _run(_plans(src, out, scheme, [scales] + loop.zparams(zps), loop.expand), loop.block)
+        _call(src, scheme, scales, zps, out, block_loop(zps, scales.dtype))
+
+
+def _call(src, scheme, scales, zps, out, loop) -> None:
+    """One call through ``loop``: small calls in one block, the rest planned into blocks."""
+    if not _small_call(src, scheme, scales, zps, out, loop):
+        _run(_plans(src, out, scheme, [scales] + loop.zparams(zps), loop.expand), loop.block)
