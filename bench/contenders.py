@@ -49,11 +49,16 @@ class Prepared:
     fetch: Callable = np.asarray
 
 
-def _device_params(to_device, scales, zps, kw):
-    """On a GPU: scales/zps uploaded once (as an op object keeps them), values checked
-    once here rather than by a reduction and a synchronisation on every call."""
+def _device_params(to_device, case, scales, zps, kw):
+    """On a GPU: per-tensor parameters as a Python float and int, the call a user
+    writes and the one torch's ``quantize_per_tensor`` row makes (they reach the
+    kernel by value: no upload, checked on the host); other schemes' scales/zps
+    uploaded once (as an op object keeps them), values checked once here rather
+    than by a reduction and a synchronisation on every call."""
     if to_device is None:
         return scales, zps, kw
+    if case.scheme == "tensor":
+        return float(scales.reshape(-1)[0]), None if zps is None else int(zps.reshape(-1)[0]), kw
     zps = None if zps is None else to_device(zps)
     return to_device(scales), zps, dict(kw, check_values=False)
 
@@ -74,7 +79,7 @@ class GpuqFresh:
             # quantize_dynamic / choose_qparams: the qparams come from the data, every call.
             return Prepared(lambda i: fn(inputs[i % len(inputs)], **kw),
                             lambda r: as_parts(case, r, self.to_host))
-        scales, zps, kw = _device_params(self.to_device, scales, zps, kw)
+        scales, zps, kw = _device_params(self.to_device, case, scales, zps, kw)
         return Prepared(lambda i: fn(inputs[i % len(inputs)], scales, zps, **kw), self.to_host)
 
 
@@ -92,7 +97,7 @@ class GpuqOut:
             raise NotApplicable("quantize_dynamic / choose_qparams take no out=")
         fn = gpuq_fn(case)
         kw = gpuq_kwargs(case)
-        scales, zps, kw = _device_params(self.to_device, scales, zps, kw)
+        scales, zps, kw = _device_params(self.to_device, case, scales, zps, kw)
         out = self.empty(inputs[0].shape, out_dtype(case))
         out[...] = 1  # fault the pages in once: that is the point of out=
         return Prepared(lambda i: fn(inputs[i % len(inputs)], scales, zps, out=out, **kw), self.to_host)

@@ -22,7 +22,20 @@ struct ParamCursor {
         s = __ldg(scales + p);
         if constexpr (HAS_ZP) z = __ldg(zps + p);
     }
+    __device__ void assign(TS scale, int zp) {  // kMapValue: the parameter by value, once per thread
+        s = scale;
+        z = zp;
+    }
 };
+
+// The scale of kMapValue, passed by value in a 64-bit kernel argument: float's
+// bits in the low 32 (little-endian, as on every CUDA device), double's in all 64.
+template <typename TS>
+__device__ __forceinline__ TS scale_from_bits(long long bits) {
+    TS s;
+    memcpy(&s, &bits, sizeof(TS));
+    return s;
+}
 
 // Elements per unit of work: 16 one-byte codes are one 16-byte vector, and the
 // float side is 2 (float16), 4 (float32) or 8 (float64) 16-byte vectors.
@@ -34,6 +47,7 @@ constexpr int kMapTensor = 0;   // one scale
 constexpr int kMapChannel = 1;  // [outer, C, inner]: p = (i / inner) % C
 constexpr int kMapGroup = 2;    // [outer, n, inner], scales [outer, ceil(n/g), inner]
 constexpr int kMapStrided = 3;  // general: p = sum_d coord_d * pstride_d
+constexpr int kMapValue = 4;    // one scale and zero point passed by value (m0, m1): nothing to load
 
 // a / b and a % b for 0 <= a, 0 < b. Most tensors have fewer than 2^32
 // elements, and a 32-bit division is several times cheaper than the 64-bit
@@ -63,6 +77,14 @@ struct TensorMap {
     __device__ bool next() { return false; }
     __device__ long long index() const { return 0; }
 };
+
+// One parameter that arrived by value (a host scalar: no upload before the
+// launch); the kernel assigns it once and for_each_unit never reloads it.
+struct ValueMap : TensorMap {
+    using TensorMap::TensorMap;
+};
+template <typename Map> constexpr bool kLoadsParams = true;
+template <> constexpr bool kLoadsParams<ValueMap> = false;
 
 // Per-channel on any axis as [outer, C, inner] (m0 = C, m1 = inner): one
 // launch for all channels; also a multi-axis scheme whose axes merge into one
@@ -172,6 +194,7 @@ template <> struct MapOf<kMapTensor> { using type = TensorMap; };
 template <> struct MapOf<kMapChannel> { using type = ChannelMap; };
 template <> struct MapOf<kMapGroup> { using type = GroupMap; };
 template <> struct MapOf<kMapStrided> { using type = StridedMap; };
+template <> struct MapOf<kMapValue> { using type = ValueMap; };
 
 // ---------------------------------------------------------------------------
 // Units: unit 0 is the scalar head [0, head) (head < 16, chosen on the host so
@@ -221,7 +244,7 @@ constexpr int kVecCode = 2;   // code side (out of quantize, src of dequantize) 
 
 // Walk every unit of [0, n) on a grid-stride loop: load 16 inputs (vectors
 // where aligned and whole, else scalars), op.reload(index) at the unit's first
-// element and wherever the map's index changes, y = op(x) for each element,
+// element (except under ValueMap) and wherever the map's index changes, y = op(x) for each element,
 // store 16 outputs the same way.
 template <typename Map, typename TIn, typename TOut, bool VecInIsFloat, typename Op>
 __device__ __forceinline__ void for_each_unit(const TIn* __restrict__ in, TOut* __restrict__ out,
@@ -248,7 +271,7 @@ __device__ __forceinline__ void for_each_unit(const TIn* __restrict__ in, TOut* 
         }
         map.seek(begin);
         TOut y[kUnit];
-        op.reload(map.index());
+        if constexpr (kLoadsParams<Map>) op.reload(map.index());
         if (full && map.uniform()) {
 #pragma unroll
             for (int l = 0; l < kUnit; ++l) y[l] = op(x[l]);

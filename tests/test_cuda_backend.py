@@ -250,6 +250,64 @@ def test_static_op_uploads_once_per_device(cp, monkeypatch):
     assert np.array_equal(cp.asnumpy(first), cp.asnumpy(second))
 
 
+def _kernel_names(monkeypatch):
+    """The kernel names the CUDA backend launches from now on."""
+    names = []
+    real = cuda_backend.get_function
+
+    def spy(source, group, name):
+        names.append(name)
+        return real(source, group, name)
+
+    monkeypatch.setattr(cuda_backend, "get_function", spy)
+    return names
+
+
+@needs_gpu
+@pytest.mark.parametrize("fdtype", [np.float16, np.float32, np.float64])
+def test_one_host_parameter_goes_by_value(cp, monkeypatch, fdtype):
+    """A host scale and zp of one element reach the kernel by value (MAP 4, no
+    upload); device ones, and a host value paired with a device one, are read
+    from device memory: every combination gives the host backend's bits."""
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((17, 33)) * 40).astype(fdtype)
+    xd = cp.asarray(x)
+    names = _kernel_names(monkeypatch)
+    value = f", {cuda_backend._kernels.MAPS['value']}>"
+    s, z = np.float32(0.37), np.int32(-5)
+    want = gpuq.quantize(x, s, z)
+    for sp, zp, by_value in [(float(s), int(z), True), (np.array([s]), np.array([z]), True),
+                             (np.array(s), None, True),
+                             (cp.asarray(s), cp.asarray(z), False), (float(s), cp.asarray(z), False),
+                             (cp.asarray([s]), int(z), False)]:
+        names.clear()
+        got = gpuq.quantize(xd, sp, zp)
+        expect = want if zp is not None else gpuq.quantize(x, s)
+        assert np.array_equal(cp.asnumpy(got), expect), (type(sp), type(zp))
+        assert names[-1].endswith(value) == by_value, names
+        back = gpuq.dequantize(got, sp, zp, dtype=fdtype)
+        ref = gpuq.dequantize(expect, s, None if zp is None else z, dtype=fdtype)
+        assert np.array_equal(cp.asnumpy(back).view(np.uint8), ref.view(np.uint8))
+    # one channel, or one group, is one value too
+    for kw, pshape in [({"axis": 0}, (1,)), ({"axis": 1, "group_size": 64}, (1, 1))]:
+        names.clear()
+        sp, zp = np.full(pshape, 0.25, np.float32), np.full(pshape, 3, np.int32)
+        got = gpuq.quantize(xd[:1], sp, zp, **kw)
+        assert np.array_equal(cp.asnumpy(got), gpuq.quantize(x[:1], sp, zp, **kw))
+        assert names[-1].endswith(value), names
+
+
+@needs_gpu
+def test_by_value_parameters_are_copied_at_the_call(cp):
+    """The launch is asynchronous: a host scale changed right after the call must
+    not change the result (the value is read before the call returns)."""
+    x = cp.linspace(-10, 10, 1 << 20, dtype=cp.float32)
+    s = np.array([0.5], np.float32)
+    q = gpuq.quantize(x, s)
+    s[0] = 1e30
+    assert np.array_equal(cp.asnumpy(q), gpuq.quantize(cp.asnumpy(x), 0.5))
+
+
 class _CAIOnly:
     """An object exposing only __cuda_array_interface__ (like a Numba array)."""
 

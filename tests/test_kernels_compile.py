@@ -83,6 +83,7 @@ def test_sources_expand_includes():
 # Host emulation of the traversal
 
 _HARNESS = r"""
+#include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <vector>
@@ -96,34 +97,44 @@ struct Dim { unsigned x = 0; };
 static Dim gridDim, blockDim, blockIdx, threadIdx;
 #include "elementwise.cuh"
 using namespace gpuq;
+constexpr long long kSentinel = 12345;  // ValueMap's starting index (below 2^24)
 // Output = input * 2^24 + scale index: checks both the element and its scale.
+// Starts at p0: under ValueMap (no reload ever) every element must keep it.
 struct IdxOp {
-    long long p = 0;
+    long long p;
     void reload(long long q) { p = q; }
     long long operator()(long long x) const { return x * (1LL << 24) + p; }
 };
 template <class Map>
 void run(const long long* in, long long* out, long long n, long long head, int vec, long long m0,
-         long long m1, long long m2, const long long* dims, unsigned blocks, unsigned threads) {
+         long long m1, long long m2, const long long* dims, unsigned blocks, unsigned threads, long long p0) {
     gridDim.x = blocks; blockDim.x = threads;
     for (unsigned b = 0; b < blocks; ++b)
         for (unsigned t = 0; t < threads; ++t) {
             blockIdx.x = b; threadIdx.x = t;
-            for_each_unit<Map, long long, long long, true>(in, out, n, head, vec, m0, m1, m2, dims, IdxOp{});
+            for_each_unit<Map, long long, long long, true>(in, out, n, head, vec, m0, m1, m2, dims, IdxOp{p0});
         }
 }
 int main() {
     int map, vec, nd; long long n, head, m0, m1, m2; unsigned blocks, threads;
-    while (std::cin >> map >> n >> head >> vec >> m0 >> m1 >> m2 >> blocks >> threads >> nd) {
+    while (std::cin >> map) {
+        if (map < 0) {  // "-1 bits": the kernels' scale_from_bits, as C99 hex floats
+            long long bits;
+            std::cin >> bits;
+            std::printf("%a %a\n", static_cast<double>(scale_from_bits<float>(bits)), scale_from_bits<double>(bits));
+            continue;
+        }
+        std::cin >> n >> head >> vec >> m0 >> m1 >> m2 >> blocks >> threads >> nd;
         std::vector<long long> dims(2 * nd + 1);
         for (int k = 0; k < 2 * nd; ++k) std::cin >> dims[k];
         std::vector<long long> in(n), out(n, -1);
         for (long long i = 0; i < n; ++i) in[i] = i;
         const long long* d = dims.data();
-        if (map == 0) run<TensorMap>(in.data(), out.data(), n, head, vec, m0, m1, m2, d, blocks, threads);
-        if (map == 1) run<ChannelMap>(in.data(), out.data(), n, head, vec, m0, m1, m2, d, blocks, threads);
-        if (map == 2) run<GroupMap>(in.data(), out.data(), n, head, vec, m0, m1, m2, d, blocks, threads);
-        if (map == 3) run<StridedMap>(in.data(), out.data(), n, head, vec, m0, m1, m2, d, blocks, threads);
+        if (map == 0) run<TensorMap>(in.data(), out.data(), n, head, vec, m0, m1, m2, d, blocks, threads, -1);
+        if (map == 1) run<ChannelMap>(in.data(), out.data(), n, head, vec, m0, m1, m2, d, blocks, threads, -1);
+        if (map == 2) run<GroupMap>(in.data(), out.data(), n, head, vec, m0, m1, m2, d, blocks, threads, -1);
+        if (map == 3) run<StridedMap>(in.data(), out.data(), n, head, vec, m0, m1, m2, d, blocks, threads, -1);
+        if (map == 4) run<ValueMap>(in.data(), out.data(), n, head, vec, m0, m1, m2, d, blocks, threads, kSentinel);
         for (long long i = 0; i < n; ++i) std::cout << out[i] << ' ';
         std::cout << std::endl;
     }
@@ -220,3 +231,54 @@ def test_traversal_and_index_maps_on_host(harness, shape, axis, group):
         assert np.array_equal(got >> 24, np.arange(n)), f"elements misplaced for head/vec/grid {run}"
         assert np.array_equal(got & ((1 << 24) - 1), expected), (
             f"scale index wrong for head/vec/grid {run} ({name}, {m0}, {m1}, {m2}, {dims})")
+
+
+def _harness_lines(harness, lines):
+    return subprocess.run([str(harness)], input="\n".join(lines) + "\n", capture_output=True,
+                          text=True, check=True).stdout.splitlines()
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 37, 1025])
+def test_value_map_never_reloads(harness, n):
+    """A host scalar's launch (MAPS["value"]): the parameter the kernel assigned
+    before the walk serves every element; a reload would replace it with index 0."""
+    lines, runs = [], []
+    for head in sorted({0, 1, min(n, 15)}):
+        for vec in (0, 1, 3):
+            for blocks, threads in ((1, 1), (3, 5)):
+                # m0, m1 carry the scale's bits and the zero point: arbitrary values for the walk
+                lines.append(f"{_kernels.MAPS['value']} {n} {head} {vec} 1056964608 -7 0 {blocks} {threads} 0")
+                runs.append((head, vec, blocks, threads))
+    for line, run in zip(_harness_lines(harness, lines), runs, strict=True):
+        got = np.array(line.split(), np.int64)
+        assert np.array_equal(got >> 24, np.arange(n)), f"elements misplaced for head/vec/grid {run}"
+        assert np.all(got & ((1 << 24) - 1) == 12345), f"parameter reloaded for head/vec/grid {run}"
+
+
+def test_scale_bits_reach_the_kernel_unchanged(harness):
+    """cuda_backend._by_value's m0 decoded by the kernels' scale_from_bits (same
+    little-endian layout on the host as on the device): every class of float32
+    and float64 scale, subnormals and the largest finite included."""
+    from gpuq.backends.cuda_backend import _by_value
+
+    f32 = np.array([0.5, 1 / 3, 1e-40, np.finfo(np.float32).smallest_subnormal, np.finfo(np.float32).tiny,
+                    np.finfo(np.float32).max, 0.0173], np.float32)
+    f64 = np.array([0.5, 1 / 3, 1e-310, np.finfo(np.float64).smallest_subnormal, np.finfo(np.float64).max,
+                    0.0173], np.float64)
+    cases = [(np.array([v]), 0) for v in f32] + [(np.array(v), 1) for v in f64]
+    bits = [_by_value(s, None)[0] for s, _ in cases]
+    out = _harness_lines(harness, [f"-1 {b}" for b in bits])
+    for (s, which), line in zip(cases, out, strict=True):
+        got = float.fromhex(line.split()[which])
+        assert got == float(s.reshape(-1)[0]), (s, line)
+
+
+def test_by_value_only_for_host_values():
+    from gpuq.backends.cuda_backend import _by_value
+
+    s = np.array(0.25, np.float32)
+    assert _by_value(s, np.array([-(2**31)], np.int32)) == (int(s.view(np.int32)), -(2**31))
+    assert _by_value(s, None) == (int(s.view(np.int32)), 0)
+    device_like = object()  # anything that is not a NumPy array stands for a device array
+    assert _by_value(device_like, None) is None
+    assert _by_value(s, device_like) is None

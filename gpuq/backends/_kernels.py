@@ -17,7 +17,7 @@ they compile the same source text with the same options and the same names.
 >>> quantize_name("float32", "int8", True, "channel")
 'gpuq::quantize<float, signed char, float, true, 1>'
 >>> len(SOURCES["quantize.cu"]()), len(SOURCES["dequantize.cu"]())
-(48, 48)
+(60, 60)
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ from .cuda_qparams import kernel_names as qparams_names  # CuPy-free, like this 
 OPTIONS = ("-std=c++17", "-ftz=false", "-prec-div=true", "-fmad=false")
 
 #: Scheme index maps: the kernels' MAP template argument (kernels/elementwise.cuh).
-MAPS = {"tensor": 0, "channel": 1, "group": 2, "strided": 3}
+#: "value" is not a scheme's map: one host parameter passed by value in the launch.
+MAPS = {"tensor": 0, "channel": 1, "group": 2, "strided": 3, "value": 4}
 
 #: Most merged dims the strided (multi-axis) map walks (kMaxDims in elementwise.cuh).
 MAX_DIMS = MAX_MAP_DIMS

@@ -10,6 +10,9 @@ the functions, so importing this module never touches CUDA.
 * One kernel launch per call for every scheme (see :attr:`gpuq._scheme.Scheme.index_map`), no host
   synchronisation on the call path, except the opt-out value check of
   device-resident scales/zps (one reduction and one synchronisation).
+  Host parameters are uploaded on each call, except a single host scale and
+  zero point (per-tensor, or any scheme with one parameter), which reach the
+  kernel by value: such a call is one launch and no copy.
 * Non-contiguous ``src`` is copied once with ``cupy.ascontiguousarray`` (one
   extra read and write of src); a non-contiguous ``out`` is written through
   a contiguous temporary and one copy into ``out``. Contiguous views at any
@@ -112,11 +115,32 @@ def _names(op: str, a, b):
     return group, {(z, m): maker(a, b, z, m) for z in (False, True) for m in _kernels.MAPS}
 
 
+def _by_value(scales, zps):
+    """``(m0, m1)`` of the value map when the parameters are one host value each
+    (the scale's bits, the zero point), else None.
+
+    >>> _by_value(np.array([0.5], np.float32), np.array(3, np.int32))
+    (1056964608, 3)
+    """
+    if not isinstance(scales, np.ndarray) or not (zps is None or isinstance(zps, np.ndarray)):
+        return None
+    bits = scales.reshape(-1).view(np.int32 if scales.itemsize == 4 else np.int64)[0]
+    return int(bits), 0 if zps is None else int(zps.reshape(-1)[0])
+
+
 def _launch(op, src, out, scheme, scales, zps):
     """One launch of the ``op`` kernel for contiguous ``src``/``out`` on src's device."""
     cupy = _cupy()
     n = src.size
-    map_name, m0, m1, m2, dims = scheme.index_map
+    has_zp = zps is not None
+    value = _by_value(scales, zps)
+    if value is not None:
+        map_name, (m0, m1), m2, dims = "value", value, 0, None
+        scales = zps = src  # never read under the value map: any device pointer will do
+    else:
+        # A host value paired with a device one (to_param keeps one host value on the host).
+        scales, zps = (cupy.asarray(p) if isinstance(p, np.ndarray) else p for p in (scales, zps))
+        map_name, m0, m1, m2, dims = scheme.index_map
     if map_name == "expand":
         # Rare: parameters broadcast to full size (n elements each), then p = i.
         view = tuple(d if i in scheme.axes else 1 for i, d in enumerate(scheme.shape))
@@ -130,10 +154,10 @@ def _launch(op, src, out, scheme, scales, zps):
     else:
         float_arr, code_arr, a, b = out, src, src.dtype, out.dtype
     group, names = _names(op, a, b)
-    fn = get_function(f"{op}.cu", group, names[(zps is not None, map_name)])
+    fn = get_function(f"{op}.cu", group, names[(has_zp, map_name)])
     head, vec = _alignment(float_arr, code_arr, n)
     units = 1 + -(-(n - head) // 16)
-    args = (src, out, scales, scales if zps is None else zps, np.int64(n), np.int64(head),
+    args = (src, out, scales, scales if not has_zp else zps, np.int64(n), np.int64(head),
             np.int32(vec), np.int64(m0), np.int64(m1), np.int64(m2), dims_arg)
     fn((_grid(units),), (THREADS,), args, stream=cupy.cuda.get_current_stream())
 
@@ -162,10 +186,15 @@ class CudaBackend:
 
     @staticmethod
     def to_param(arr, src):
-        """Host ``arr`` uploaded to src's device (C-contiguous); a device ``arr``
-        on src's device passes through; another device is a TypeError."""
+        """Host ``arr`` uploaded to src's device (C-contiguous), except one host
+        value, which stays on the host and goes to the kernel by value (no
+        upload: the common per-tensor call launches one kernel and nothing
+        else); a device ``arr`` on src's device passes through; another device
+        is a TypeError."""
         cupy = _cupy()
         if isinstance(arr, (np.ndarray, np.generic)):
+            if arr.size == 1:
+                return np.array(arr)  # a copy: later changes to the caller's array are not seen
             with src.device:
                 return cupy.asarray(np.ascontiguousarray(arr))
         dev = as_cupy(arr)
