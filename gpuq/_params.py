@@ -1,7 +1,8 @@
 """Validation of scales, zero points and ``out``: one helper for every entry point.
 
 Host values (Python scalars, lists, NumPy arrays) are checked on the host and,
-for a device ``src``, uploaded by the backend. Device arrays are checked for
+for a device ``src``, uploaded by the backend (except one value per parameter,
+which the CUDA kernels take by value). Device arrays are checked for
 dtype and shape on the host and for values on the device (one reduction and a
 synchronisation; ``check_values=False`` skips it in hot loops).
 """

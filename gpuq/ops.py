@@ -3,7 +3,8 @@
 Attributes are given and validated at construction; inputs come in the
 specs' index order at call. Each op calls :func:`gpuq.quantize` or
 :func:`gpuq.dequantize`; the static ops keep their scales/zps on the host
-and, for device inputs, upload them once per device and dtype.
+and, for device inputs, upload them once per device and dtype (one value,
+per-tensor, stays on the host: the kernel takes it by value).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def _check_qtype(qtype, axis):
 
 
 class _Static:
-    """Static scales/zps checked once at construction, uploaded once per device."""
+    """Static scales/zps checked once at construction, uploaded once per device (except one value)."""
 
     def __init__(self, scales, zps, qtype, axis):
         self.qtype, self.axis = qtype, axis

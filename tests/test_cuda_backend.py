@@ -298,14 +298,24 @@ def test_one_host_parameter_goes_by_value(cp, monkeypatch, fdtype):
 
 
 @needs_gpu
-def test_by_value_parameters_are_copied_at_the_call(cp):
-    """The launch is asynchronous: a host scale changed right after the call must
-    not change the result (the value is read before the call returns)."""
-    x = cp.linspace(-10, 10, 1 << 20, dtype=cp.float32)
-    s = np.array([0.5], np.float32)
-    q = gpuq.quantize(x, s)
-    s[0] = 1e30
-    assert np.array_equal(cp.asnumpy(q), gpuq.quantize(cp.asnumpy(x), 0.5))
+@pytest.mark.parametrize("qdtype", ["int8", "uint8"])
+def test_static_ops_with_one_value_on_device(cp, monkeypatch, qdtype):
+    """gpuq.Quantize/Dequantize per-tensor: the cached parameters stay host values
+    (no upload, the value map), and the device result is the host op's."""
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal(4097) * 60).astype(np.float32)
+    zp = 130 if qdtype == "uint8" else -3
+    qop = gpuq.Quantize(scales=[0.41], zps=[zp], dtype=qdtype)
+    dop = gpuq.Dequantize(scales=[0.41], zps=[zp], dtype="float16")
+    names = _kernel_names(monkeypatch)
+    for _ in range(2):  # the second call takes the op's cached parameters
+        q = qop(cp.asarray(x))
+        assert np.array_equal(cp.asnumpy(q), qop(x))
+        y = dop(q)
+        assert np.array_equal(cp.asnumpy(y).view(np.uint16), dop(qop(x)).view(np.uint16))
+    value = f", {cuda_backend._kernels.MAPS['value']}>"
+    assert len(names) == 4 and all(n.endswith(value) for n in names), names
+    assert all(isinstance(p, np.ndarray) for p in qop._device_params[next(iter(qop._device_params))])
 
 
 class _CAIOnly:

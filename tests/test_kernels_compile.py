@@ -282,3 +282,7 @@ def test_by_value_only_for_host_values():
     device_like = object()  # anything that is not a NumPy array stands for a device array
     assert _by_value(device_like, None) is None
     assert _by_value(s, device_like) is None
+    # more than one value, or a dtype the kernels' TS never is: uploaded and read from memory
+    assert _by_value(np.array([0.25, 0.5], np.float32), None) is None
+    assert _by_value(s, np.array([1, 2], np.int32)) is None
+    assert _by_value(np.array(0.25, np.float16), None) is None

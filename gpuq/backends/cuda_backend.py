@@ -115,16 +115,23 @@ def _names(op: str, a, b):
     return group, {(z, m): maker(a, b, z, m) for z in (False, True) for m in _kernels.MAPS}
 
 
+_BITS = {np.dtype(np.float32): np.int32, np.dtype(np.float64): np.int64}
+
+
 def _by_value(scales, zps):
     """``(m0, m1)`` of the value map when the parameters are one host value each
-    (the scale's bits, the zero point), else None.
+    (the scale's bits, the zero point), else None (read from device memory).
 
     >>> _by_value(np.array([0.5], np.float32), np.array(3, np.int32))
     (1056964608, 3)
+    >>> _by_value(np.array([0.5, 0.25], np.float32), None) is None
+    True
     """
-    if not isinstance(scales, np.ndarray) or not (zps is None or isinstance(zps, np.ndarray)):
+    if not (isinstance(scales, np.ndarray) and scales.size == 1 and scales.dtype in _BITS):
         return None
-    bits = scales.reshape(-1).view(np.int32 if scales.itemsize == 4 else np.int64)[0]
+    if zps is not None and not (isinstance(zps, np.ndarray) and zps.size == 1):
+        return None
+    bits = scales.reshape(-1).view(_BITS[scales.dtype])[0]
     return int(bits), 0 if zps is None else int(zps.reshape(-1)[0])
 
 
@@ -194,7 +201,8 @@ class CudaBackend:
         cupy = _cupy()
         if isinstance(arr, (np.ndarray, np.generic)):
             if arr.size == 1:
-                return np.array(arr)  # a copy: later changes to the caller's array are not seen
+                # Read into the launch arguments within this call (_by_value): no copy needed.
+                return np.asarray(arr)
             with src.device:
                 return cupy.asarray(np.ascontiguousarray(arr))
         dev = as_cupy(arr)
