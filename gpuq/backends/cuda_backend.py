@@ -131,8 +131,7 @@ def _by_value(scales, zps):
         return None
     if zps is not None and not (isinstance(zps, np.ndarray) and zps.size == 1):
         return None
-    bits = scales.reshape(-1).view(_BITS[scales.dtype])[0]
-    return int(bits), 0 if zps is None else int(zps.reshape(-1)[0])
+    return scales.view(_BITS[scales.dtype]).item(), 0 if zps is None else zps.item()
 
 
 def _launch(op, src, out, scheme, scales, zps):
