@@ -1,6 +1,6 @@
 """gpuq's benchmark: gpuq against the memory-copy limit and its peers, side by side.
 
-``python -m bench --help`` (or ``gpuq bench``) for the options; ``bench/NOTES.md``
+``python -m bench --help`` (from the repository root) for the options; ``bench/NOTES.md``
 for the method and the numbers measured so far. :func:`main` takes an argv list.
 """
 

@@ -1,4 +1,4 @@
-"""Command line: ``python -m bench`` / ``gpuq bench`` (``bench.main(argv)``)."""
+"""Command line: ``python -m bench`` from a repository checkout (``bench.main(argv)``)."""
 
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ def run(args, log=runner.log_stderr) -> dict:
 
 
 def main(argv=None) -> int:
-    """Entry point for ``python -m bench`` and ``gpuq bench``; returns an exit status."""
+    """Entry point for ``python -m bench``; returns an exit status."""
     args = build_parser().parse_args(argv)
     if args.threads is not None and args.threads < 1:
         print("--threads must be a positive integer", file=sys.stderr)

@@ -1,7 +1,7 @@
 """Registers, spills, local memory and global load/store widths of every gpuq kernel, from the compiler.
 
 No GPU is needed. Every instantiation is compiled exactly as the library compiles it
-(:mod:`gpuq.backends.nvrtc_check`: the same expanded source, ``_kernels.OPTIONS`` and
+(:mod:`gpuq.backends.cuda.nvrtc_check`: the same expanded source, ``registry.OPTIONS`` and
 name expressions) for one SASS target (default ``sm_90``), and then:
 
 * ptxas ``-v`` (passed through NVRTC as ``-Xptxas=-v``; the SASS is the same without
@@ -48,7 +48,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpuq.backends import _kernels, nvrtc_check
+from gpuq.backends.cuda import nvrtc_check, registry
 
 THREADS = 256
 #: Per-SM limits (CUDA occupancy calculator): registers, threads, blocks, shared memory.
@@ -56,7 +56,7 @@ LIMITS = {"sm_80": {"regs": 65536, "threads": 2048, "blocks": 32, "smem": 164 * 
           "sm_90": {"regs": 65536, "threads": 2048, "blocks": 32, "smem": 228 * 1024}}
 SM = LIMITS["sm_90"]
 _SHORT = {"float": "f32", "__half": "f16", "double": "f64", "signed char": "s8", "unsigned char": "u8"}
-_MAPS = {str(v): k for k, v in _kernels.MAPS.items()}
+_MAPS = {str(v): k for k, v in registry.MAPS.items()}
 
 
 def find_tool(name: str) -> str | None:
@@ -205,7 +205,7 @@ def steady_path(fn, reload: bool = False) -> int:
 
 def collect(nvrtc, cuobjdump: str, nvdisasm: str, arch: str, tmp: Path, reload: bool = False) -> list:
     rows = []
-    for source in _kernels.SOURCES:
+    for source in registry.SOURCES:
         res = nvrtc_check.compile_source(nvrtc, source, arch, extra=("-Xptxas=-v",))
         if res.rc != 0:
             raise RuntimeError(res.describe())
@@ -289,7 +289,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         rows = collect(nvrtc, cuobjdump, nvdisasm, args.arch, Path(tmp), args.reload)
     print(f"NVRTC {'.'.join(map(str, nvrtc.version()))} ({lib}), {cuobjdump}, {nvdisasm}, {args.arch}, "
-          f"options {' '.join(_kernels.OPTIONS)}, {THREADS} threads/block\n")
+          f"options {' '.join(registry.OPTIONS)}, {THREADS} threads/block\n")
     for r in rows:
         r["occ"] = f"{r['blocks'] * THREADS * 100 / SM['threads']:g}%"
     print("Resources and occupancy at 256 threads per block:\n")

@@ -2,6 +2,9 @@
 
 CUDA kernels for GPU arrays, a blocked multi-threaded NumPy backend for host
 arrays; one numerical contract, bit-identical on both (see README.md).
+This package is the public API; the layers below it are :mod:`gpuq.backends`
+(host and cuda), and above it :mod:`gpuq.cli` (README: "How the code is laid
+out").
 
 >>> import numpy as np, gpuq
 >>> q = gpuq.quantize(np.array([0.5, 1.5, -3.0], np.float32), 1.0)
@@ -10,8 +13,8 @@ arrays; one numerical contract, bit-identical on both (see README.md).
 """
 
 from .api import dequantize, quantize
-from .backends._compiled import get_host_kernels, set_host_kernels
-from .backends.numpy_backend import get_num_threads, set_num_threads
+from .backends.host.choice import get_host_kernels, set_host_kernels
+from .backends.host.backend import get_num_threads, set_num_threads
 from .ops import Dequantize, DynamicDequantize, DynamicQuantize, Quantize
 from .qparams import choose_qparams, quantize_dynamic
 

@@ -37,17 +37,17 @@ def is_device_array(obj) -> bool:
 def backend_for(src, argname: str = "src"):
     """The backend for ``src`` and ``src`` as that backend's array type."""
     if isinstance(src, np.ndarray):
-        from .backends.numpy_backend import NumpyBackend
+        from .backends.host.backend import NumpyBackend
 
         return NumpyBackend, src
     if isinstance(src, np.generic):
-        from .backends.numpy_backend import NumpyBackend
+        from .backends.host.backend import NumpyBackend
 
         return NumpyBackend, np.asarray(src)
     if is_device_array(src):
-        from .backends import cuda_backend
+        from .backends.cuda import backend
 
-        return cuda_backend.CudaBackend, cuda_backend.as_cupy(src)
+        return backend.CudaBackend, backend.as_cupy(src)
     raise TypeError(
         f"{argname} must be a NumPy array or a CUDA array (CuPy, or an object exposing "
         f"__cuda_array_interface__ or a CUDA __dlpack__), got {type(src).__module__}."

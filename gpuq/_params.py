@@ -15,6 +15,7 @@ import numpy as np
 
 from ._dispatch import is_device_array
 from ._dtypes import INT32_MAX, INT32_MIN
+from .backends.host.backend import extremes
 
 
 def _shape_ok(shape, scheme) -> bool:
@@ -128,23 +129,6 @@ def zps_param(obj, scheme, backend, src, *, argname="zps", check_values=True):
             raise ValueError(f"{argname} must fit int32 [{INT32_MIN}, {INT32_MAX}], "
                              f"got {lo if lo < INT32_MIN else hi}")
     return backend.to_param(arr.astype(np.int32, copy=False).reshape(scheme.param_shape), src)
-
-
-def extremes(arr):
-    """``(min, max)`` of a host array, NaN propagating; ``(inf, -inf)`` when empty.
-
-    One element (every per-tensor parameter) is read directly: two reductions
-    cost more than the rest of a small call's validation.
-
-    >>> [int(v) for v in extremes(np.array([3, -1, 2]))]
-    [-1, 3]
-    """
-    if arr.size == 1:
-        v = arr.reshape(-1)[0]
-        return v, v
-    if arr.size == 0:
-        return np.inf, -np.inf
-    return arr.min(), arr.max()
 
 
 def out_array(out, src, dtype, backend):

@@ -44,7 +44,7 @@ def _array_dtype(a):
         return np.dtype(dt)
     except TypeError:  # torch.uint8 and the like: ask the zero-copy CuPy view
         if is_device_array(a):
-            from .backends.cuda_backend import as_cupy
+            from .backends.cuda.backend import as_cupy
 
             return as_cupy(a).dtype
         return None

@@ -43,7 +43,7 @@ class _Static:
             raise ValueError(f"scales must have exactly 1 element for qtype='per_tensor', got {s.size}")
         # Checked against a stand-in scheme whose shape fits; the call checks the real shape.
         stand_in = Scheme.build((s.size,), None if self._axis is None else 0)
-        from .backends.numpy_backend import NumpyBackend
+        from .backends.host.backend import NumpyBackend
 
         # Copies: the op must not follow later changes to the caller's arrays.
         self._scales = scales_param(scales, stand_in, np.dtype(np.float32), NumpyBackend, None).copy()

@@ -169,9 +169,9 @@ def _check_eps(eps):
 def _impl(backend):
     # The qparams modules sit beside their backends; the CUDA one is imported only for device x.
     if backend.name == "numpy":
-        from .backends import numpy_qparams
+        from .backends.host import qparams as host_qparams
 
-        return numpy_qparams
-    from .backends import cuda_qparams
+        return host_qparams
+    from .backends.cuda import qparams as cuda_qparams
 
     return cuda_qparams

@@ -8,7 +8,7 @@ import pytest
 import gpuq
 import reference as ref
 from gpuq._scheme import Scheme
-from gpuq.backends import _blocks
+from gpuq.backends.host import blocks
 
 RNG = np.random.default_rng(11)
 
@@ -27,17 +27,17 @@ CASES = [
 
 @pytest.fixture
 def small_blocks(monkeypatch):
-    monkeypatch.setattr(_blocks, "BLOCK", 1024)
-    monkeypatch.setattr(_blocks, "INNER_MIN", 16)
-    monkeypatch.setattr("gpuq.backends.numpy_backend.PARALLEL_MIN", 0)  # threads even on small input
-    monkeypatch.setattr(_blocks, "SMALL", 0)  # no direct kernel call for small tensors: the layouts
+    monkeypatch.setattr(blocks, "BLOCK", 1024)
+    monkeypatch.setattr(blocks, "INNER_MIN", 16)
+    monkeypatch.setattr("gpuq.backends.host.backend.PARALLEL_MIN", 0)  # threads even on small input
+    monkeypatch.setattr(blocks, "SMALL", 0)  # no direct kernel call for small tensors: the layouts
 
 
 def _layout(x, axis):
     scheme = Scheme.build(x.shape, axis)
     (piece,) = scheme.pieces()
     p = np.ones(scheme.param_shape, np.float32).reshape(piece.param_view_shape)
-    plan = _blocks.plan(x, np.empty(x.shape, np.int8), [p])
+    plan = blocks.plan(x, np.empty(x.shape, np.int8), [p])
     return getattr(plan, "mode", "nd")
 
 

@@ -252,8 +252,8 @@ def test_info_kernel_compile_check(monkeypatch):
     """The NVRTC part of gpuq info, with nvrtc_check faked (the real compile takes seconds)."""
     from types import SimpleNamespace
 
-    from gpuq import _cli_env
-    from gpuq.backends import _kernels, nvrtc_check
+    from gpuq.cli import env as cli_env
+    from gpuq.backends.cuda import nvrtc_check, registry
 
     class FakeNvrtc:
         def __init__(self, path):
@@ -269,17 +269,17 @@ def test_info_kernel_compile_check(monkeypatch):
     monkeypatch.setattr(nvrtc_check, "find_libnvrtc", lambda: Path("/x/libnvrtc.so.13"))
     monkeypatch.setattr(nvrtc_check, "Nvrtc", FakeNvrtc)
     monkeypatch.setattr(nvrtc_check, "compile_source", compile_source)
-    monkeypatch.setattr(_kernels, "SOURCES", {"a.cu": None, "b.cu": None})
+    monkeypatch.setattr(registry, "SOURCES", {"a.cu": None, "b.cu": None})
     report = {}
-    _cli_env._nvrtc_info(report)
+    cli_env._nvrtc_info(report)
     assert report["nvrtc"] == "13.5 (/x/libnvrtc.so.13)"
     assert report["kernels_compile"].startswith("yes (4 kernels in 2 sources, compute_80 PTX")
-    monkeypatch.setattr(_kernels, "SOURCES", {"a.cu": None, "broken.cu": None})
-    _cli_env._nvrtc_info(report)
+    monkeypatch.setattr(registry, "SOURCES", {"a.cu": None, "broken.cu": None})
+    cli_env._nvrtc_info(report)
     assert report["kernels_compile"] == "no: broken.cu [compute_80] 2 kernels: FAILED error"
     monkeypatch.setattr(nvrtc_check, "find_libnvrtc", lambda: None)
     report = {}
-    _cli_env._nvrtc_info(report)
+    cli_env._nvrtc_info(report)
     assert report["nvrtc"].startswith("unavailable (libnvrtc not found")
 
 
@@ -360,21 +360,21 @@ def test_bad_input_subprocess(bad_dir, argv, message):
 
 
 def test_device_cuda_without_gpu(bad_dir, monkeypatch, capsys):
-    from gpuq import _cli_env
+    from gpuq.cli import env as cli_env
 
-    monkeypatch.setattr(_cli_env, "cuda_unavailable_reason", lambda: "CuPy is not installed")
+    monkeypatch.setattr(cli_env, "cuda_unavailable_reason", lambda: "CuPy is not installed")
     monkeypatch.chdir(bad_dir)
     before = sorted(os.listdir(bad_dir))
     code = cli.main(["quantize", "ok.safetensors", "-o", "o.safetensors", "--device", "cuda"])
     _assert_failed(code, capsys.readouterr().err, "--device cuda: CuPy is not installed",
                    bad_dir, before)
-    assert _cli_env.pick_device("auto").name == "cpu"  # auto falls back quietly
+    assert cli_env.pick_device("auto").name == "cpu"  # auto falls back quietly
 
 
 @pytest.mark.parametrize("fmt", ["safetensors", "npz"])
 @pytest.mark.parametrize("exc", [KeyboardInterrupt, OSError])
 def test_interrupted_write_leaves_nothing(tmp_path, monkeypatch, capsys, fmt, exc):
-    from gpuq import _cli_io
+    from gpuq.cli import files as cli_files
 
     src = tmp_path / f"x.{fmt}"
     if fmt == "safetensors":
@@ -386,7 +386,7 @@ def test_interrupted_write_leaves_nothing(tmp_path, monkeypatch, capsys, fmt, ex
         Path(path).write_bytes(b"partial")  # the temporary file exists, half written
         raise exc("boom")
 
-    monkeypatch.setattr(_cli_io, "_write_npz", lambda path, members: half_written(path))
+    monkeypatch.setattr(cli_files, "_write_npz", lambda path, members: half_written(path))
     monkeypatch.setattr(safetensors_numpy, "save_file",
                         lambda tensors, path, metadata=None: half_written(path))
     before = sorted(os.listdir(tmp_path))
@@ -397,30 +397,13 @@ def test_interrupted_write_leaves_nothing(tmp_path, monkeypatch, capsys, fmt, ex
     assert sorted(os.listdir(tmp_path)) == before
 
 
-# -- gpuq bench -----------------------------------------------------------------------------
+# -- no gpuq bench ---------------------------------------------------------------------------
 
-def _isolate_bench(monkeypatch, cwd):
-    monkeypatch.chdir(cwd)
-    monkeypatch.setattr(sys, "path", [p for p in sys.path
-                                      if p not in ("", ".") and Path(p or ".").resolve() != REPO])
-    for mod in [m for m in sys.modules if m == "bench" or m.startswith("bench.")]:
-        monkeypatch.delitem(sys.modules, mod)
-
-
-def test_bench_missing(tmp_path, monkeypatch, capsys):
-    _isolate_bench(monkeypatch, tmp_path)
-    assert cli.main(["bench"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("gpuq: error: no benchmark package here") and err.count("\n") == 1
-
-
-def test_bench_calls_main(tmp_path, monkeypatch):
-    (tmp_path / "bench").mkdir()
-    (tmp_path / "bench" / "__init__.py").write_text(
-        "seen = []\ndef main(argv):\n    seen.append(argv)\n    return 3\n")
-    _isolate_bench(monkeypatch, tmp_path)
-    assert cli.main(["bench", "--help", "-x"]) == 3
-    assert sys.modules["bench"].seen == [["--help", "-x"]]
+def test_bench_is_not_a_command(capsys):
+    """The benchmark lives in the repository (``python -m bench``), not in the wheel, so an
+    installed gpuq has no ``bench`` command: it is refused like any unknown command."""
+    assert cli.main(["bench", "--device", "cpu"]) == 2
+    assert "invalid choice: 'bench'" in capsys.readouterr().err
 
 
 def test_device_cuda_plumbing_with_fake_cupy(tmp_path, monkeypatch, capsys):
@@ -428,7 +411,7 @@ def test_device_cuda_plumbing_with_fake_cupy(tmp_path, monkeypatch, capsys):
     (no GPU here) the files must equal the --device cpu ones bit for bit."""
     import types
 
-    from gpuq import _cli_env
+    from gpuq.cli import env as cli_env
 
     fake = types.ModuleType("cupy")
     fake.ndarray = type("FakeCupyArray", (), {})
@@ -440,7 +423,7 @@ def test_device_cuda_plumbing_with_fake_cupy(tmp_path, monkeypatch, capsys):
     for device in ("cpu", "cuda"):
         if device == "cuda":
             monkeypatch.setitem(sys.modules, "cupy", fake)
-            monkeypatch.setattr(_cli_env, "cuda_unavailable_reason", lambda: None)
+            monkeypatch.setattr(cli_env, "cuda_unavailable_reason", lambda: None)
         for cmd, src, dst in (("quantize", "w.npz", f"q_{device}.npz"),
                               ("dequantize", f"q_{device}.npz", f"b_{device}.npz")):
             argv = [cmd, str(tmp_path / src), "-o", str(tmp_path / dst), "--device", device,

@@ -17,7 +17,7 @@ import pytest
 
 import gpuq
 from conftest import _cuda_skip_reason
-from gpuq.backends import cuda_backend
+from gpuq.backends.cuda import backend as cuda_backend
 
 
 _REASON = _cuda_skip_reason()
@@ -29,7 +29,7 @@ needs_gpu = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
 
 
 def test_import_gpuq_and_backend_never_import_cupy():
-    code = ("import sys, gpuq, gpuq.backends.cuda_backend, gpuq.backends.nvrtc_check; "
+    code = ("import sys, gpuq, gpuq.backends.cuda.backend, gpuq.backends.cuda.nvrtc_check; "
             "assert 'cupy' not in sys.modules, 'cupy imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -273,7 +273,7 @@ def test_one_host_parameter_goes_by_value(cp, monkeypatch, fdtype):
     x = (rng.standard_normal((17, 33)) * 40).astype(fdtype)
     xd = cp.asarray(x)
     names = _kernel_names(monkeypatch)
-    value = f", {cuda_backend._kernels.MAPS['value']}>"
+    value = f", {cuda_backend.registry.MAPS['value']}>"
     s, z = np.float32(0.37), np.int32(-5)
     want = gpuq.quantize(x, s, z)
     for sp, zp, by_value in [(float(s), int(z), True), (np.array([s]), np.array([z]), True),
@@ -313,7 +313,7 @@ def test_static_ops_with_one_value_on_device(cp, monkeypatch, qdtype):
         assert np.array_equal(cp.asnumpy(q), qop(x))
         y = dop(q)
         assert np.array_equal(cp.asnumpy(y).view(np.uint16), dop(qop(x)).view(np.uint16))
-    value = f", {cuda_backend._kernels.MAPS['value']}>"
+    value = f", {cuda_backend.registry.MAPS['value']}>"
     assert len(names) == 4 and all(n.endswith(value) for n in names), names
     assert all(isinstance(p, np.ndarray) for p in qop._device_params[next(iter(qop._device_params))])
 

@@ -12,7 +12,7 @@ import pytest
 import gpuq
 import reference as ref
 from conftest import host_kernels
-from gpuq.backends import _blocks, _compiled
+from gpuq.backends.host import blocks, choice
 
 RNG = np.random.default_rng(23)
 
@@ -20,9 +20,9 @@ RNG = np.random.default_rng(23)
 @pytest.fixture
 def kernels():
     pytest.importorskip("numba")
-    from gpuq.backends import _host_kernels
+    from gpuq.backends.host import loops
 
-    return _host_kernels
+    return loops
 
 
 def _float32_around_float16_boundaries():
@@ -106,7 +106,7 @@ def _minmax_cases():
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
 def test_compiled_row_minmax_equals_fmin_fmax(kernels, dtype):
-    from gpuq.backends.numpy_qparams import row_minmax
+    from gpuq.backends.host.qparams import row_minmax
 
     x = _minmax_cases().astype(dtype)
     lo, hi = row_minmax(x, kernels)
@@ -116,10 +116,10 @@ def test_compiled_row_minmax_equals_fmin_fmax(kernels, dtype):
 
 
 def test_finalize_one_equals_numpy_finalize(kernels):
-    """The compiled kernel's scalar finalize against numpy_qparams.finalize, bit for bit."""
+    """The compiled kernel's scalar finalize against host_qparams.finalize, bit for bit."""
     from numba import njit
 
-    from gpuq.backends.numpy_qparams import finalize
+    from gpuq.backends.host.qparams import finalize
 
     f32 = np.finfo(np.float32)
     rng = np.random.default_rng(9)
@@ -148,30 +148,30 @@ def test_finalize_one_equals_numpy_finalize(kernels):
 
 
 def test_runs_layouts():
-    x = np.zeros((100, 5, 40), np.float32)  # above _blocks.SMALL: short runs get widened
+    x = np.zeros((100, 5, 40), np.float32)  # above blocks.SMALL: short runs get widened
     o = np.zeros((100, 5, 40), np.int8)
     # per-tensor: one run
-    assert _blocks.runs(x, o, [np.float32(2)])[2].run == x.size
+    assert blocks.runs(x, o, [np.float32(2)])[2].run == x.size
     # per-channel on the middle axis: runs of 40, 5 parameters repeating
-    _, _, (run, (p,)) = _blocks.runs(x, o, [np.arange(5.0).reshape(1, 5, 1)])
+    _, _, (run, (p,)) = blocks.runs(x, o, [np.arange(5.0).reshape(1, 5, 1)])
     assert run == 40 and p.tolist() == [0, 1, 2, 3, 4]
     # two adjacent dims: runs of 40 over 30 parameters; fewer dims broadcast on the left
-    _, _, (run, (p,)) = _blocks.runs(x, o, [np.arange(500.0).reshape(100, 5, 1)])
+    _, _, (run, (p,)) = blocks.runs(x, o, [np.arange(500.0).reshape(100, 5, 1)])
     assert run == 40 and p.size == 500
     # runs shorter than RUN_MIN become one parameter per element; short periods are tiled
     short = np.zeros((1000, 5, 4), np.float32)
-    _, _, (run, (p,)) = _blocks.runs(short, short, [np.arange(5.0).reshape(1, 5, 1)])
-    assert run == 1 and p.size >= _blocks.PERIOD_MIN and p.size % 20 == 0
+    _, _, (run, (p,)) = blocks.runs(short, short, [np.arange(5.0).reshape(1, 5, 1)])
+    assert run == 1 and p.size >= blocks.PERIOD_MIN and p.size % 20 == 0
     np.testing.assert_array_equal(p[:20], np.repeat(np.arange(5.0), 4))
     # ... but not in a small block, where widening costs more than it saves
-    _, _, (run, (p,)) = _blocks.runs(short[:10], short[:10], [np.arange(5.0).reshape(1, 5, 1)])
+    _, _, (run, (p,)) = blocks.runs(short[:10], short[:10], [np.arange(5.0).reshape(1, 5, 1)])
     assert run == 4 and p.size == 5
-    _, _, (run, (p,)) = _blocks.runs(x, o, [np.arange(200.0).reshape(5, 40)])
-    assert run == 1 and p.size % 200 == 0 and p.size >= _blocks.PERIOD_MIN
+    _, _, (run, (p,)) = blocks.runs(x, o, [np.arange(200.0).reshape(5, 40)])
+    assert run == 1 and p.size % 200 == 0 and p.size >= blocks.PERIOD_MIN
     # not flat: parameters on two non-adjacent dims, a strided src or out
-    assert _blocks.runs(x, o, [np.ones((100, 1, 40))]) is None
-    assert _blocks.runs(x[:, ::2], o[:, ::2], [np.float32(1)]) is None
-    assert _blocks.runs(x, o.transpose(0, 2, 1).copy().transpose(0, 2, 1), [np.float32(1)]) is None
+    assert blocks.runs(x, o, [np.ones((100, 1, 40))]) is None
+    assert blocks.runs(x[:, ::2], o[:, ::2], [np.float32(1)]) is None
+    assert blocks.runs(x, o.transpose(0, 2, 1).copy().transpose(0, 2, 1), [np.float32(1)]) is None
 
 
 @pytest.mark.parametrize("shape,axis", [((50001, 3), 1), ((9999, 8), -1), ((300, 7, 2), 1), ((40, 6000, 3), 1),
@@ -192,9 +192,9 @@ def test_short_periods_and_runs_exact(small_kernel_blocks, host_loops, shape, ax
 @pytest.fixture
 def small_kernel_blocks(monkeypatch):
     """Blocks of 4096 (not a multiple of most periods here) and threads on small inputs."""
-    monkeypatch.setattr(_blocks, "BLOCK", 4096)
-    monkeypatch.setattr(_blocks, "SMALL", 0)
-    monkeypatch.setattr("gpuq.backends.numpy_backend.PARALLEL_MIN", 0)
+    monkeypatch.setattr(blocks, "BLOCK", 4096)
+    monkeypatch.setattr(blocks, "SMALL", 0)
+    monkeypatch.setattr("gpuq.backends.host.backend.PARALLEL_MIN", 0)
 
 
 def test_strided_and_multi_axis_blocks_fall_back_exactly(host_loops):
@@ -225,8 +225,8 @@ def test_set_host_kernels_validates_restores_and_reports():
 
 
 def test_without_numba_auto_uses_ufuncs_and_numba_is_refused(monkeypatch):
-    monkeypatch.setattr(_compiled, "_kernels", False)  # as if numba failed to import
-    monkeypatch.setattr(_compiled, "_choice", "auto")
+    monkeypatch.setattr(choice, "_kernels", False)  # as if numba failed to import
+    monkeypatch.setattr(choice, "_choice", "auto")
     assert gpuq.get_host_kernels() == "numpy"
     x = RNG.normal(size=1000).astype(np.float32)
     np.testing.assert_array_equal(gpuq.quantize(x, 0.01, 3), ref.quantize(x, np.float32(0.01), np.int32(3)))
@@ -239,9 +239,9 @@ def test_kernels_that_fail_to_load_fall_back_with_a_warning(monkeypatch):
     def broken():
         raise RuntimeError("cannot cache function 'quantize': no locator available")
 
-    monkeypatch.setattr(_compiled, "_import_kernels", broken)
-    monkeypatch.setattr(_compiled, "_kernels", None)
-    monkeypatch.setattr(_compiled, "_choice", "auto")
+    monkeypatch.setattr(choice, "_import_kernels", broken)
+    monkeypatch.setattr(choice, "_kernels", None)
+    monkeypatch.setattr(choice, "_choice", "auto")
     x = RNG.normal(size=100).astype(np.float32)
     with pytest.warns(RuntimeWarning, match="compiled host kernels did not load .*no locator"):
         q = gpuq.quantize(x, 0.05)
@@ -251,18 +251,18 @@ def test_kernels_that_fail_to_load_fall_back_with_a_warning(monkeypatch):
 
 @pytest.mark.parametrize("value,want", [("numpy", "numpy"), ("", None), ("NumPy", "numpy")])
 def test_environment_variable(monkeypatch, value, want):
-    monkeypatch.setattr(_compiled, "_choice", None)
+    monkeypatch.setattr(choice, "_choice", None)
     monkeypatch.setenv("GPUQ_HOST_KERNELS", value)
-    assert gpuq.get_host_kernels() == (want or ("numba" if _compiled.available() else "numpy"))
-    monkeypatch.setattr(_compiled, "_choice", None)
+    assert gpuq.get_host_kernels() == (want or ("numba" if choice.available() else "numpy"))
+    monkeypatch.setattr(choice, "_choice", None)
 
 
 def test_environment_variable_is_validated(monkeypatch):
-    monkeypatch.setattr(_compiled, "_choice", None)
+    monkeypatch.setattr(choice, "_choice", None)
     monkeypatch.setenv("GPUQ_HOST_KERNELS", "cython")
     with pytest.raises(ValueError, match="GPUQ_HOST_KERNELS must be one of auto, numba, numpy, got 'cython'"):
         gpuq.quantize(np.ones(3, np.float32), 1.0)
-    monkeypatch.setattr(_compiled, "_choice", None)
+    monkeypatch.setattr(choice, "_choice", None)
 
 
 _DIRECT = [  # (shape, axis, group_size, view): small calls the kernels take without blocks or plans
@@ -280,7 +280,7 @@ _PLANNED = [  # ... and those that still go through the block plans (the same bi
     ((17, 33), 0, None, "strided"),
     ((5, 17, 9), (0, 2), None, None),     # parameters on non-adjacent dims
     ((6, 41), 1, 8, None),                # a ragged last group
-    ((200, 100), 1, None, None),          # above _blocks.SMALL
+    ((200, 100), 1, None, None),          # above blocks.SMALL
 ]
 
 
@@ -304,11 +304,11 @@ def _small_case(shape, axis, group_size, view):
 @pytest.mark.parametrize("code,out_dtype", [("int8", "float32"), ("uint8", "float16")])
 def test_small_calls_skip_the_plans_where_they_can(host_loops, monkeypatch, shape, axis, group_size, view,
                                                    code, out_dtype):
-    from gpuq.backends import numpy_backend
+    from gpuq.backends.host import backend as host_backend
 
     planned = []
-    plans = numpy_backend._plans
-    monkeypatch.setattr(numpy_backend, "_plans", lambda *a, **k: planned.append(1) or plans(*a, **k))
+    plans = host_backend._plans
+    monkeypatch.setattr(host_backend, "_plans", lambda *a, **k: planned.append(1) or plans(*a, **k))
     x, s, z = _small_case(shape, axis, group_size, view)
     kw = {"axis": axis, "group_size": group_size}
     q = gpuq.quantize(x, s, z, dtype=code, **kw)
@@ -323,13 +323,13 @@ def test_small_calls_skip_the_plans_where_they_can(host_loops, monkeypatch, shap
 @pytest.mark.parametrize("shape", [(7, 1025), (40, 1000)], ids=["small", "blocks"])
 def test_float64_takes_the_kernels_with_any_int32_zero_point(kernels, monkeypatch, shape):
     """float64 holds rint(x / s) + zp exactly for every int32 zp: no ufunc fallback there."""
-    from gpuq.backends import numpy_backend
+    from gpuq.backends.host import backend as host_backend
 
     def no_ufuncs(*args, **kwargs):
         raise AssertionError("the ufunc loop ran")
 
-    monkeypatch.setattr(numpy_backend, "_quantize_block", no_ufuncs)
-    monkeypatch.setattr(numpy_backend, "_dequantize_block", no_ufuncs)
+    monkeypatch.setattr(host_backend, "_quantize_block", no_ufuncs)
+    monkeypatch.setattr(host_backend, "_dequantize_block", no_ufuncs)
     s = RNG.uniform(0.5, 2, shape[1])
     z = RNG.choice(np.array([-(2**31), 2**31 - 1, 2**30, -(2**22) - 1, 5]), shape[1]).astype(np.int32)
     # Around -zp * s, where the codes are not all saturated: the big zps decide them.

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from gpuq._scheme import Scheme
-from gpuq.backends import _kernels, nvrtc_check
+from gpuq.backends.cuda import nvrtc_check, registry
 
 _LIB = nvrtc_check.find_libnvrtc()
 needs_nvrtc = pytest.mark.skipif(
@@ -49,32 +49,32 @@ def compiled(nvrtc):
 
 @needs_nvrtc
 @pytest.mark.parametrize("target", nvrtc_check.TARGETS)
-@pytest.mark.parametrize("source", sorted(_kernels.SOURCES))
+@pytest.mark.parametrize("source", sorted(registry.SOURCES))
 def test_every_instantiation_compiles_cleanly(compiled, source, target):
     res = compiled(source, target)
     assert res.ok, res.describe()
-    assert sorted(res.lowered) == sorted(_kernels.SOURCES[source]())
+    assert sorted(res.lowered) == sorted(registry.SOURCES[source]())
     assert res.code
 
 
 @needs_nvrtc
-@pytest.mark.parametrize("source", sorted(_kernels.SOURCES))
+@pytest.mark.parametrize("source", sorted(registry.SOURCES))
 def test_ptx_does_not_depend_on_ftz(nvrtc, compiled, source):
     res = nvrtc_check.ftz_independent(nvrtc, source, compiled(source, "compute_80"))
     assert res.ok, res.describe()
 
 
 def test_registry_covers_every_dtype_combination():
-    q = _kernels.quantize_names()
-    d = _kernels.dequantize_names()
-    assert len(q) == len(set(q)) == 3 * 2 * 2 * len(_kernels.MAPS)
-    assert len(d) == len(set(d)) == 2 * 3 * 2 * len(_kernels.MAPS)
+    q = registry.quantize_names()
+    d = registry.dequantize_names()
+    assert len(q) == len(set(q)) == 3 * 2 * 2 * len(registry.MAPS)
+    assert len(d) == len(set(d)) == 2 * 3 * 2 * len(registry.MAPS)
     assert "gpuq::quantize<__half, unsigned char, float, false, 0>" in q
     assert "gpuq::dequantize<signed char, double, double, true, 3>" in d
 
 
 def test_sources_expand_includes():
-    text = _kernels.source_text("quantize.cu")
+    text = registry.source_text("quantize.cu")
     assert "#include \"contract.cuh\"" not in text
     assert text.count("struct QuantizeOp") == 1 and "struct GroupMap" in text
 
@@ -151,7 +151,7 @@ def harness(tmp_path_factory):
     d = tmp_path_factory.mktemp("harness")
     (d / "h.cpp").write_text(textwrap.dedent(_HARNESS))
     exe = d / "h"
-    subprocess.run([_CXX, "-std=c++17", "-O1", "-Wno-unknown-pragmas", f"-I{_kernels.kernels_dir()}",
+    subprocess.run([_CXX, "-std=c++17", "-O1", "-Wno-unknown-pragmas", f"-I{registry.kernels_dir()}",
                     str(d / "h.cpp"), "-o", str(exe)], check=True, capture_output=True)
     return exe
 
@@ -220,7 +220,7 @@ def test_traversal_and_index_maps_on_host(harness, shape, axis, group):
             for blocks, threads in ((1, 1), (3, 5)):
                 dims_t = dims or ()
                 nd = len(dims_t) // 2
-                lines.append(" ".join(map(str, (_kernels.MAPS[name], n, head, vec, m0, m1, m2,
+                lines.append(" ".join(map(str, (registry.MAPS[name], n, head, vec, m0, m1, m2,
                                                 blocks, threads, nd) + tuple(dims_t))))
                 runs.append((head, vec, blocks, threads))
     out = subprocess.run([str(harness)], input="\n".join(lines) + "\n", capture_output=True,
@@ -247,7 +247,7 @@ def test_value_map_never_reloads(harness, n):
         for vec in (0, 1, 3):
             for blocks, threads in ((1, 1), (3, 5)):
                 # m0, m1 carry the scale's bits and the zero point: arbitrary values for the walk
-                lines.append(f"{_kernels.MAPS['value']} {n} {head} {vec} 1056964608 -7 0 {blocks} {threads} 0")
+                lines.append(f"{registry.MAPS['value']} {n} {head} {vec} 1056964608 -7 0 {blocks} {threads} 0")
                 runs.append((head, vec, blocks, threads))
     for line, run in zip(_harness_lines(harness, lines), runs, strict=True):
         got = np.array(line.split(), np.int64)
@@ -259,7 +259,7 @@ def test_scale_bits_reach_the_kernel_unchanged(harness):
     """cuda_backend._by_value's m0 decoded by the kernels' scale_from_bits (same
     little-endian layout on the host as on the device): every class of float32
     and float64 scale, subnormals and the largest finite included."""
-    from gpuq.backends.cuda_backend import _by_value
+    from gpuq.backends.cuda.backend import _by_value
 
     f32 = np.array([0.5, 1 / 3, 1e-40, np.finfo(np.float32).smallest_subnormal, np.finfo(np.float32).tiny,
                     np.finfo(np.float32).max, 0.0173], np.float32)
@@ -274,7 +274,7 @@ def test_scale_bits_reach_the_kernel_unchanged(harness):
 
 
 def test_by_value_only_for_host_values():
-    from gpuq.backends.cuda_backend import _by_value
+    from gpuq.backends.cuda.backend import _by_value
 
     s = np.array(0.25, np.float32)
     assert _by_value(s, np.array([-(2**31)], np.int32)) == (int(s.view(np.int32)), -(2**31))

@@ -31,7 +31,13 @@ def wheel(tmp_path_factory):
 
 def test_wheel_contents(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert "gpuq/__init__.py" in names and "gpuq/backends/numpy_backend.py" in names
+    # Every Python module of the source tree, at the same path: a subpackage missing from
+    # pyproject's package list would silently be left out of the wheel.
+    modules = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "gpuq").rglob("*.py")
+                     if "__pycache__" not in p.parts)
+    assert "gpuq/backends/cuda/backend.py" in modules
+    missing = [m for m in modules if m not in names]
+    assert not missing, f"modules missing from the wheel: {missing}"
     kernels = sorted(p.name for p in (ROOT / "kernels").iterdir() if p.suffix in (".cu", ".cuh"))
     assert kernels, "kernels/ holds no CUDA sources"
     for k in kernels:

@@ -351,9 +351,9 @@ def test_errors(backend, call, exc, match):
 
 def test_fused_rows_report_inf_in_whole_tensor_coordinates(monkeypatch, host_loops):
     # The one-pass NumPy quantize_dynamic works in blocks of rows; the error names the global row.
-    from gpuq.backends import numpy_qparams
+    from gpuq.backends.host import qparams as host_qparams
 
-    monkeypatch.setattr(numpy_qparams, "FUSED_BLOCK", 64)
+    monkeypatch.setattr(host_qparams, "FUSED_BLOCK", 64)
     x = np.ones((64, 16), np.float32)
     x[40, 3] = -np.inf
     with pytest.raises(ValueError, match=r"got -inf in the block of scales index \(40,\)"):
@@ -361,9 +361,9 @@ def test_fused_rows_report_inf_in_whole_tensor_coordinates(monkeypatch, host_loo
 
 
 def test_fused_rows_match_two_passes_across_blocks(monkeypatch, host_loops):
-    from gpuq.backends import numpy_qparams
+    from gpuq.backends.host import qparams as host_qparams
 
-    monkeypatch.setattr(numpy_qparams, "FUSED_BLOCK", 64)
+    monkeypatch.setattr(host_qparams, "FUSED_BLOCK", 64)
     rng = np.random.default_rng(5)
     x = rng.normal(0, 2, size=(37, 33)).astype(np.float32)
     x[::5, ::7] = np.nan

@@ -4,11 +4,11 @@ CuPy is imported inside the functions, never at import time. A module is
 compiled once per (source, name expressions, options, device architecture)
 in a process (:func:`functools.cache`), and CuPy's on-disk kernel cache makes
 the next process fast. Any op family registered in
-:data:`gpuq.backends._kernels.SOURCES` uses the same two calls:
+:data:`gpuq.backends.registry.SOURCES` uses the same two calls:
 
->>> from gpuq.backends import _cuda_compile, _kernels      # doctest: +SKIP
->>> names = _kernels.quantize_group("float32", "int8")      # doctest: +SKIP
->>> fn = _cuda_compile.get_function("quantize.cu", names, names[0])  # doctest: +SKIP
+>>> from gpuq.backends.cuda import compiler, registry      # doctest: +SKIP
+>>> names = registry.quantize_group("float32", "int8")      # doctest: +SKIP
+>>> fn = compiler.get_function("quantize.cu", names, names[0])  # doctest: +SKIP
 >>> fn((blocks,), (256,), args, stream=cupy.cuda.get_current_stream())  # doctest: +SKIP
 """
 
@@ -16,28 +16,28 @@ from __future__ import annotations
 
 import functools
 
-from . import _kernels
+from . import registry
 
 
 def load_module(source_name: str, name_expressions):
     """The ``cupy.RawModule`` of ``kernels/<source_name>`` for the current device.
 
     ``name_expressions`` are the template instantiations to compile (names
-    from :mod:`gpuq.backends._kernels`); compile options are
-    :data:`gpuq.backends._kernels.OPTIONS`. Compilation happens at the first
+    from :mod:`gpuq.backends.cuda.registry`); compile options are
+    :data:`gpuq.backends.registry.OPTIONS`. Compilation happens at the first
     ``get_function`` and is cached.
     """
     import cupy
 
     arch = cupy.cuda.Device().compute_capability
-    return _module(source_name, tuple(name_expressions), tuple(_kernels.OPTIONS), arch)
+    return _module(source_name, tuple(name_expressions), tuple(registry.OPTIONS), arch)
 
 
 @functools.cache
 def _module(source_name, names, options, arch):
     import cupy
 
-    return cupy.RawModule(code=_kernels.source_text(source_name), options=options,
+    return cupy.RawModule(code=registry.source_text(source_name), options=options,
                           name_expressions=list(names))
 
 

@@ -4,13 +4,13 @@ The NumPy backend spends 4-5 ufunc passes per block and hands the GIL back and
 forth between them; these kernels read every element once, write its result
 once and hold no GIL while they run, so a block costs what its memory traffic
 costs. They are optional: the NumPy backend uses them when numba is importable
-(the ``fast`` extra) and ``GPUQ_HOST_KERNELS`` is not ``numpy`` (``_compiled``),
-for every block in the flat form of ``_blocks.Runs``, and returns the same bits
+(the ``fast`` extra) and ``GPUQ_HOST_KERNELS`` is not ``numpy`` (``choice``),
+for every block in the flat form of ``blocks.Runs``, and returns the same bits
 either way (the test suite runs every host test on both).
 
 Why the arithmetic is the contract's, bit for bit (zero points arrive as
 integral floats of the compute type, ``|zp| <= 2**21``; wider ones stay on the
-ufunc path, ``numpy_backend._quantize_wide``):
+ufunc path, ``backend._quantize_wide``):
 
 * numba types ``a / b`` and ``a * b`` of two float32 values as float32: one
   IEEE operation (float64 input and output compute in float64).
@@ -30,11 +30,11 @@ ufunc path, ``numpy_backend._quantize_wide``):
   subnormals.
 
 Every kernel takes a flat block and ``run``: element ``i`` uses parameter
-``(i // run) % nparams`` (``_blocks.Runs``). A per-tensor block is one run,
+``(i // run) % nparams`` (``blocks.Runs``). A per-tensor block is one run,
 rows of a per-channel block are runs, and ``run == 1`` (one parameter per
 element, a pattern repeating every ``nparams``) is its own loop over whole
 patterns. Inner loops must be long to vectorize, so the plans widen short
-runs and tile short patterns first (``_blocks.RUN_MIN``, ``PERIOD_MIN``).
+runs and tile short patterns first (``blocks.RUN_MIN``, ``PERIOD_MIN``).
 """
 
 from __future__ import annotations
@@ -242,7 +242,7 @@ def fmin_keep(a, b):
 def finalize_one(lo, hi, qmin, qmax, symmetric, eps):
     """``(scale, zp, ok)`` from one slot's float32 min and max (NaN: no number).
 
-    The formula of ``numpy_qparams.finalize`` and ``kernels/qparams.cu``
+    The formula of ``qparams.finalize`` and ``kernels/qparams.cu``
     (``finalize_one``), bit for bit (tested against the former); ``ok`` is
     False where a bound is +/-inf (the caller raises).
     """

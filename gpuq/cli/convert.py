@@ -25,8 +25,8 @@ import sys
 
 import numpy as np
 
-from ._cli_io import Checkpoint, CliError, check_output, file_format, write_checkpoint
-from ._cli_select import check_names, describe, select
+from .files import Checkpoint, CliError, check_output, file_format, write_checkpoint
+from .selection import check_names, describe, select
 
 FORMAT_VERSION = 1
 
@@ -95,7 +95,7 @@ def sqnr_db(signal: float, error: float) -> float:
 def quantize_tensor(x, scheme: dict, device):
     """Codes, scales, zps (host arrays; zps None for symmetric int8) and error stats."""
     import gpuq
-    from .qparams import choose_qparams
+    from ..qparams import choose_qparams
 
     xd = device.put(widen(x))
     kw = {"axis": scheme["axis"], "group_size": scheme["group_size"]}
@@ -142,7 +142,7 @@ def _out_format(in_fmt, out_path, *, npy_ok):
 
 def run_quantize(in_path, out_path, plan, *, include=(), exclude=(), min_size, device,
                  progress=True) -> dict:
-    """Quantize a checkpoint file; return the report (see :mod:`gpuq._cli_report`)."""
+    """Quantize a checkpoint file; return the report (see :mod:`gpuq.cli.report`)."""
     in_fmt = file_format(in_path, "IN")
     out_fmt = _out_format(in_fmt, out_path, npy_ok=False)
     with Checkpoint(in_path) as ckpt:

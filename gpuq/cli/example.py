@@ -60,7 +60,7 @@ def write_example(path: str, *, dtype: str = "bfloat16", seed: int = 0) -> dict:
     >>> write_example(out, dtype="float16")["tensors"]
     22
     """
-    from ._cli_io import CliError, file_format, write_checkpoint
+    from .files import CliError, file_format, write_checkpoint
 
     fmt = file_format(path, "OUT")
     if dtype == "bfloat16":

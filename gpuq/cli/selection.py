@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._cli_io import CliError
+from .files import CliError
 
 DEFAULT_MIN_SIZE = 1024
 _FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
@@ -88,7 +88,7 @@ def select(specs: dict, *, include=(), exclude=(), min_size=DEFAULT_MIN_SIZE) ->
     >>> select(specs, include=["b.*"])
     Traceback (most recent call last):
     ...
-    gpuq._cli_io.CliError: --include 'b.*' matches no tensor name in IN
+    gpuq.cli.files.CliError: --include 'b.*' matches no tensor name in IN
     """
     names = list(specs)
     for flag, patterns in (("--include", include), ("--exclude", exclude)):

@@ -7,7 +7,6 @@
     gpuq quantize IN -o OUT --group-size 128 --symmetric --exclude 'lm_head.*' --json
     gpuq dequantize tiny-int8.safetensors -o tiny-f32.safetensors
     gpuq info
-    gpuq bench [ARGS...]                                # from the repository root
 
 Exit codes: 0 on success, 2 for bad input or usage (one ``gpuq: error: ...``
 line on stderr, no output file left behind), 130 on Ctrl-C. ``python -m gpuq``
@@ -24,8 +23,8 @@ import json
 import os
 import sys
 
-from ._cli_io import CliError
-from ._cli_select import DEFAULT_MIN_SIZE
+from .files import CliError
+from .selection import DEFAULT_MIN_SIZE
 
 __all__ = ["main", "build_parser"]
 
@@ -105,10 +104,6 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--no-compile-check", action="store_true",
                    help="skip compiling the kernels with NVRTC (takes a few seconds)")
 
-    b = sub.add_parser("bench", help="run the benchmarks (bench.main) from a source checkout",
-                       add_help=False)
-    b.add_argument("args", nargs=argparse.REMAINDER, help="passed to bench.main")
-
     e = sub.add_parser("example", help="write a small Llama-shaped checkpoint to try gpuq on",
                        description="Write a small deterministic checkpoint (2 layers, hidden "
                                    "256, 2.1M parameters, 4 MiB in bfloat16): no download needed.")
@@ -128,7 +123,7 @@ def _common(p, json_help):
 
 
 def _plan(args):
-    from ._cli_select import Plan
+    from .selection import Plan
 
     if args.group_size is not None and args.group_size < 1:
         raise CliError(f"--group-size must be a positive integer, got {args.group_size}")
@@ -151,9 +146,9 @@ def _show_progress(args) -> bool:
 
 
 def _quantize(args) -> int:
-    from ._cli_env import pick_device
-    from ._cli_quant import run_quantize
-    from ._cli_report import format_table, to_json
+    from .env import pick_device
+    from .convert import run_quantize
+    from .report import format_table, to_json
 
     plan = _plan(args)
     device = pick_device(args.device)
@@ -165,9 +160,9 @@ def _quantize(args) -> int:
 
 
 def _dequantize(args) -> int:
-    from ._cli_env import pick_device
-    from ._cli_quant import run_dequantize
-    from ._cli_report import format_dequantize, to_json
+    from .env import pick_device
+    from .convert import run_dequantize
+    from .report import format_dequantize, to_json
 
     device = pick_device(args.device)
     report = run_dequantize(args.input, args.output, dtype=args.dtype, device=device,
@@ -177,7 +172,7 @@ def _dequantize(args) -> int:
 
 
 def _info(args) -> int:
-    from ._cli_env import info
+    from .env import info
 
     report = info(compile_check=not args.no_compile_check)
     if args.json:
@@ -189,14 +184,8 @@ def _info(args) -> int:
     return 0
 
 
-def _bench(args) -> int:
-    from ._cli_env import run_bench
-
-    return run_bench(args.args)
-
-
 def _example(args) -> int:
-    from ._example import write_example
+    from .example import write_example
 
     s = write_example(args.output, dtype=args.dtype, seed=args.seed)
     print(f"wrote {s['path']}: {s['tensors']} tensors, {s['parameters']:,} parameters, "
@@ -205,7 +194,7 @@ def _example(args) -> int:
 
 
 _COMMANDS = {"quantize": _quantize, "dequantize": _dequantize, "info": _info,
-             "bench": _bench, "example": _example}
+             "example": _example}
 
 
 def main(argv=None) -> int:
@@ -215,16 +204,13 @@ def main(argv=None) -> int:
     2
     """
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"]:
-        # Everything after "bench" belongs to bench.main, --help included.
-        return _run(_bench, argparse.Namespace(args=argv[1:]))
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse already printed "gpuq: error: ..." (code 2) or help (0)
         return int(exc.code or 0)
     if args.version:
-        from . import __version__
+        from .. import __version__
 
         print(f"gpuq {__version__}")
         return 0

@@ -21,7 +21,7 @@ the functions, so importing this module never touches CUDA.
   side then uses 16-byte vectors, the code side too where it is aligned at
   that element, else single bytes (a view like ``x[1:]`` pays for that).
 * Compiled on first use per dtype pair, once per device architecture
-  (:mod:`gpuq.backends._cuda_compile`).
+  (:mod:`gpuq.backends.cuda.compiler`).
 
 >>> import cupy, gpuq                                   # doctest: +SKIP
 >>> x = cupy.asarray([0.5, 1.5, -300.0], cupy.float32)  # doctest: +SKIP
@@ -35,9 +35,9 @@ import functools
 
 import numpy as np
 
-from .._dtypes import INT32_MAX, INT32_MIN
-from . import _kernels
-from ._cuda_compile import get_function, load_module  # noqa: F401  (load_module: public re-export)
+from ..._dtypes import INT32_MAX, INT32_MIN
+from . import registry
+from .compiler import get_function, load_module  # noqa: F401  (load_module: public re-export)
 
 #: Threads per block (the kernels' __launch_bounds__).
 THREADS = 256
@@ -110,9 +110,9 @@ def _alignment(float_arr, code_arr, n: int):
 
 @functools.cache
 def _names(op: str, a, b):
-    group = (_kernels.quantize_group if op == "quantize" else _kernels.dequantize_group)(a, b)
-    maker = _kernels.quantize_name if op == "quantize" else _kernels.dequantize_name
-    return group, {(z, m): maker(a, b, z, m) for z in (False, True) for m in _kernels.MAPS}
+    group = (registry.quantize_group if op == "quantize" else registry.dequantize_group)(a, b)
+    maker = registry.quantize_name if op == "quantize" else registry.dequantize_name
+    return group, {(z, m): maker(a, b, z, m) for z in (False, True) for m in registry.MAPS}
 
 
 _BITS = {np.dtype(np.float32): np.int32, np.dtype(np.float64): np.int64}

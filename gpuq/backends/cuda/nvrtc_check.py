@@ -5,14 +5,14 @@ wheel (``site-packages/nvidia/cu13/lib`` for CUDA 13, ``nvidia/cuda_nvrtc/lib``
 for CUDA 12), ``$GPUQ_NVRTC`` or the system library path. NVRTC compiles
 without a driver, so CI checks the kernels on machines without a GPU.
 
-For each source in :data:`gpuq.backends._kernels.SOURCES` it compiles the
+For each source in :data:`gpuq.backends.registry.SOURCES` it compiles the
 expanded source with every name expression, with the contract's options, for
 PTX (``compute_80``) and SASS (``sm_80``, ``sm_90``). Any error or warning (any
 text in NVRTC's log) is a failure. It also compiles ``compute_80`` PTX with
 ``-ftz=true`` (what CuPy appends) and demands the same PTX: the kernels'
 results must not depend on the flush-to-zero flag.
 
-Command line: ``python -m gpuq.backends.nvrtc_check`` (exit status 1 on failure).
+Command line: ``python -m gpuq.backends.cuda.nvrtc_check`` (exit status 1 on failure).
 
 >>> find_libnvrtc() is None or find_libnvrtc().name.startswith("libnvrtc")
 True
@@ -28,7 +28,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import _kernels
+from . import registry
 
 #: Targets checked: PTX for the oldest supported architecture, SASS for A100 and H100.
 TARGETS = ("compute_80", "sm_80", "sm_90")
@@ -155,9 +155,9 @@ class Nvrtc:
 
 def compile_source(nvrtc: Nvrtc, source: str, target: str, extra=(), names=None) -> Result:
     """Compile one registered source for one target with the contract's options."""
-    names = list(_kernels.SOURCES[source]() if names is None else names)
-    options = (f"--gpu-architecture={target}",) + tuple(_kernels.OPTIONS) + tuple(extra)
-    rc, log, code, lowered = nvrtc.compile(_kernels.source_text(source), source, options, names)
+    names = list(registry.SOURCES[source]() if names is None else names)
+    options = (f"--gpu-architecture={target}",) + tuple(registry.OPTIONS) + tuple(extra)
+    rc, log, code, lowered = nvrtc.compile(registry.source_text(source), source, options, names)
     return Result(source, target, options, names, rc, log, code, lowered)
 
 
@@ -166,11 +166,11 @@ def ftz_independent(nvrtc: Nvrtc, source: str, base: Result | None = None) -> Re
 
     ``base`` may pass in the ``compute_80`` result of :func:`compile_source`.
     """
-    names = list(_kernels.SOURCES[source]())
+    names = list(registry.SOURCES[source]())
     if base is None:
         base = compile_source(nvrtc, source, "compute_80", names=names)
-    opts = tuple(o for o in _kernels.OPTIONS if not o.startswith("-ftz"))
-    rc, log, code, _ = nvrtc.compile(_kernels.source_text(source), source,
+    opts = tuple(o for o in registry.OPTIONS if not o.startswith("-ftz"))
+    rc, log, code, _ = nvrtc.compile(registry.source_text(source), source,
                                      ("--gpu-architecture=compute_80",) + opts + ("-ftz=true",), names)
     res = Result(source, "compute_80 -ftz=true", opts + ("-ftz=true",), names, rc, log, code)
     a, b = _normalise_ptx(base.code), _normalise_ptx(code)
@@ -204,7 +204,7 @@ def check_all(nvrtc: Nvrtc | None = None, targets=TARGETS) -> list:
             raise FileNotFoundError("libnvrtc not found: pip install nvidia-cuda-nvrtc")
         nvrtc = Nvrtc(path)
     results = []
-    for source in _kernels.SOURCES:
+    for source in registry.SOURCES:
         done = {t: compile_source(nvrtc, source, t) for t in targets}
         results += list(done.values())
         results.append(ftz_independent(nvrtc, source, done.get("compute_80")))

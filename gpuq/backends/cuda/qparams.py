@@ -20,8 +20,8 @@ fuses all of it with the quantization where every block is one contiguous
 run (per-token rows, groups along the last axis, small per-tensor): one team
 per block reads it, computes its parameters and writes its codes.
 
-Importing this module does not import CuPy (the NVRTC check reads
-:func:`kernel_names`); the module is compiled on first use.
+Importing this module does not import CuPy; the kernel names come from
+:mod:`gpuq.backends.cuda.registry`, and the module is compiled on first use.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ import math
 
 import numpy as np
 
-from .._dtypes import C_TYPES, FLOAT_DTYPES, QUANT_RANGE
+from ..._dtypes import QUANT_RANGE
+from .registry import FINALIZE, columns_name, fused_name, qparams_names, segments_name
 
 SOURCE = "qparams.cu"
 #: Elements per piece of a per-tensor (or long-row) reduction: one thread block each.
@@ -48,47 +49,14 @@ KEY_NEG_INF = 0x007FFFFF
 _NULL = np.uint64(0)
 
 
-def _flag(b) -> str:
-    return "true" if b else "false"
-
-
-def segments_name(dtype, warp: bool) -> str:
-    return f"gpuq::minmax_segments<{C_TYPES[np.dtype(dtype)]}, {_flag(warp)}>"
-
-
-def columns_name(dtype) -> str:
-    return f"gpuq::minmax_columns<{C_TYPES[np.dtype(dtype)]}>"
-
-
-def fused_name(dtype, qdtype, warp: bool) -> str:
-    return (f"gpuq::dynamic_quantize_segments<{C_TYPES[np.dtype(dtype)]}, "
-            f"{C_TYPES[np.dtype(qdtype)]}, {_flag(warp)}>")
-
-
-FINALIZE = "gpuq::finalize"
-
-
-def kernel_names() -> list:
-    """Every name expression of ``qparams.cu`` the dispatcher can request.
-
-    >>> len(kernel_names()), kernel_names()[0]
-    (22, 'gpuq::minmax_segments<__half, false>')
-    """
-    names = [segments_name(f, w) for f in FLOAT_DTYPES for w in (False, True)]
-    names += [columns_name(f) for f in FLOAT_DTYPES]
-    names.append(FINALIZE)
-    names += [fused_name(f, q, w) for f in FLOAT_DTYPES for q in QUANT_RANGE for w in (False, True)]
-    return names
-
-
 @functools.cache
 def _names() -> tuple:
-    return tuple(kernel_names())
+    return tuple(qparams_names())
 
 
 def _function(name):
-    # Compiled on first use, cached per device (gpuq.backends._cuda_compile).
-    from ._cuda_compile import get_function
+    # Compiled on first use, cached per device (gpuq.backends.cuda.compiler).
+    from .compiler import get_function
 
     return get_function(SOURCE, _names(), name)
 

@@ -1,7 +1,7 @@
 """Which loops serve host arrays: compiled kernels (numba) or NumPy ufuncs.
 
 ``"auto"`` (the default, or ``GPUQ_HOST_KERNELS=auto``) uses the compiled
-kernels of ``_host_kernels`` when they load, ufuncs otherwise. Both give the
+kernels of ``loops`` when they load, ufuncs otherwise. Both give the
 same bits; the compiled loops read memory once instead of 4-5 times. numba is
 imported on the first host call that needs it, never by ``import gpuq``. The
 choice is process-wide and read once per call (a call in flight keeps its
@@ -22,9 +22,9 @@ _kernels = None  # the loaded _host_kernels module, or False when it cannot load
 
 
 def _import_kernels():
-    from . import _host_kernels
+    from . import loops
 
-    return _host_kernels
+    return loops
 
 
 def _load():

@@ -1,11 +1,11 @@
 """The host backend: the contract of DESIGN.md section 1 in cache-sized blocks.
 
-Blocks (``_blocks``) are shared among a small thread pool and run one of two
+Blocks (``blocks``) are shared among a small thread pool and run one of two
 loops, which return the same bits:
 
-* the compiled kernels (``_host_kernels``, numba, where ``_compiled`` says they
+* the compiled kernels (``loops``, numba, where ``choice`` says they
   serve host arrays): one fused pass per block, GIL released;
-* NumPy ufuncs with ``out=`` into per-thread scratch of ``_blocks.BLOCK``
+* NumPy ufuncs with ``out=`` into per-thread scratch of ``blocks.BLOCK``
   elements (this module): 4-5 passes per block. They serve where numba is
   missing, float32 zero points beyond ``NARROW_ZP``, and blocks the kernels' flat form
   cannot express (strided src/out, parameters on non-adjacent dims).
@@ -39,9 +39,8 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from .._dtypes import QUANT_RANGE
-from .._params import extremes
-from . import _blocks, _compiled
+from ..._dtypes import QUANT_RANGE
+from . import blocks, choice
 
 #: Tensors smaller than this run on the calling thread only.
 PARALLEL_MIN = 1 << 17
@@ -69,7 +68,7 @@ class _Scratch(threading.local):
         """A flat buffer of at least ``size`` elements (grown, never shrunk)."""
         buf = self.buffers.get((key, dtype))
         if buf is None or buf.size < size:
-            buf = self.buffers[(key, dtype)] = np.empty(max(size, _blocks.BLOCK), dtype)
+            buf = self.buffers[(key, dtype)] = np.empty(max(size, blocks.BLOCK), dtype)
         return buf[:size]
 
     def like(self, key, dtype, block):
@@ -81,6 +80,23 @@ _scratch = _Scratch()
 _pool_lock = threading.Lock()
 _pool = None
 _num_threads = None
+
+
+def extremes(arr):
+    """``(min, max)`` of a host array, NaN propagating; ``(inf, -inf)`` when empty.
+
+    One element (every per-tensor parameter) is read directly: two reductions
+    cost more than the rest of a small call's validation.
+
+    >>> [int(v) for v in extremes(np.array([3, -1, 2]))]
+    [-1, 3]
+    """
+    if arr.size == 1:
+        v = arr.reshape(-1)[0]
+        return v, v
+    if arr.size == 0:
+        return np.inf, -np.inf
+    return arr.min(), arr.max()
 
 
 def get_num_threads() -> int:
@@ -217,11 +233,11 @@ def _dequantize_block(qb, ob, params, scratch, *, ct, wide):
 def _plans(src, out, scheme, params, expand=True):
     plans = []
     for piece in scheme.pieces():
-        x = _blocks.view(src[piece.src_index], piece.view_shape)
-        o = _blocks.view(out[piece.src_index], piece.view_shape)
+        x = blocks.view(src[piece.src_index], piece.view_shape)
+        o = blocks.view(out[piece.src_index], piece.view_shape)
         ps = [p.reshape(scheme.param_shape)[piece.param_index].reshape(piece.param_view_shape)
               for p in params]
-        plans.append(_blocks.plan(x, o, ps, expand))
+        plans.append(blocks.plan(x, o, ps, expand))
     return plans
 
 
@@ -261,10 +277,10 @@ def _clamp_params(zps, ct, qdtype):
 
 def _kernel_form(xb, ob, params):
     """``(x, o, Runs)`` for the compiled kernels: FlatPlan blocks come that way, others via
-    ``_blocks.runs``; None where a block has no such form (strided, multi-axis)."""
-    if isinstance(params, _blocks.Runs):
+    ``blocks.runs``; None where a block has no such form (strided, multi-axis)."""
+    if isinstance(params, blocks.Runs):
         return xb, ob, params
-    return _blocks.runs(xb, ob, params)
+    return blocks.runs(xb, ob, params)
 
 
 def _quantize_block_compiled(xb, ob, params, scratch, *, kernels, qmin, qmax, ct):
@@ -296,14 +312,14 @@ def _dequantize_block_compiled(qb, ob, params, scratch, *, kernels, ct):
 def _small_call(src, scheme, scales, zps, out, loop) -> bool:
     """Run a small call as one block without plans, where it can; False where it cannot.
 
-    A tensor of at most ``_blocks.SMALL`` elements is one block anyway; when it
+    A tensor of at most ``blocks.SMALL`` elements is one block anyway; when it
     is contiguous and its parameters follow one flat run (per-tensor,
     per-channel, adjacent axes, full groups along the last axis), the block is
     ``(rows, count, run)`` with parameter ``c`` on ``[:, c, :]``: the compiled
-    kernels take it as :class:`_blocks.Runs`, the ufuncs as broadcast columns.
+    kernels take it as :class:`blocks.Runs`, the ufuncs as broadcast columns.
     Per-call overhead is what small tensors pay for.
     """
-    if src.size > _blocks.SMALL or not (src.flags.c_contiguous and out.flags.c_contiguous):
+    if src.size > blocks.SMALL or not (src.flags.c_contiguous and out.flags.c_contiguous):
         return False
     name, m0, m1, _, _ = scheme.index_map
     if name not in ("tensor", "channel"):
@@ -312,7 +328,7 @@ def _small_call(src, scheme, scales, zps, out, loop) -> bool:
     params = [p.reshape(-1) for p in [scales] + loop.zparams(zps)]
     x, o = src.reshape(-1), out.reshape(-1)
     if not loop.expand:
-        loop.block(x, o, _blocks.Runs(run, params), _scratch)
+        loop.block(x, o, blocks.Runs(run, params), _scratch)
         return True
     shape = (-1, count, run)
     with np.errstate(over="ignore", invalid="ignore"):  # as in _run_range
@@ -334,7 +350,7 @@ def block_loop(zps, ct, qdtype=None) -> Loop:
     """The compiled kernels where they serve host arrays and the zps fit them (not wide),
     else ufuncs; for quantize to ``qdtype``, or for dequantize where ``qdtype`` is None."""
     wide = _wide(zps, ct)  # one reduction of the zps per call
-    return _loop(ct, qdtype, wide, None if wide else _compiled.kernels())
+    return _loop(ct, qdtype, wide, None if wide else choice.kernels())
 
 
 @functools.lru_cache(maxsize=64)

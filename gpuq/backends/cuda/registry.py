@@ -29,9 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .._dtypes import C_TYPES, FLOAT_DTYPES, QUANT_RANGE, compute_dtype
-from .._scheme import MAX_MAP_DIMS
-from .cuda_qparams import kernel_names as qparams_names  # CuPy-free, like this module
+from ..._dtypes import C_TYPES, FLOAT_DTYPES, QUANT_RANGE, compute_dtype
+from ..._scheme import MAX_MAP_DIMS
 
 #: NVRTC options of the contract (DESIGN.md section 1). CuPy appends
 #: ``-ftz=true`` after these and NVRTC honours the last one, so the kernels do
@@ -70,7 +69,7 @@ def _kernels_dir() -> Path:
             candidates += [Path(p) for p in spec.submodule_search_locations]
     except (ImportError, ValueError):
         pass
-    candidates.append(Path(__file__).resolve().parents[2] / "kernels")  # source tree
+    candidates.append(Path(__file__).resolve().parents[3] / "kernels")  # source tree
     for c in candidates:
         if (c / "contract.cuh").is_file():
             return c
@@ -152,6 +151,37 @@ def quantize_names() -> list:
 def dequantize_names() -> list:
     """Every dequantize instantiation the dispatcher can request."""
     return [n for q in _QUANT_DTYPES for f in FLOAT_DTYPES for n in dequantize_group(q, f)]
+
+
+# --- qparams.cu (gpuq.backends.cuda.qparams launches these) ----------------------------------
+
+def segments_name(dtype, warp: bool) -> str:
+    return f"gpuq::minmax_segments<{_c(dtype)}, {_flag(warp)}>"
+
+
+def columns_name(dtype) -> str:
+    return f"gpuq::minmax_columns<{_c(dtype)}>"
+
+
+def fused_name(dtype, qdtype, warp: bool) -> str:
+    return (f"gpuq::dynamic_quantize_segments<{_c(dtype)}, "
+            f"{_c(qdtype)}, {_flag(warp)}>")
+
+
+FINALIZE = "gpuq::finalize"
+
+
+def qparams_names() -> list:
+    """Every name expression of ``qparams.cu`` the dispatcher can request.
+
+    >>> len(qparams_names()), qparams_names()[0]
+    (22, 'gpuq::minmax_segments<__half, false>')
+    """
+    names = [segments_name(f, w) for f in FLOAT_DTYPES for w in (False, True)]
+    names += [columns_name(f) for f in FLOAT_DTYPES]
+    names.append(FINALIZE)
+    names += [fused_name(f, q, w) for f in FLOAT_DTYPES for q in _QUANT_DTYPES for w in (False, True)]
+    return names
 
 
 #: Source file -> function returning every name expression the dispatcher can

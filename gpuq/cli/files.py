@@ -45,7 +45,7 @@ def file_format(path: str, role: str) -> str:
     >>> file_format("model.bin", "IN")
     Traceback (most recent call last):
     ...
-    gpuq._cli_io.CliError: IN 'model.bin' has an unknown extension '.bin': expected .safetensors, .npz or .npy
+    gpuq.cli.files.CliError: IN 'model.bin' has an unknown extension '.bin': expected .safetensors, .npz or .npy
     """
     ext = os.path.splitext(path)[1].lower()
     if ext not in FORMATS:

@@ -12,7 +12,7 @@ Two steps, each in one place:
 * :func:`finalize` turns the per-slot (min, max) into scales and zero points
   with parameter-sized float32 arithmetic. ``kernels/qparams.cu``
   (``finalize_one``) states the same formula for the GPU, and
-  ``_host_kernels.finalize_one`` for the fused host kernel (one slot at a
+  ``loops.finalize_one`` for the fused host kernel (one slot at a
   time, inside the row loop), bit for bit (tested against this one).
 """
 
@@ -23,10 +23,10 @@ import math
 
 import numpy as np
 
-from .._dtypes import QUANT_RANGE, compute_dtype
-from . import _blocks
-from . import _compiled
-from .numpy_backend import _float16_table, _run, get_num_threads, block_loop
+from ..._dtypes import QUANT_RANGE, compute_dtype
+from . import blocks
+from . import choice
+from .backend import _float16_table, _run, get_num_threads, block_loop
 
 #: Elements per reduction unit: its min and max pass both run over data in cache.
 UNIT = 1 << 17
@@ -48,21 +48,21 @@ def quantize_dynamic(x, scheme, qdtype, symmetric, eps):
     contiguous row of C-order ``x`` (per-row / per-token, per-group along the last
     axis); None elsewhere (the caller then runs choose_qparams and quantize).
 
-    With the compiled kernels, ``_host_kernels.quantize_dynamic_rows`` does each
+    With the compiled kernels, ``loops.quantize_dynamic_rows`` does each
     row in one pass (reduce, finalize, codes from L1). Otherwise each block of
     rows is reduced, turned into qparams by :func:`finalize` and quantized by the
     ufunc block function while it is still in cache. Either way ``x`` is read
     from memory once, with the same bits as choose_qparams then quantize.
     """
     rows = _row_view(x, scheme)
-    if rows is None or rows.shape[1] > _blocks.BLOCK:
+    if rows is None or rows.shape[1] > blocks.BLOCK:
         return None
     qmin, qmax = QUANT_RANGE[qdtype]
     q = np.empty(x.shape, qdtype)
     nrows = rows.shape[0]
     scales = np.empty(nrows, _F32)
     zps = None if symmetric and qmin < 0 else np.empty(nrows, np.int32)
-    kernels = _compiled.kernels()
+    kernels = choice.kernels()
     plan = _FusedRows(rows, q.reshape(rows.shape), scales, zps, qmin, qmax, symmetric, eps, kernels)
     plan.pshape = scheme.param_shape
     if kernels is not None:
@@ -170,7 +170,7 @@ def minmax(x, scheme):
         lv = lo[pidx].reshape(piece.param_view_shape)
         hv = hi[pidx].reshape(piece.param_view_shape)
         plans.append(_ReducePlan(xv, lv, hv))
-    _run(plans, functools.partial(_reduce_unit, kernels=_compiled.kernels()))
+    _run(plans, functools.partial(_reduce_unit, kernels=choice.kernels()))
     for plan in plans:
         plan.combine()
     return lo, hi
@@ -186,7 +186,7 @@ class _ReducePlan:
     """
 
     def __init__(self, x, lo, hi):
-        shape, x2, _, (lo2, hi2), kept = _blocks.lower(x, x, [lo, hi])
+        shape, x2, _, (lo2, hi2), kept = blocks.lower(x, x, [lo, hi])
         # lower() hands parameters back read-only; the same layout, writeable.
         as_strided = np.lib.stride_tricks.as_strided
         self.lo = as_strided(lo, lo2.shape, lo2.strides)
@@ -240,7 +240,7 @@ _KEY_INT = {2: np.dtype(np.int16), 4: np.dtype(np.int32), 8: np.dtype(np.int64)}
 
 
 def _key_constants(dtype):
-    """``(shift, mag, inf)`` of the order keys of ``dtype``'s bits (``_host_kernels.minmax_keys``)."""
+    """``(shift, mag, inf)`` of the order keys of ``dtype``'s bits (``loops.minmax_keys``)."""
     it = _KEY_INT[dtype.itemsize]
     info = np.iinfo(it)
     return it.type(info.bits - 1), it.type(info.max), np.array(np.inf, dtype).view(it)[()]
@@ -249,7 +249,7 @@ def _key_constants(dtype):
 def row_minmax(rows, kernels):
     """NaN-ignoring min and max of every row of 2-D C-contiguous ``rows``, in its dtype.
 
-    One pass of the compiled ``kernels`` (order keys, ``_host_kernels.minmax_keys``)
+    One pass of the compiled ``kernels`` (order keys, ``loops.minmax_keys``)
     where given, else ``np.fmin.reduce`` / ``np.fmax.reduce``. A row with no number
     gets NaN either way.
     """

@@ -19,7 +19,7 @@ Two block layouts:
   compiled path takes those that :func:`runs` can flatten.
 
 Every layout hands the same block function the same kind of arguments, so the
-arithmetic lives in one place per loop (``numpy_backend``, ``_host_kernels``).
+arithmetic lives in one place per loop (``backend``, ``loops``).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ RUN_MIN = 16
 PERIOD_MIN = 1024
 #: ... except in blocks of at most this many elements (small tensors: per-call latency).
 #: Contiguous tensors this small with one flat parameter run also skip the block plans
-#: (``numpy_backend._small_call``).
+#: (``backend._small_call``).
 SMALL = 1 << 14
 
 

@@ -1,4 +1,4 @@
-"""Where the ``gpuq`` command runs: device choice, ``gpuq info`` and ``gpuq bench``.
+"""Where the ``gpuq`` command runs: device choice and ``gpuq info``.
 
 Nothing here imports CuPy unless asked about the GPU: ``--device cpu`` and a
 machine without CuPy never touch it.
@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 import platform
-import sys
 import time
 
 import numpy as np
 
-from ._cli_io import CliError
+from .files import CliError
 
 
 def cuda_unavailable_reason() -> str | None:
@@ -30,8 +28,8 @@ def cuda_unavailable_reason() -> str | None:
         return f"no usable CUDA device ({type(exc).__name__}: {' '.join(str(exc).split())})"
     if count < 1:
         return "no CUDA device is visible"
-    if importlib.util.find_spec("gpuq.backends.cuda_backend") is None:
-        return "this gpuq build has no CUDA backend (gpuq/backends/cuda_backend.py)"
+    if importlib.util.find_spec("gpuq.backends.cuda.backend") is None:
+        return "this gpuq build has no CUDA backend (gpuq/backends/cuda/backend.py)"
     return None
 
 
@@ -96,7 +94,7 @@ def info(compile_check: bool = True) -> dict:
     >>> sorted(info(compile_check=False))[:3]
     ['backend', 'cpu_threads', 'cuda_driver']
     """
-    from . import __version__, get_num_threads
+    from .. import __version__, get_num_threads
 
     report = {
         "gpuq": __version__,
@@ -125,17 +123,17 @@ def info(compile_check: bool = True) -> dict:
 
 
 def _host_kernels_info() -> str:
-    from .backends import _compiled
+    from ..backends.host import choice
 
     try:
-        name = _compiled.get_host_kernels()
+        name = choice.get_host_kernels()
     except ValueError as exc:  # a bad GPUQ_HOST_KERNELS
         return f"error: {exc}"
     if name == "numba":
         import numba
 
         return f"numba {numba.__version__} (compiled loops)"
-    if _compiled.available():
+    if choice.available():
         return "numpy ufuncs (chosen by GPUQ_HOST_KERNELS or set_host_kernels)"
     return "numpy ufuncs (numba not installed: pip install 'gpuq[fast]')"
 
@@ -162,11 +160,11 @@ def _cuda_version(v: int) -> str:
 
 
 def _nvrtc_info(report, compile_check=True):
-    # gpuq.backends.nvrtc_check drives NVRTC through ctypes (no CuPy, no GPU), so
+    # gpuq.backends.cuda.nvrtc_check drives NVRTC through ctypes (no CuPy, no GPU), so
     # "do the kernels compile here" has an answer on any machine with libnvrtc.
     # It is optional: its absence or failure is reported, never raised.
     try:
-        from .backends import _kernels, nvrtc_check
+        from ..backends.cuda import nvrtc_check, registry
     except ImportError:
         return
     try:
@@ -182,7 +180,7 @@ def _nvrtc_info(report, compile_check=True):
         # PTX for the oldest supported architecture: what every GPU's driver JITs
         # from, and seconds rather than the minute the full SASS check takes.
         start = time.perf_counter()
-        results = [nvrtc_check.compile_source(nvrtc, src, "compute_80") for src in _kernels.SOURCES]
+        results = [nvrtc_check.compile_source(nvrtc, src, "compute_80") for src in registry.SOURCES]
         took = time.perf_counter() - start
         bad = [r for r in results if not r.ok]
         kernels = sum(len(r.names) for r in results)
@@ -194,33 +192,3 @@ def _nvrtc_info(report, compile_check=True):
                                          f"compute_80 PTX, {took:.1f} s)")
     except Exception as exc:
         report["kernels_compile"] = f"unknown ({type(exc).__name__}: {' '.join(str(exc).split())})"
-
-
-# -- gpuq bench ----------------------------------------------------------------
-
-def run_bench(argv) -> int:
-    """Run ``bench.main(argv)`` from the current directory (the repository root)."""
-    cwd = os.getcwd()
-    added = cwd not in sys.path
-    if added:  # the console script does not put the working directory on sys.path
-        sys.path.insert(0, cwd)
-    try:
-        try:
-            bench = importlib.import_module("bench")
-        except ModuleNotFoundError as exc:
-            if exc.name != "bench":
-                raise CliError(f"the benchmarks need a module that is not installed: {exc.name} "
-                               f"(pip install '.[bench]')") from None
-            raise CliError(
-                f"no benchmark package here: 'bench' is not importable from {cwd}; run gpuq bench "
-                f"from the root of a gpuq source checkout (bench/ is not part of the wheel)"
-            ) from None
-        main = getattr(bench, "main", None)
-        if main is None:
-            raise CliError(f"the 'bench' package at {os.path.dirname(bench.__file__ or cwd)} "
-                           f"has no main(argv)")
-        rc = main(list(argv))
-    finally:
-        if added:
-            sys.path.remove(cwd)
-    return int(rc or 0)

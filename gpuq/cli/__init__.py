@@ -1,0 +1,23 @@
+"""The ``gpuq`` command line (and ``python -m gpuq``): the top layer, a user of the public API.
+
+What lives here, one module per command or concern: :mod:`.commands` (the
+parser, the command table and :func:`main`), :mod:`.convert` (the work of
+``quantize``/``dequantize``, one tensor at a time), :mod:`.files` (checkpoint
+formats, atomic writes), :mod:`.selection` (which tensors, which scheme),
+:mod:`.report` (tables and JSON), :mod:`.env` (device choice, ``gpuq info``)
+and :mod:`.example` (the offline example checkpoint).
+
+May import: :mod:`gpuq`'s public API (``gpuq.quantize``, ``gpuq.qparams``, ...)
+and, for ``gpuq info`` only, the backends' self-descriptions
+(:mod:`gpuq.backends.host.choice`, :mod:`gpuq.backends.cuda.nvrtc_check`).
+Nothing in the library imports this package.
+
+>>> from gpuq.cli import main
+>>> main(["--version"])
+gpuq 0.1.0
+0
+"""
+
+from .commands import build_parser, main
+
+__all__ = ["main", "build_parser"]
