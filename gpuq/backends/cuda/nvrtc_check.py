@@ -5,7 +5,7 @@ wheel (``site-packages/nvidia/cu13/lib`` for CUDA 13, ``nvidia/cuda_nvrtc/lib``
 for CUDA 12), ``$GPUQ_NVRTC`` or the system library path. NVRTC compiles
 without a driver, so CI checks the kernels on machines without a GPU.
 
-For each source in :data:`gpuq.backends.registry.SOURCES` it compiles the
+For each source in :data:`gpuq.backends.cuda.registry.SOURCES` it compiles the
 expanded source with every name expression, with the contract's options, for
 PTX (``compute_80``) and SASS (``sm_80``, ``sm_90``). Any error or warning (any
 text in NVRTC's log) is a failure. It also compiles ``compute_80`` PTX with
@@ -46,6 +46,7 @@ class Result:
     log: str
     code: bytes = b""
     lowered: dict = field(default_factory=dict)
+    overridden: bool = False  # compile_as_cupy: NVRTC reported CuPy's -ftz=true override
 
     @property
     def ok(self) -> bool:
@@ -161,6 +162,35 @@ def compile_source(nvrtc: Nvrtc, source: str, target: str, extra=(), names=None)
     return Result(source, target, options, names, rc, log, code, lowered)
 
 
+#: CuPy 14 appends these after the caller's options (cupy/cuda/compiler.py:
+#: ``_compile_with_cache_cuda`` adds ``-ftz=true``; the NVRTC compile adds
+#: ``-arch=sm_XX`` for a cubin and ``--device-as-default-execution-space``).
+#: Its include paths (CCCL, CuPy's and CUDA's headers) come first and are left
+#: out here: the kernels include nothing.
+CUPY_APPENDS = ("-ftz=true", "-arch=sm_{arch}", "--device-as-default-execution-space")
+
+#: The one line NVRTC prints for CuPy's option list: the contract's ``-ftz=false``
+#: overridden by CuPy's ``-ftz=true`` (harmless: see kernels/contract.cuh and
+#: :func:`ftz_independent`). Any other log line is a failure.
+FTZ_OVERRIDE = re.compile(r'^nvrtc: warning: "--ftz\(-ftz\)=false" followed by "--ftz\(-ftz\)=true"$')
+
+
+def compile_as_cupy(nvrtc: Nvrtc, source: str, arch: str) -> Result:
+    """Compile ``source`` with the option list ``cupy.RawModule`` really passes for
+    compute capability ``arch`` (e.g. ``"90"``): the contract's options, then CuPy's.
+
+    ``ok`` unless NVRTC fails or logs anything besides :data:`FTZ_OVERRIDE`;
+    ``overridden`` says whether that known line was there.
+    """
+    names = list(registry.SOURCES[source]())
+    options = tuple(registry.OPTIONS) + tuple(o.format(arch=arch) for o in CUPY_APPENDS)
+    rc, log, code, lowered = nvrtc.compile(registry.source_text(source), source, options, names)
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    rest = [line for line in lines if not FTZ_OVERRIDE.match(line)]
+    return Result(source, f"cupy sm_{arch}", options, names, rc, "\n".join(rest), code, lowered,
+                  overridden=len(rest) < len(lines))
+
+
 def ftz_independent(nvrtc: Nvrtc, source: str, base: Result | None = None) -> Result:
     """Compile PTX with ``-ftz=true`` in place of ``-ftz=false``; ``ok`` only if it is identical.
 
@@ -208,6 +238,7 @@ def check_all(nvrtc: Nvrtc | None = None, targets=TARGETS) -> list:
         done = {t: compile_source(nvrtc, source, t) for t in targets}
         results += list(done.values())
         results.append(ftz_independent(nvrtc, source, done.get("compute_80")))
+        results.append(compile_as_cupy(nvrtc, source, "90"))
     return results
 
 
