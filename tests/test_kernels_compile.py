@@ -306,3 +306,35 @@ def test_by_value_only_for_host_values():
     assert _by_value(np.array([0.25, 0.5], np.float32), None) is None
     assert _by_value(s, np.array([1, 2], np.int32)) is None
     assert _by_value(np.array(0.25, np.float16), None) is None
+
+
+@needs_nvrtc
+def test_nvrtc_without_origin_run_path_still_compiles(tmp_path):
+    """torch's nvidia-cuda-nvrtc 13.0 wheel: libnvrtc without an $ORIGIN run path. Rebuilt
+    here from the installed wheel by blanking its run path in a copy (same length, so the
+    ELF layout is unchanged); the builtins library sits beside it, as in that wheel."""
+    import subprocess
+    import sys
+
+    data = _LIB.read_bytes()
+    if data.count(b"$ORIGIN\x00") != 1:
+        pytest.skip("this libnvrtc has no single $ORIGIN run path to remove")
+    lib = tmp_path / _LIB.name
+    lib.write_bytes(data.replace(b"$ORIGIN\x00", b"/nowher\x00"))
+    for b in _LIB.parent.glob("libnvrtc-builtins.so*"):
+        (tmp_path / b.name).write_bytes(b.read_bytes())
+    probe = (
+        "import ctypes, sys\n"
+        "from gpuq.backends.cuda import nvrtc_check as n\n"
+        "if sys.argv[2] == 'preload': nv = n.Nvrtc(sys.argv[1])\n"
+        "else:\n"
+        "    n.preload_builtins = lambda path: []  # the loader as it was\n"
+        "    nv = n.Nvrtc(sys.argv[1])\n"
+        "rc, log, code, _ = nv.compile('__global__ void k() {}', 'k.cu', ('--gpu-architecture=compute_80',))\n"
+        "print(rc, log)\n"
+    )
+    runs = {mode: subprocess.run([sys.executable, "-c", probe, str(lib), mode], capture_output=True, text=True)
+            for mode in ("plain", "preload")}
+    # Without the preload the copy fails as torch's wheel does: the setup reproduces the bug.
+    assert "builtins" in runs["plain"].stdout + runs["plain"].stderr, runs["plain"]
+    assert runs["preload"].returncode == 0 and runs["preload"].stdout.split()[0] == "0", runs["preload"]

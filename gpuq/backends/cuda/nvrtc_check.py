@@ -86,6 +86,21 @@ def find_libnvrtc() -> Path | None:
     return None
 
 
+def preload_builtins(libnvrtc: Path) -> list:
+    """Load the ``libnvrtc-builtins.so*`` beside ``libnvrtc``, before it; returns their paths.
+
+    libnvrtc opens its builtins library by name at the first compile, and finds
+    it through its own run path. torch's ``nvidia-cuda-nvrtc`` 13.0 wheel has no
+    ``$ORIGIN`` run path, so every compile fails with ``failed to open
+    libnvrtc-builtins.so.13.0``; once loaded, the library is found by its soname.
+    """
+    loaded = []
+    for hit in sorted(glob.glob(str(Path(libnvrtc).parent / "libnvrtc-builtins.so*"))):
+        ctypes.CDLL(hit, mode=ctypes.RTLD_GLOBAL)
+        loaded.append(Path(hit))
+    return loaded
+
+
 class Nvrtc:
     """A thin ctypes binding of the NVRTC calls the check needs.
 
@@ -96,6 +111,7 @@ class Nvrtc:
 
     def __init__(self, path: Path):
         self.path = Path(path)
+        self.builtins = preload_builtins(self.path)
         self.lib = lib = ctypes.CDLL(str(path))
         p = ctypes.c_void_p
         lib.nvrtcGetErrorString.restype = ctypes.c_char_p
