@@ -50,5 +50,10 @@ def test_wheel_metadata(wheel):
     text = zipfile.ZipFile(wheel).read(meta).decode()
     assert "Requires-Dist: numpy" in text
     assert 'extra == "cuda13"' in text and 'extra == "cuda12"' in text
+    # CuPy alone has no NVRTC and no CUDA headers: the GPU extras bring CuPy's toolkit extra.
+    requires = [line for line in text.splitlines() if line.startswith("Requires-Dist: cupy")]
+    for extra, pkg in (("cuda12", "cupy-cuda12x"), ("cuda13", "cupy-cuda13x")):
+        (req,) = [r for r in requires if f'extra == "{extra}"' in r]
+        assert req.startswith(f"Requires-Dist: {pkg}[ctk]"), req
     entry = next(n for n in zipfile.ZipFile(wheel).namelist() if n.endswith("entry_points.txt"))
     assert "gpuq = gpuq.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
