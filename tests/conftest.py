@@ -2,7 +2,12 @@
 
 Host arrays run twice, through the NumPy ufunc loops (``numpy``) and through
 the compiled kernels (``numba``, skipped where numba is not installed). The
-CUDA parameter skips cleanly where CuPy or a GPU is missing.
+``cuda`` parameter runs on real CuPy where it sees a GPU, and everywhere else
+on the CPU execution of the same kernels (``tests/cudasim``: the kernel text
+built for the host, a NumPy-backed stand-in for CuPy put first on
+``sys.path`` before any test imports ``cupy``). :data:`CUDA_MODE` says which.
+Tests that need what only real CuPy has are marked ``real_cupy`` and skip on
+the stand-in.
 """
 
 from __future__ import annotations
@@ -11,6 +16,49 @@ import contextlib
 
 import numpy as np
 import pytest
+
+from cudasim.install import install as _install_cupy
+
+#: "real" (CuPy with a GPU) or "sim" (the CPU execution of the kernels), decided once, here.
+CUDA_MODE = _install_cupy()
+
+# The CPU execution's own package (its tests are tests/test_cudasim_*.py) and the planted-bug
+# runner are tools, not test modules: --doctest-modules must not import them a second time.
+collect_ignore = ["cudasim", "planted_bugs.py"]
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "real_cupy: needs a feature of real CuPy that the CPU execution does not model")
+
+
+def pytest_collection_modifyitems(config, items):
+    if CUDA_MODE != "sim":
+        return
+    skip = pytest.mark.skip(reason="needs real CuPy (not modelled by the CPU execution of the kernels)")
+    for item in items:
+        if "real_cupy" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _no_fault_left_behind():
+    """On the CPU execution: every test ends with the devices idle and without a fault.
+
+    Work still queued runs here, so an asynchronous fault of the test's own
+    launches fails that test (on a GPU it would poison the process)."""
+    yield
+    if CUDA_MODE == "sim":
+        import cupy
+
+        try:
+            for dev in range(cupy.cuda.runtime.getDeviceCount()):
+                with cupy.cuda.Device(dev):
+                    cupy.cuda.runtime.deviceSynchronize()
+        finally:
+            cupy._sim.clear_records()  # launch and sync records are per test
+            fault = cupy._sim.clear_fault()  # the next test starts clean either way
+        assert fault is None, f"a device fault was left behind: {fault}"
 
 
 def _cuda_skip_reason():
@@ -65,7 +113,8 @@ def backend(request):
         reason = _cuda_skip_reason()
         if reason:
             pytest.skip(reason)
-        return CupyBackend
+        yield CupyBackend
+        return
     with host_kernels(request.param):
         yield NumbaBackend if request.param == "numba" else NumpyBackend
 

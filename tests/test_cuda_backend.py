@@ -1,9 +1,10 @@
 """The CUDA backend's own behaviour: dispatch, placement, streams, uploads, layouts.
 
 The bit-exactness bodies shared with the NumPy backend live in the core test
-files (``backend`` fixture). Tests here need CuPy and a GPU and skip cleanly
-without them, except the first few, which check what can be checked on any
-machine (no CuPy import, alignment arithmetic).
+files (``backend`` fixture). Tests here run on real CuPy with a GPU and, without
+one, on the CPU execution of the kernels (tests/cudasim); the few marked
+``real_cupy`` need what only real CuPy and hardware have. The first few check
+what needs no CUDA at all (no CuPy import, alignment arithmetic).
 """
 
 from __future__ import annotations
@@ -381,6 +382,7 @@ def _bench():
 
 
 @needs_gpu
+@pytest.mark.real_cupy  # an inline-PTX %globaltimer spin and event timing: real hardware only
 def test_bench_event_timer_hides_the_launch(cp):
     _bench()
     from bench.timing import CupyEvents, time_gpu
@@ -396,6 +398,7 @@ def test_bench_event_timer_hides_the_launch(cp):
 
 
 @needs_gpu
+@pytest.mark.real_cupy  # the bench's inputs come from cupy.random, which the CPU execution lacks
 @pytest.mark.parametrize("op,fdtype,qdtype", [("quantize", "float32", "int8"), ("quantize", "float16", "uint8"),
                                               ("dequantize", "float32", "uint8"),
                                               ("dequantize", "float16", "int8")])

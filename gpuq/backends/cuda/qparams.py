@@ -201,8 +201,9 @@ def quantize_dynamic(x, scheme, qdtype, symmetric, eps):
         return None
     qmin, _ = QUANT_RANGE[np.dtype(qdtype)]
     with x.device:
-        x = cupy.ascontiguousarray(x)
+        # The codes take x's shape: CuPy's ascontiguousarray makes a 0-d array 1-d.
         q = cupy.empty(x.shape, qdtype)
+        x = cupy.ascontiguousarray(x)
         scales, zps, flag = _outputs(scheme, qmin, symmetric)
         pieces = rows * -(-n // g)
         warp = min(g, n) <= WARP_MAX

@@ -1,0 +1,3 @@
+"""``cupy.cuda.driver`` of the stand-in: only its error class."""
+
+from .._errors import CUDADriverError  # noqa: F401

@@ -1,0 +1,45 @@
+"""``cupy.cuda.runtime`` of the stand-in: the few CUDA runtime calls gpuq, its tests and bench use."""
+
+from __future__ import annotations
+
+from .. import _sim
+from .._errors import CUDARuntimeError  # noqa: F401  (public: cupy.cuda.runtime.CUDARuntimeError)
+from . import _streams
+
+streamLegacy = _streams.STREAM_LEGACY
+streamPerThread = _streams.STREAM_PER_THREAD
+#: Versions reported (CUDA 13.0); nothing in the simulator depends on them.
+_VERSION = 13000
+
+
+def getDeviceCount() -> int:
+    return _streams.device_count()
+
+
+def getDevice() -> int:
+    return _streams.current_device_id()
+
+
+def setDevice(device: int) -> None:
+    _streams.set_current_device(device)
+
+
+def deviceSynchronize() -> None:
+    """Run every stream of the current device to its end (a host synchronisation)."""
+    _streams.sync_device(_streams.current_device_id(), "deviceSynchronize")
+
+
+def runtimeGetVersion() -> int:
+    return _VERSION
+
+
+def driverGetVersion() -> int:
+    return _VERSION
+
+
+def getDeviceProperties(device: int) -> dict:
+    i = _streams.check_device_id(device)
+    cc = _sim.COMPUTE_CAPABILITY
+    return {"name": f"gpuq CUDA simulator device {i}".encode(), "totalGlobalMem": 16 << 30,
+            "major": int(cc[:-1]), "minor": int(cc[-1]), "multiProcessorCount": 4,
+            "maxThreadsPerBlock": 1024, "warpSize": 32, "sharedMemPerBlock": 48 << 10}

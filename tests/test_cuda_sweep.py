@@ -1,0 +1,249 @@
+"""Every CUDA kernel instantiation launched at least once, bit for bit against the host backend.
+
+The list of instantiations is :data:`gpuq.backends.cuda.registry.SOURCES`, so a
+new one fails :func:`test_every_instantiation_has_a_sweep_case` until this file
+knows how to reach it. Each case goes through the public API and gpuq's real
+launch path (API -> dispatch -> CudaBackend -> compiler -> RawModule -> launch)
+with odd sizes, inputs one element into their allocation, NaN/Inf/ties/
+subnormals/saturation, and compares the bits with the same call on NumPy
+arrays. On the CPU execution of the kernels (tests/cudasim) the launch record
+proves that the case launched the kernel it is for, and the qparams kernels
+run under every fiber schedule; on real CuPy the cases still compare bits.
+
+The block reductions of qparams.cu are also run with the grid capped at two
+blocks (``_MAX_BLOCKS``), so each block reduces several pieces one after the
+other: that is where a missing ``__syncthreads`` before the shared memory is
+reused shows (on a GPU only for tensors of more than 65536 pieces).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+import gpuq
+from conftest import CUDA_MODE, _cuda_skip_reason
+from gpuq._dtypes import FLOAT_DTYPES, QUANT_RANGE
+from gpuq.backends.cuda import qparams as cuda_qparams
+from gpuq.backends.cuda import registry
+
+_REASON = _cuda_skip_reason()
+pytestmark = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+_SIM = CUDA_MODE == "sim"
+
+_SPECIAL = [0.0, -0.0, 0.5, 1.5, 2.5, -0.5, -2.5, 1e-45, -1e-45, 1.2e-38, np.nan, -np.nan, np.inf,
+            -np.inf, 3e38, -3e38, 126.5, 127.5, -128.5, 254.5, 255.5, 1e6, -1e6]
+
+#: (shape, axis, group_size) of the scheme that lowers to each index map.
+_MAP_SCHEMES = {
+    "tensor": ((1025,), None, None),   # one scale in device memory
+    "value": ((1025,), None, None),    # one host scale and zero point, passed by value
+    "channel": ((3, 17, 5), 1, None),
+    "group": ((10, 5), 0, 3),          # ragged last group, elements after the axis
+    "strided": ((3, 4, 5), (0, 2), None),
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One public call that must launch ``name``."""
+
+    op: str  # quantize | dequantize | choose_qparams | quantize_dynamic
+    fdtype: np.dtype
+    qdtype: np.dtype
+    has_zp: bool = False
+    map_name: str = ""
+    warp: bool = False
+    block_cap: bool = False  # cap the grid at two blocks (several pieces per block)
+    shape: tuple = ()
+    axis: object = None
+
+
+def _cases() -> dict:
+    """Name expression -> the case that launches it, built with the registry's own name builders."""
+    cases = {}
+    for f in FLOAT_DTYPES:
+        for q in QUANT_RANGE:
+            for zp in (False, True):
+                for m in registry.MAPS:
+                    cases[registry.quantize_name(f, q, zp, m)] = Case("quantize", f, q, zp, m)
+                    cases[registry.dequantize_name(q, f, zp, m)] = Case("dequantize", f, q, zp, m)
+        # per-tensor of <= 1024 elements: one warp; > 1024: a block; several pieces per block.
+        cases[registry.segments_name(f, True)] = Case("choose_qparams", f, np.dtype(np.int8), shape=(17,))
+        cases[registry.segments_name(f, False)] = Case("choose_qparams", f, np.dtype(np.uint8),
+                                                       block_cap=True, shape=(3, 1100), axis=0)
+        cases[registry.columns_name(f)] = Case("choose_qparams", f, np.dtype(np.uint8), shape=(7, 33), axis=1)
+        for q in QUANT_RANGE:
+            cases[registry.fused_name(f, q, True)] = Case("quantize_dynamic", f, q, warp=True,
+                                                          shape=(5, 33), axis=0)
+            cases[registry.fused_name(f, q, False)] = Case("quantize_dynamic", f, q, block_cap=True,
+                                                           shape=(5, 1100), axis=0)
+    cases.setdefault(registry.FINALIZE, Case("choose_qparams", np.dtype(np.float32), np.dtype(np.int8),
+                                             shape=(4097,)))
+    return cases
+
+
+CASES = _cases()
+ALL_NAMES = sorted(n for names in registry.SOURCES.values() for n in names())
+QPARAMS_NAMES = sorted(registry.SOURCES["qparams.cu"]())
+SCHEDULES = ("inorder", "reversed", "interleaved")
+
+
+def test_every_instantiation_has_a_sweep_case():
+    assert len(ALL_NAMES) == len(set(ALL_NAMES))
+    missing = [n for n in ALL_NAMES if n not in CASES]
+    assert not missing, f"instantiations the sweep cannot reach yet: {missing}"
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cp():
+    import cupy
+
+    return cupy
+
+
+def _data(shape, fdtype, seed):
+    """Normal values times 40 with the special values first: NaN, +-Inf, ties, subnormals, saturation."""
+    rng = np.random.default_rng(seed)
+    n = int(np.prod(shape))
+    x = rng.standard_normal(n) * 40
+    k = min(n, len(_SPECIAL))
+    x[:k] = _SPECIAL[:k]
+    with np.errstate(over="ignore"):
+        return x.astype(fdtype).reshape(shape)
+
+
+def _offset_view(cp, host):
+    """``host`` on the device as a view one element into its allocation (unaligned)."""
+    flat = np.concatenate([np.zeros(1, host.dtype), host.ravel()])
+    return cp.asarray(flat)[1:].reshape(host.shape)
+
+
+def _bits(a):
+    a = np.ascontiguousarray(a)
+    return a.view(np.dtype(f"u{a.dtype.itemsize}"))
+
+
+@contextlib.contextmanager
+def _schedule(cp, name):
+    if not _SIM:
+        yield
+        return
+    with cp._sim.schedule(name):
+        yield
+
+
+def _launched(cp):
+    return [r.name for r in cp._sim.launches] if _SIM else None
+
+
+def _params(case, pshape, rng):
+    s = rng.uniform(0.05, 3.0, pshape).astype(np.float32)
+    s.reshape(-1)[:1] = 0.5  # exact ties on the first elements
+    zlo, zhi = (-100, 100) if case.qdtype == np.int8 else (0, 255)
+    z = rng.integers(zlo, zhi, pshape).astype(np.int32) if case.has_zp else None
+    if z is not None and z.size > 1:
+        z.reshape(-1)[-1] = 2**31 - 1  # the widest zero points: nothing may overflow
+        z.reshape(-1)[-2] = -(2**31)
+    return s, z
+
+
+def _elementwise(cp, case, seed):
+    shape, axis, group = _MAP_SCHEMES[case.map_name]
+    rng = np.random.default_rng(seed)
+    pshape = gpuq._scheme.Scheme.build(shape, axis, group).param_shape
+    s, z = _params(case, pshape, rng)
+    if case.map_name == "value":
+        # One host value each (np.float32 scalar, Python int): the by-value launch.
+        s_dev, z_dev = np.float32(s.reshape(-1)[0]), (None if z is None else int(z.reshape(-1)[0]))
+        s, z = s_dev, z_dev
+    else:
+        s_dev, z_dev = cp.asarray(s), (None if z is None else cp.asarray(z))
+    kw = dict(axis=axis, group_size=group)
+    if case.op == "quantize":
+        x = _data(shape, case.fdtype, seed)
+        host = gpuq.quantize(x, s, z, dtype=case.qdtype, **kw)
+        dev = gpuq.quantize(_offset_view(cp, x), s_dev, z_dev, dtype=case.qdtype, **kw)
+    else:
+        lo, hi = QUANT_RANGE[case.qdtype]
+        q = rng.integers(lo, hi + 1, shape).astype(case.qdtype)
+        q.reshape(-1)[:2] = (lo, hi)
+        host = gpuq.dequantize(q, s, z, dtype=case.fdtype, **kw)
+        dev = gpuq.dequantize(_offset_view(cp, q), s_dev, z_dev, dtype=case.fdtype, **kw)
+    return [(host, dev)]
+
+
+def _qparams(cp, case, seed):
+    x = _data(case.shape, case.fdtype, seed)
+    with np.errstate(over="ignore"):
+        x[~np.isfinite(x)] = 1.0  # choose_qparams refuses +/-Inf (tested elsewhere); NaN is skipped
+        x.reshape(-1)[3] = np.nan
+    xd = _offset_view(cp, x)
+    pairs = []
+    for symmetric in (False, True):
+        kw = dict(axis=case.axis, dtype=case.qdtype, symmetric=symmetric)
+        if case.op == "choose_qparams":
+            h, d = gpuq.choose_qparams(x, **kw), gpuq.choose_qparams(xd, **kw)
+        else:
+            h, d = gpuq.quantize_dynamic(x, **kw), gpuq.quantize_dynamic(xd, **kw)
+        pairs += [(a, b) for a, b in zip(h, d) if a is not None or b is not None]
+    return pairs
+
+
+def _run_case(cp, name, schedule, monkeypatch):
+    case = CASES[name]
+    if case.block_cap:
+        monkeypatch.setattr(cuda_qparams, "_MAX_BLOCKS", 2)
+    if _SIM:
+        cp._sim.launches.clear()
+    seed = ALL_NAMES.index(name)
+    with _schedule(cp, schedule):
+        if case.op in ("quantize", "dequantize"):
+            pairs = _elementwise(cp, case, seed)
+        else:
+            pairs = _qparams(cp, case, seed)
+    for host, dev in pairs:
+        assert (host is None) == (dev is None)
+        dev = cp.asnumpy(dev)
+        assert host.dtype == dev.dtype and host.shape == dev.shape
+        assert np.array_equal(_bits(host), _bits(dev)), (name, schedule)
+    if _SIM:
+        assert name in _launched(cp), f"{name} was not launched; launched: {sorted(set(_launched(cp)))}"
+
+
+_ELEMENTWISE = [n for n in ALL_NAMES if n not in QPARAMS_NAMES]
+
+
+@pytest.mark.parametrize("name", _ELEMENTWISE)
+def test_elementwise_instantiation(cp, name, monkeypatch):
+    _run_case(cp, name, "inorder", monkeypatch)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("name", QPARAMS_NAMES)
+def test_qparams_instantiation_every_schedule(cp, name, schedule, monkeypatch):
+    if not _SIM and schedule != "inorder":
+        pytest.skip("fiber schedules exist only on the CPU execution of the kernels")
+    _run_case(cp, name, schedule, monkeypatch)
+
+
+@pytest.mark.skipif(not _SIM, reason="the sanitizer build exists only on the CPU execution of the kernels")
+@pytest.mark.skipif(os.environ.get("GPUQ_SIM_SANITIZE") == "1", reason="already the sanitized run")
+def test_sweep_under_ubsan():
+    """The whole sweep again, every kernel built with -fsanitize=undefined, in a child process
+    (UBSan halts the process at the first report: a child keeps this session alive)."""
+    env = dict(os.environ, GPUQ_SIM_SANITIZE="1", UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1")
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
+                         env=env, capture_output=True, text=True, timeout=900)
+    tail = (res.stdout[-3000:] + res.stderr[-3000:]).strip()
+    assert res.returncode == 0, tail
+    assert "runtime error" not in tail and f"{len(ALL_NAMES) + 2 * len(QPARAMS_NAMES) + 1} passed" in tail, tail
