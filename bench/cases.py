@@ -64,7 +64,7 @@ class Case:
             sch = f"group{GROUP}"
         if self.offset:
             sch += f"+{self.offset}"
-        f = {"float32": "f32", "float16": "f16", "float64": "f64"}[self.fdtype]
+        f = {"float32": "f32", "float16": "f16", "float64": "f64", "bfloat16": "bf16"}[self.fdtype]
         q = {"int8": "s8", "uint8": "u8"}[self.qdtype]
         types = f"{f}>{q}" if self.op == "quantize" else f"{q}>{f}"
         tag = "zp" if self.zps else "sym"
@@ -72,6 +72,15 @@ class Case:
         if self.op in DYNAMIC_OPS:
             types = f"{f}>{q}"
         return f"{op}/{sch}/{types}/{tag}/{_size_label(self.size)}"
+
+    @property
+    def float_dtype(self) -> np.dtype:
+        """``fdtype`` as a NumPy dtype (bfloat16: ml_dtypes', imported here; gpuq itself does not)."""
+        if self.fdtype == "bfloat16":
+            import ml_dtypes
+
+            return np.dtype(ml_dtypes.bfloat16)
+        return np.dtype(self.fdtype)
 
     def shape(self) -> tuple:
         """A concrete shape of about ``size`` elements for this scheme."""
@@ -153,7 +162,7 @@ class Case:
         credited the same bytes (their GB/s is "quantize bytes per second").
         """
         n = self.numel()
-        moved = n * (np.dtype(self.fdtype).itemsize + np.dtype(self.qdtype).itemsize)
+        moved = n * (self.float_dtype.itemsize + np.dtype(self.qdtype).itemsize)
         if self.op in DYNAMIC_OPS:
             moved += self.param_count() * (4 + (4 if self.has_zps() else 0))
         return moved
@@ -225,8 +234,10 @@ def cpu_default_cases(size: int) -> list:
 
     Every scheme and every per-channel axis at C=64 (first, middle, last),
     plus the collapse-prone shapes (C=3 first and last, C=4096 last and middle),
-    uint8, symmetric, and float16 on per-tensor; both ops; and every
-    :func:`dynamic_cases` case.
+    uint8, symmetric, float16 and bfloat16 on per-tensor; both ops; and every
+    :func:`dynamic_cases` case. The bfloat16 rows sit beside the float32 rows of
+    the same element count (``--cases f32>s8/zp,bf16>s8/zp``; target: bfloat16
+    quantize within 1.2x of float32, bench/NOTES.md).
     """
     cases = []
     for op in ("quantize", "dequantize"):
@@ -235,6 +246,8 @@ def cpu_default_cases(size: int) -> list:
             Case(op, "tensor", size, zps=False),
             Case(op, "tensor", size, qdtype="uint8"),
             Case(op, "tensor", size, fdtype="float16"),
+            Case(op, "tensor", size, fdtype="bfloat16"),
+            Case(op, "last", size, 64, fdtype="bfloat16"),
             Case(op, "first", size, 3),
             Case(op, "first", size, 64),
             Case(op, "middle", size, 64),

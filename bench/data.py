@@ -29,7 +29,7 @@ def host_input(case: Case, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     size = case.numel() + case.offset
     if case.op != "dequantize":
-        x = rng.standard_normal(size=size, dtype=np.float32).astype(case.fdtype, copy=False)
+        x = rng.standard_normal(size=size, dtype=np.float32).astype(case.float_dtype, copy=False)
     else:
         info = np.iinfo(case.qdtype)
         x = rng.integers(info.min, info.max + 1, size=size, dtype=case.qdtype)
@@ -41,7 +41,7 @@ def device_input(case: Case, cp, seed: int = 0):
     rs = cp.random.RandomState(seed)
     size = case.numel() + case.offset
     if case.op != "dequantize":
-        x = rs.standard_normal(size=size, dtype=cp.float32).astype(case.fdtype, copy=False)
+        x = rs.standard_normal(size=size, dtype=cp.float32).astype(case.float_dtype, copy=False)
     else:
         info = np.iinfo(case.qdtype)
         x = rs.randint(info.min, info.max + 1, size=size, dtype=np.int32).astype(case.qdtype)
@@ -55,12 +55,12 @@ def _placed(flat, case: Case):
 
 def out_dtype(case: Case):
     """The dtype gpuq writes for ``case``."""
-    return np.dtype(case.fdtype if case.op == "dequantize" else case.qdtype)
+    return case.float_dtype if case.op == "dequantize" else np.dtype(case.qdtype)
 
 
 def input_dtype(case: Case):
     """The dtype of the tensor ``case`` reads."""
-    return np.dtype(case.qdtype if case.op == "dequantize" else case.fdtype)
+    return np.dtype(case.qdtype) if case.op == "dequantize" else case.float_dtype
 
 
 def gpuq_kwargs(case: Case) -> dict:

@@ -3,6 +3,15 @@
 A NumPy array goes to the NumPy backend. A CuPy array, or any object that
 exposes ``__cuda_array_interface__`` or a CUDA ``__dlpack__`` (PyTorch, JAX,
 Numba arrays), goes to the CUDA backend, which is imported only then.
+
+Host arrays at the edges (one rule for every entry point):
+
+* ndarray subclasses (``np.matrix``, ``np.memmap``, ...) are read as their
+  base ``np.ndarray`` (a view, no copy) and results are plain ndarrays, as
+  from ``np.asarray``; a masked array (``numpy.ma``) is refused with
+  ``TypeError``: its mask would be silently dropped.
+* Non-native byte order (``>f4`` on a little-endian machine) holds the same
+  values: :func:`host_native` converts such a src to native order (one copy).
 """
 
 from __future__ import annotations
@@ -34,12 +43,47 @@ def is_device_array(obj) -> bool:
     return False
 
 
+def host_base(arr, argname: str):
+    """Host array ``arr`` as a base ``np.ndarray`` (a view of the same memory, no copy).
+
+    Raises ``TypeError`` for a masked array: gpuq would read the values under
+    the mask and drop the mask, a silent change of meaning.
+
+    >>> class Tagged(np.ndarray): ...
+    >>> t = np.arange(3.0).view(Tagged)
+    >>> type(host_base(t, "src")).__name__, np.shares_memory(host_base(t, "src"), t)
+    ('ndarray', True)
+    """
+    if type(arr) is np.ndarray:
+        return arr
+    ma = sys.modules.get("numpy.ma")  # not imported: arr cannot be a masked array
+    if ma is not None and isinstance(arr, ma.MaskedArray):
+        raise TypeError(
+            f"{argname} must not be a masked array (numpy.ma): gpuq cannot honour a mask; "
+            f"pass {argname}.filled(value), or {argname}.data to ignore the mask"
+        )
+    return arr.view(np.ndarray)
+
+
+def host_native(arr):
+    """Host array ``arr`` in native byte order: itself, or a converted copy (``>f4`` -> ``float32``).
+
+    >>> y = host_native(np.array([1.5, -2.0], ">f4"))
+    >>> y.dtype == np.float32, y.dtype.isnative, y.tolist()
+    (True, True, [1.5, -2.0])
+    """
+    if arr.dtype.isnative:
+        return arr
+    return arr.astype(arr.dtype.newbyteorder("="))
+
+
 def backend_for(src, argname: str = "src"):
-    """The backend for ``src`` and ``src`` as that backend's array type."""
+    """The backend for ``src`` and ``src`` as that backend's array type (host: a base ndarray,
+    see :func:`host_base`; in the byte order it has, see :func:`host_native`)."""
     if isinstance(src, np.ndarray):
         from .backends.host.backend import NumpyBackend
 
-        return NumpyBackend, src
+        return NumpyBackend, host_base(src, argname)
     if isinstance(src, np.generic):
         from .backends.host.backend import NumpyBackend
 

@@ -10,14 +10,36 @@ per-channel   ``axis=k``, k in [-r, r-1]            ``(shape[k],)``
 multi-axis    ``axis=(k1, k2, ...)``                ``tuple(shape[k] for k in sorted axes)``
 per-group     ``axis=k, group_size=g``              ``shape`` with dim k -> ceil(shape[k] / g)
 ============  ===================================  ==========================================
+
+Host arrays at the edges, the same in every entry point (:func:`quantize`,
+:func:`dequantize`, :func:`gpuq.choose_qparams`, :func:`gpuq.quantize_dynamic`
+and the op objects), with the compiled and the NumPy loops alike:
+
+* ndarray subclasses (``np.matrix``, ``np.memmap``, ...) as src, scales, zps
+  or ``out`` are read as their base ``np.ndarray`` (a view, no copy); results
+  are plain ndarrays (``out=`` returns the caller's object, written in place).
+  Masked arrays (``numpy.ma``) raise ``TypeError``: gpuq cannot honour a mask.
+* Any byte order: a ``>f4`` src holds float32 values and is read as such
+  (converted to native order first: one copy); scales and zps likewise; an
+  ``out`` in non-native order is written correctly (through a native
+  temporary). A ``dtype`` argument selects the type, not the byte order:
+  results are native, and ``dtype=">f4"`` is a ``TypeError`` (NumPy's
+  ufuncs refuse it too); pass ``out=`` for another order.
+* Scales are used in the compute type: float32, or float64 with float64 src
+  (quantize) or float64 output (dequantize). A Python float or float64 scale
+  is rounded to float32 once where the compute type is float32, and kept as
+  it is for float64; float32 scales are widened exactly. Validation converts
+  quietly: a scale beyond float32 (``1e39``) raises ``ValueError`` without a
+  ``RuntimeWarning`` first.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ._dispatch import backend_for, is_device_array
-from ._dtypes import FLOAT_DTYPES, QUANT_RANGE, as_dtype, compute_dtype
+from ._dispatch import backend_for, host_native, is_device_array
+from ._interop import callers_type
+from ._dtypes import FLOAT_DTYPES, QUANT_RANGE, as_dtype, compute_dtype, native
 from ._params import out_array, scales_param, zps_param
 from ._scheme import Scheme
 
@@ -30,7 +52,7 @@ def _result_dtype(dtype, out, allowed, default):
     if dtype is None:
         out_dtype = None if out is None else _array_dtype(out)
         if out_dtype is not None:
-            return as_dtype(out_dtype, "out.dtype", allowed)
+            return as_dtype(out_dtype, "out.dtype", allowed, any_byte_order=True)
         return np.dtype(default)
     return as_dtype(dtype, "dtype", allowed)
 
@@ -50,19 +72,24 @@ def _array_dtype(a):
         return None
 
 
+@callers_type
 def quantize(src, scales, zps=None, *, axis=None, group_size=None, dtype=None, out=None,
              check_values=True):
     """Quantize floats to int8/uint8 codes: ``q = clamp(rint(src / s) + zp, qmin, qmax)``.
 
-    One IEEE division in float32 (float64 for float64 ``src``; float16 is
-    widened exactly), round half to even, the zero point added after rounding
+    One IEEE division in float32 (float64 for float64 ``src``; float16 and
+    bfloat16 are widened exactly), round half to even, the zero point added after rounding
     without overflow, saturation to the code range. NaN gives the zero point,
     +/-Inf saturate. Bit-identical on the NumPy and CUDA backends.
 
     Parameters
     ----------
-    src : float16/float32/float64 array (NumPy, or a CUDA array)
-        Not modified. Any shape, strides or offset; 0-d and empty included.
+    src : float16/float32/float64/bfloat16 array (NumPy, or a CUDA array)
+        bfloat16 is ``ml_dtypes.bfloat16`` (recognised by name: gpuq does not
+        import ml_dtypes to read it).
+        Not modified. Any shape, strides, offset or byte order; 0-d and empty
+        included. ndarray subclasses are read as their base ndarray, masked
+        arrays refused (module docstring).
     scales : float array, list or number
         Finite and > 0; shape per the table in the module docstring. Used as
         float32 (float64 for float64 ``src``).
@@ -76,7 +103,8 @@ def quantize(src, scales, zps=None, *, axis=None, group_size=None, dtype=None, o
     dtype : ``"int8"`` (default), ``"uint8"``, ``"s8"``, ``"u8"`` or a NumPy dtype
         Code dtype; defaults to ``out.dtype`` when ``out`` is given.
     out : array, optional
-        Written in place and returned (same object).
+        Written in place and returned (same object); a host ``out`` may be
+        in either byte order.
     check_values : bool
         For device-resident scales/zps: check their values on the device (one
         reduction and a synchronisation). Host values are always checked.
@@ -92,27 +120,32 @@ def quantize(src, scales, zps=None, *, axis=None, group_size=None, dtype=None, o
            [ 4,  3]], dtype=int8)
     """
     backend, src_arr = backend_for(src)
-    if src_arr.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"src must be float16, float32 or float64 to quantize, got {src_arr.dtype}")
+    fdtype = native(src_arr.dtype)  # >f4 holds float32 values
+    if fdtype not in FLOAT_DTYPES:
+        raise TypeError(f"src must be float16, float32, float64 or bfloat16 to quantize, "
+                        f"got {src_arr.dtype}")
     qdtype = _result_dtype(dtype, out, _QUANT_DTYPES, np.int8)
     scheme = Scheme.build(src_arr.shape, axis, group_size)
-    ct = compute_dtype(src_arr.dtype)
+    ct = compute_dtype(fdtype)
     s = scales_param(scales, scheme, ct, backend, src_arr, check_values=check_values)
     z = zps_param(zps, scheme, backend, src_arr, check_values=check_values)
-    result = out_array(out, src_arr, qdtype, backend)
+    result, copy_to = out_array(out, src_arr, qdtype, backend)
     if src_arr.size:
-        backend.quantize(src_arr, scheme, s, z, result)
+        backend.quantize(host_native(src_arr), scheme, s, z, result)
+    if copy_to is not None:
+        np.copyto(copy_to, result)
     return out if out is not None else result
 
 
+@callers_type
 def dequantize(src, scales, zps=None, *, axis=None, group_size=None, dtype=None, out=None,
                check_values=True):
     """Dequantize int8/uint8 codes: ``y = (q - zp) * s``.
 
     ``q - zp`` in integer arithmetic (any int32 zp), converted once to the
     compute type (float32; float64 for float64 output), then one
-    multiplication; float16 output is the float32 result rounded to nearest
-    even. Bit-identical on the NumPy and CUDA backends.
+    multiplication; float16 and bfloat16 output is the float32 result rounded
+    to nearest even (bfloat16: bit-identical to ml_dtypes' cast of it). Bit-identical on the NumPy and CUDA backends.
 
     Parameters
     ----------
@@ -120,24 +153,29 @@ def dequantize(src, scales, zps=None, *, axis=None, group_size=None, dtype=None,
         Not modified.
     scales, zps, axis, group_size, out, check_values
         As in :func:`quantize`; scales are float64 for float64 output.
-    dtype : ``"float32"`` (default), ``"float16"``, ``"float64"`` (or ``f32``...)
-        Output dtype; defaults to ``out.dtype`` when ``out`` is given.
+    dtype : ``"float32"`` (default), ``"float16"``, ``"float64"``, ``"bfloat16"`` (or ``f32``, ``bf16``...)
+        Output dtype; defaults to ``out.dtype`` when ``out`` is given. Naming
+        bfloat16 imports ``ml_dtypes`` (``ImportError`` where it is missing).
 
     Examples
     --------
     >>> import numpy as np, gpuq
     >>> gpuq.dequantize(np.array([0, 3, 128, 255], np.uint8), 2.0, 128)
     array([-256., -250.,    0.,  254.], dtype=float32)
+    >>> gpuq.dequantize(np.array([1, 3, 127], np.int8), 0.1, dtype="bf16")  # doctest: +SKIP
+    array([0.100098, 0.300781, 12.6875], dtype=bfloat16)
     """
     backend, src_arr = backend_for(src)
-    if src_arr.dtype not in _QUANT_DTYPES:
+    if src_arr.dtype not in _QUANT_DTYPES:  # one byte: no byte order
         raise TypeError(f"src must be int8 or uint8 to dequantize, got {src_arr.dtype}")
     fdtype = _result_dtype(dtype, out, FLOAT_DTYPES, np.float32)
     scheme = Scheme.build(src_arr.shape, axis, group_size)
     ct = compute_dtype(fdtype)
     s = scales_param(scales, scheme, ct, backend, src_arr, check_values=check_values)
     z = zps_param(zps, scheme, backend, src_arr, check_values=check_values)
-    result = out_array(out, src_arr, fdtype, backend)
+    result, copy_to = out_array(out, src_arr, fdtype, backend)
     if src_arr.size:
         backend.dequantize(src_arr, scheme, s, z, result)
+    if copy_to is not None:
+        np.copyto(copy_to, result)
     return out if out is not None else result

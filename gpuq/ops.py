@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._dispatch import backend_for
-from ._dtypes import FLOAT_DTYPES, QUANT_RANGE, as_dtype, compute_dtype
+from ._dispatch import backend_for, host_base
+from ._interop import callers_type
+from ._dtypes import FLOAT_DTYPES, QUANT_RANGE, as_dtype, compute_dtype, native
 from ._params import scales_param, zps_param
 from ._scheme import Scheme
 from .api import dequantize, quantize
@@ -31,9 +32,19 @@ def _check_qtype(qtype, axis):
 
 
 class _Static:
-    """Static scales/zps checked once at construction, uploaded once per device (except one value)."""
+    """Static scales/zps checked once at construction, uploaded once per device (except one value).
 
-    def __init__(self, scales, zps, qtype, axis):
+    Scales follow the rule of :func:`gpuq.quantize`: they are kept as given and
+    used in the compute type of each call (float32; float64 with float64 src for
+    Quantize, with float64 output for Dequantize), so a float64 scale of 0.1
+    stays 0.1 for float64 data and an op gives the bits of the functional call.
+    Construction checks them in ``ct`` (Dequantize: its output's compute type;
+    Quantize: float64, as src may be float64): a scale that only float64 holds
+    (1e-50, 1e39) is refused at a call with float32 compute, with the
+    functional API's ``ValueError``.
+    """
+
+    def __init__(self, scales, zps, qtype, axis, ct):
         self.qtype, self.axis = qtype, axis
         self._axis = _check_qtype(qtype, axis)
         s = np.asarray(scales)
@@ -42,31 +53,48 @@ class _Static:
         if qtype == "per_tensor" and s.size != 1:
             raise ValueError(f"scales must have exactly 1 element for qtype='per_tensor', got {s.size}")
         # Checked against a stand-in scheme whose shape fits; the call checks the real shape.
-        stand_in = Scheme.build((s.size,), None if self._axis is None else 0)
+        self._stand_in = Scheme.build((s.size,), None if self._axis is None else 0)
         from .backends.host.backend import NumpyBackend
 
-        # Copies: the op must not follow later changes to the caller's arrays.
-        self._scales = scales_param(scales, stand_in, np.dtype(np.float32), NumpyBackend, None).copy()
+        self._host = NumpyBackend
+        scales_param(scales, self._stand_in, ct, NumpyBackend, None)
+        # Copies, as given (a base ndarray): the op must not follow later changes to the
+        # caller's arrays, and each compute type rounds the given values once.
+        self._scales = np.array(scales)
+        self._by_ct = {}
         self._zps = None
         if zps is not None:
             z = np.asarray(zps)
             if z.shape != s.shape:
                 raise ValueError(f"zps must have {s.size} elements like scales, got shape {z.shape}")
-            self._zps = zps_param(zps, stand_in, NumpyBackend, None).copy()
+            self._zps = zps_param(zps, self._stand_in, NumpyBackend, None).copy()
         self._device_params = {}
+
+    def _scales_in(self, ct):
+        """The scales in compute type ``ct``, checked there (once per ct), 1-D."""
+        scales = self._by_ct.get(ct)
+        if scales is None:
+            scales = scales_param(self._scales, self._stand_in, ct, self._host, None).reshape(-1)
+            self._by_ct[ct] = scales
+        return scales
 
     def _params(self, src, ct):
         backend, arr = backend_for(src)
-        scales = self._scales.astype(ct).reshape(-1)
+        scales = self._scales_in(ct)
         if backend.name == "numpy":
             return scales, self._zps
         key = (backend.device_key(arr), ct)
         if key not in self._device_params:
-            self._device_params[key] = (
+            params = (
                 backend.to_param(scales, arr),
                 None if self._zps is None else backend.to_param(self._zps.reshape(-1), arr),
             )
-        return self._device_params[key]
+            # Uploaded once on this call's stream, reused from any stream: each use waits
+            # for the upload on the device, never on the host.
+            self._device_params[key] = params, backend.fence()
+        params, fence = self._device_params[key]
+        backend.wait_for(fence)
+        return params
 
     def _reshaped(self, params):
         # per_tensor takes one element of any shape; per-channel a 1-D list.
@@ -79,6 +107,9 @@ class _Static:
 class Quantize(_Static):
     """oneDNN Graph Quantize: static scales/zps attributes, input ``src``.
 
+    Scales are used as :func:`gpuq.quantize` uses them: float32 (the spec's
+    f32), float64 for float64 ``src`` (a float64 scale then keeps every bit).
+
     Examples
     --------
     >>> import numpy as np, gpuq
@@ -88,13 +119,16 @@ class Quantize(_Static):
     """
 
     def __init__(self, scales, zps=None, qtype="per_tensor", axis=1, dtype="int8"):
-        super().__init__(scales, zps, qtype, axis)
+        super().__init__(scales, zps, qtype, axis, np.dtype(np.float64))
         self.dtype = as_dtype(dtype, "dtype", tuple(QUANT_RANGE))
 
+    @callers_type(arg=1)
     def __call__(self, src, *, out=None):
-        backend, arr = backend_for(src)
-        ct = compute_dtype(arr.dtype) if arr.dtype in FLOAT_DTYPES else np.dtype(np.float32)
-        scales, zps = self._reshaped(self._params(arr, ct))
+        arr = backend_for(src)[1]
+        dt = native(arr.dtype)
+        if dt not in FLOAT_DTYPES:  # quantize() raises its TypeError for src first
+            return quantize(src, self._scales, axis=self._axis, dtype=self.dtype, out=out)
+        scales, zps = self._reshaped(self._params(arr, compute_dtype(dt)))
         return quantize(src, scales, zps, axis=self._axis, dtype=self.dtype, out=out,
                         check_values=False)
 
@@ -102,7 +136,10 @@ class Quantize(_Static):
 class Dequantize(_Static):
     """oneDNN Graph Dequantize: static scales/zps attributes, input ``src``.
 
-    ``dtype`` (float32 by default, the spec's; float16/float64 as nGraph's ``type``).
+    ``dtype`` (float32 by default, the spec's; float16/float64/bfloat16 as nGraph's ``type``).
+    Scales are used as :func:`gpuq.dequantize` uses them: float32, float64 for
+    float64 output (``Dequantize(scales=[0.1], dtype="f64")`` multiplies by 0.1,
+    not by float32(0.1)).
 
     Examples
     --------
@@ -114,9 +151,10 @@ class Dequantize(_Static):
     """
 
     def __init__(self, scales, zps=None, qtype="per_tensor", axis=1, dtype="float32"):
-        super().__init__(scales, zps, qtype, axis)
         self.dtype = as_dtype(dtype, "dtype", FLOAT_DTYPES)
+        super().__init__(scales, zps, qtype, axis, compute_dtype(self.dtype))
 
+    @callers_type(arg=1)
     def __call__(self, src, *, out=None):
         scales, zps = self._reshaped(self._params(src, compute_dtype(self.dtype)))
         return dequantize(src, scales, zps, axis=self._axis, dtype=self.dtype, out=out,
@@ -146,6 +184,7 @@ class DynamicQuantize:
         self._axis, self._group = _check_dynamic_qtype(qtype, axis, group_shape)
         self.dtype = as_dtype(dtype, "dtype", tuple(QUANT_RANGE))
 
+    @callers_type(arg=1)
     def __call__(self, src, scales, zps=None, *, out=None):
         if self._group is not None:
             return _per_group(quantize, self._group, src, scales, zps, dtype=self.dtype, out=out)
@@ -172,6 +211,7 @@ class DynamicDequantize:
         self._axis, self._group = _check_dynamic_qtype(qtype, axis, group_shape)
         self.dtype = as_dtype(dtype, "dtype", FLOAT_DTYPES)
 
+    @callers_type(arg=1)
     def __call__(self, src, scales, zps=None, *, out=None):
         if self._group is not None:
             return _per_group(dequantize, self._group, src, scales, zps, dtype=self.dtype, out=out)
@@ -233,9 +273,11 @@ def _per_group(fn, group_shape, src, scales, zps, **kwargs):
         axes.append(len(split))
         split += [d // g, g] if g > 1 else [d]
     out = kwargs.pop("out", None)
-    # Splitting a dim in two is always a view, so results land in ``out`` itself.
+    # Splitting a dim in two is always a view, so results land in ``out`` itself
+    # (an ndarray subclass through its base ndarray: np.matrix has no 3-D reshape).
+    out_view = host_base(out, "out") if isinstance(out, np.ndarray) else out
     result = fn(arr.reshape(split), scales, zps, axis=tuple(axes),
-                out=None if out is None else out.reshape(split), **kwargs)
+                out=None if out is None else out_view.reshape(split), **kwargs)
     return out if out is not None else result.reshape(shape)
 
 

@@ -14,8 +14,8 @@ per-group     ``axis=k, group_size=g``              ``shape`` with dim k -> ceil
 
 Each scale covers a "block": the elements that share it (the whole tensor,
 one channel, one multi-axis slot, one group). For a block with smallest
-number ``lo`` and largest ``hi``, in float32 arithmetic (float16 widened
-exactly, float64 min/max rounded to float32 once):
+number ``lo`` and largest ``hi``, in float32 arithmetic (float16 and
+bfloat16 widened exactly, float64 min/max rounded to float32 once):
 
 * asymmetric (default): the range is widened to include 0,
   ``lo' = min(lo, 0)``, ``hi' = max(hi, 0)``,
@@ -36,6 +36,11 @@ exactly, float64 min/max rounded to float32 once):
   +/-3.4e38) that difference and its division are done in float64 and
   rounded to float32 once.
 
+``x`` may be an ndarray subclass (read as its base ndarray; results are
+plain ndarrays) or in non-native byte order (``>f4``: float32 values, read
+through one native copy); masked arrays raise ``TypeError``, as in
+:func:`gpuq.quantize`.
+
 The result lives where ``x`` lives; on the GPU the reduction is a kernel
 (``kernels/qparams.cu``), and ``x`` is not copied to the host. Checking for
 Inf reads back one flag there (a synchronisation).
@@ -47,8 +52,9 @@ import numbers
 
 import numpy as np
 
-from ._dispatch import backend_for
-from ._dtypes import FLOAT_DTYPES, QUANT_RANGE, as_dtype
+from ._dispatch import backend_for, host_native
+from ._interop import callers_type
+from ._dtypes import FLOAT_DTYPES, QUANT_RANGE, as_dtype, native
 from ._scheme import Scheme
 from .api import quantize
 
@@ -58,12 +64,13 @@ __all__ = ["choose_qparams", "quantize_dynamic"]
 EPS = float(np.finfo(np.float32).tiny)
 
 
+@callers_type
 def choose_qparams(x, *, axis=None, group_size=None, dtype="int8", symmetric=False, eps=None):
     """Scales and zero points that cover ``x``, block by block (see the module docstring).
 
     Parameters
     ----------
-    x : float16/float32/float64 array (NumPy, or a CUDA array)
+    x : float16/float32/float64/bfloat16 array (NumPy, or a CUDA array)
         Not modified. NaN is ignored; +/-Inf raises ``ValueError``.
     axis : None, int or tuple of ints
         ``None`` per-tensor, ``k`` per-channel, a tuple for multi-axis.
@@ -99,6 +106,7 @@ def choose_qparams(x, *, axis=None, group_size=None, dtype="int8", symmetric=Fal
     return _impl(backend).choose_qparams(arr, scheme, qmin, qmax, bool(symmetric), eps)
 
 
+@callers_type
 def quantize_dynamic(x, *, axis=None, group_size=None, dtype="int8", symmetric=False):
     """Codes, scales and zero points of ``x`` in one call.
 
@@ -144,14 +152,15 @@ def quantize_dynamic(x, *, axis=None, group_size=None, dtype="int8", symmetric=F
 
 
 def _validate(x, axis, group_size, dtype, symmetric, eps):
-    backend, arr = backend_for(x, "x")
-    if arr.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"x must be float16, float32 or float64, got {arr.dtype}")
+    backend, arr = backend_for(x, "x")  # an ndarray subclass: its base ndarray; masked: TypeError
+    if native(arr.dtype) not in FLOAT_DTYPES:
+        raise TypeError(f"x must be float16, float32, float64 or bfloat16, got {arr.dtype}")
     qdtype = as_dtype(dtype, "dtype", tuple(QUANT_RANGE))
     if not isinstance(symmetric, (bool, np.bool_)):
         raise TypeError(f"symmetric must be True or False, got {symmetric!r}")
     scheme = Scheme.build(arr.shape, axis, group_size)
-    return backend, arr, scheme, qdtype, _check_eps(eps)
+    eps = _check_eps(eps)
+    return backend, host_native(arr), scheme, qdtype, eps
 
 
 def _check_eps(eps):

@@ -23,6 +23,11 @@
 // copy (checked with NVRTC 13.5) and CuPy finds one only where a CUDA toolkit or
 // the nvidia-cuda-runtime headers are installed. A translation unit that needs
 // the real header must include it BEFORE this one.
+//
+// bfloat16 is storage too, gpuq's own type below (not cuda_bf16.h's
+// __nv_bfloat16: no header, and the same text whatever the toolkit): the top
+// 16 bits of a float32, so widening is a shift and narrowing the round to
+// nearest even on the low 16 bits, plain integer operations.
 #pragma once
 
 #ifndef __CUDA_FP16_H__
@@ -30,6 +35,11 @@ struct __align__(2) __half {
     unsigned short bits;
 };
 #endif
+
+// bfloat16 storage (ml_dtypes.bfloat16's bits): sign, 8 exponent bits, 7 mantissa bits.
+struct __align__(2) gpuq_bf16 {
+    unsigned short bits;
+};
 
 namespace gpuq {
 
@@ -64,15 +74,42 @@ __device__ __forceinline__ __half f32_to_f16_rn(float f) {
     return h;
 }
 
-// Input widening to the compute type TC (float for float16/float32, double for float64).
+// ---------------------------------------------------------------------------
+// bfloat16 <-> float32, integer operations only (no PTX, no flush: the bits are moved)
+
+// Exact: a bfloat16 is the float32 with the same top 16 bits (subnormals, NaN payloads included).
+__device__ __forceinline__ float bf16_to_f32_exact(gpuq_bf16 h) {
+    return __uint_as_float(static_cast<unsigned>(h.bits) << 16);
+}
+
+// Round to nearest even on the 16 dropped bits: adding 0x7fff plus the kept
+// lowest bit carries into the kept bits exactly when the dropped part is above
+// half, or half with an odd kept part. A carry out of the mantissa raises the
+// exponent, which is the correct rounding too (up to +/-Inf from beyond the
+// largest bfloat16). Only a NaN could carry into the sign (0x7fffffff + 0x8000):
+// NaN becomes the quiet NaN 0x7fc0 with its sign, as ml_dtypes' cast gives it.
+__device__ __forceinline__ gpuq_bf16 f32_to_bf16_rn(float f) {
+    const unsigned b = __float_as_uint(f);
+    gpuq_bf16 h;
+    if ((b & 0x7fffffffu) > 0x7f800000u) {
+        h.bits = static_cast<unsigned short>(((b >> 16) & 0x8000u) | 0x7fc0u);
+    } else {
+        h.bits = static_cast<unsigned short>((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+    }
+    return h;
+}
+
+// Input widening to the compute type TC (float for float16/bfloat16/float32, double for float64).
 template <typename TC> __device__ __forceinline__ TC widen(__half x) { return f16_to_f32_exact(x); }
+template <typename TC> __device__ __forceinline__ TC widen(gpuq_bf16 x) { return bf16_to_f32_exact(x); }
 template <typename TC> __device__ __forceinline__ TC widen(float x) { return x; }
 template <typename TC> __device__ __forceinline__ TC widen(double x) { return x; }
 
-// Output narrowing from the compute type (float16: the float32 result rounded to nearest even).
+// Output narrowing from the compute type (float16, bfloat16: the float32 result rounded to nearest even).
 template <typename TOut> __device__ __forceinline__ TOut narrow_rn(float y);
 template <> __device__ __forceinline__ float narrow_rn<float>(float y) { return y; }
 template <> __device__ __forceinline__ __half narrow_rn<__half>(float y) { return f32_to_f16_rn(y); }
+template <> __device__ __forceinline__ gpuq_bf16 narrow_rn<gpuq_bf16>(float y) { return f32_to_bf16_rn(y); }
 template <typename TOut> __device__ __forceinline__ TOut narrow_rn(double y);
 template <> __device__ __forceinline__ double narrow_rn<double>(double y) { return y; }
 

@@ -1,4 +1,4 @@
-// Dequantize: int8/uint8 codes -> float16/float32/float64, every scheme in one launch.
+// Dequantize: int8/uint8 codes -> float16/bfloat16/float32/float64, every scheme in one launch.
 //
 //   y = (q - zp) * s      (contract.cuh)
 //
@@ -27,7 +27,7 @@ struct DequantizeOp : ParamCursor<TS, HAS_ZP> {
 // parameters, C-contiguous in its param_shape (zps unused without HAS_ZP);
 // head, vec: see elementwise.cuh (for_each_unit); m0..m2, dims: the map's
 // (kMapValue: m0 the scale's bits, m1 the zero point; no pointer is read).
-// TS is the compute type: float for float16/float32 output, double for float64.
+// TS is the compute type: float for float16/bfloat16/float32 output, double for float64.
 template <typename TQ, typename TOut, typename TS, bool HAS_ZP, int MAP>
 __global__ void __launch_bounds__(256)
 dequantize(const TQ* __restrict__ q, TOut* __restrict__ y, const TS* __restrict__ scales,

@@ -29,6 +29,7 @@
 // Instantiated by name from Python (gpuq/backends/cuda_qparams.py), e.g.
 //   gpuq::minmax_segments<float, true>
 //   gpuq::dynamic_quantize_segments<__half, signed char, false>
+//   gpuq::minmax_columns<gpuq_bf16>
 #include "contract.cuh"
 
 namespace gpuq {
@@ -87,7 +88,7 @@ template <typename T> struct ComputeOf { using type = float; };
 template <> struct ComputeOf<double> { using type = double; };
 
 // ---------------------------------------------------------------------------
-// Running min/max of one thread: in float32 (float16 widens exactly), or in
+// Running min/max of one thread: in float32 (float16 and bfloat16 widen exactly), or in
 // float64 for float64 data (rounded to float32 when it leaves the thread).
 
 template <typename T> struct Acc {

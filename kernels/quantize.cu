@@ -1,4 +1,4 @@
-// Quantize: float16/float32/float64 -> int8/uint8 codes, every scheme in one launch.
+// Quantize: float16/bfloat16/float32/float64 -> int8/uint8 codes, every scheme in one launch.
 //
 //   q = clamp(rint(x / s) + zp, qmin, qmax)      (contract.cuh)
 //
@@ -36,7 +36,7 @@ struct QuantizeOp : ParamCursor<TS, HAS_ZP> {
 // parameters, C-contiguous in its param_shape (zps unused without HAS_ZP);
 // head, vec: see elementwise.cuh (for_each_unit); m0..m2, dims: the map's
 // (kMapValue: m0 the scale's bits, m1 the zero point; no pointer is read).
-// TS is the compute type: float for float16/float32 input, double for float64.
+// TS is the compute type: float for float16/bfloat16/float32 input, double for float64.
 template <typename TIn, typename TQ, typename TS, bool HAS_ZP, int MAP>
 __global__ void __launch_bounds__(256)
 quantize(const TIn* __restrict__ x, TQ* __restrict__ q, const TS* __restrict__ scales,

@@ -297,9 +297,11 @@ def bad_dir(tmp_path_factory):
     (d / "model.bin").write_bytes(b"")
     np.save(d / "one.npy", np.ones((32, 32), np.float32))
     (d / "afile").write_bytes(b"")
-    cli.main(["quantize", str(d / "ok.safetensors"), "-o", str(d / "q.safetensors"), "-q", "--json"])
+    cli.main(["quantize", str(d / "ok.safetensors"), "-o", str(d / "q.safetensors"), "-q", "--json",
+              "--device", "cpu"])
     np.savez(d / "two.npz", a=np.ones((32, 32), np.float32), b=np.ones(3, np.float32))
-    cli.main(["quantize", str(d / "two.npz"), "-o", str(d / "q2.npz"), "-q", "--json"])
+    cli.main(["quantize", str(d / "two.npz"), "-o", str(d / "q2.npz"), "-q", "--json",
+              "--device", "cpu"])
     return d
 
 
@@ -374,26 +376,34 @@ def test_device_cuda_without_gpu(bad_dir, monkeypatch, capsys):
 @pytest.mark.parametrize("fmt", ["safetensors", "npz"])
 @pytest.mark.parametrize("exc", [KeyboardInterrupt, OSError])
 def test_interrupted_write_leaves_nothing(tmp_path, monkeypatch, capsys, fmt, exc):
+    """Ctrl-C or a failing write after part of OUT is written: no OUT, no temporary file."""
     from gpuq.cli import files as cli_files
 
     src = tmp_path / f"x.{fmt}"
+    tensors = {"a": np.ones((32, 32), np.float32), "b": np.full((32, 32), 2, np.float32)}
     if fmt == "safetensors":
-        safetensors_numpy.save_file({"w": np.ones((32, 32), np.float32)}, str(src))
+        safetensors_numpy.save_file(tensors, str(src))
     else:
-        np.savez(src, w=np.ones((32, 32), np.float32))
+        np.savez(src, **tensors)
+    real = cli_files._Writer.write
+    calls = []
 
-    def half_written(path):
-        Path(path).write_bytes(b"partial")  # the temporary file exists, half written
-        raise exc("boom")
+    def write(self, name, arr):
+        calls.append(name)
+        if len(calls) == 3:  # the header and two tensors are in the temporary file by now
+            assert os.path.getsize(self.tmp) > 0
+            raise exc("boom")
+        return real(self, name, arr)
 
-    monkeypatch.setattr(cli_files, "_write_npz", lambda path, members: half_written(path))
-    monkeypatch.setattr(safetensors_numpy, "save_file",
-                        lambda tensors, path, metadata=None: half_written(path))
+    monkeypatch.setattr(cli_files._Writer, "write", write)
     before = sorted(os.listdir(tmp_path))
-    code = cli.main(["quantize", str(src), "-o", str(tmp_path / f"out.{fmt}")])
+    code = cli.main(["quantize", str(src), "-o", str(tmp_path / f"out.{fmt}"), "--device", "cpu"])
     err = capsys.readouterr().err
-    assert code == (130 if exc is KeyboardInterrupt else 2)
-    assert ("interrupted" if exc is KeyboardInterrupt else "cannot write OUT") in err
+    assert len(calls) == 3
+    if exc is KeyboardInterrupt:
+        assert code == 130 and "interrupted" in err
+    else:  # an unexpected OSError on the way is a CliError only where files.py makes it one
+        assert code == 2 and "cannot write OUT" in err
     assert sorted(os.listdir(tmp_path)) == before
 
 
@@ -415,7 +425,7 @@ def test_device_cuda_plumbing_with_fake_cupy(tmp_path, monkeypatch, capsys):
 
     fake = types.ModuleType("cupy")
     fake.ndarray = type("FakeCupyArray", (), {})
-    fake.asarray, fake.asnumpy, fake.float64, fake.abs = np.asarray, np.asarray, np.float64, np.abs
+    fake.asarray, fake.asnumpy = np.asarray, np.asarray  # all the CLI itself may use
     rng = np.random.default_rng(4)
     np.savez(tmp_path / "w.npz", a=rng_weight(rng, (40, 64), np.float32),
              b=rng_weight(rng, (8,), np.float32))
@@ -436,3 +446,24 @@ def test_device_cuda_plumbing_with_fake_cupy(tmp_path, monkeypatch, capsys):
         (rep_cpu, cpu), (rep_gpu, gpu) = outs[cmd, "cpu"], outs[cmd, "cuda"]
         assert rep_cpu["tensors"] == rep_gpu["tensors"]
         assert set(cpu) == set(gpu) and all(same_bits(cpu[k], gpu[k]) for k in cpu)
+
+
+def test_info_exits_non_zero_when_nvrtc_is_here_but_the_kernels_do_not_compile(monkeypatch, capsys):
+    from gpuq.backends.cuda import nvrtc_check, registry
+
+    if nvrtc_check.find_libnvrtc() is None:
+        pytest.skip("needs libnvrtc (the test extra)")
+    assert cli.main(["info"]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(registry, "source_text", lambda name: "this is not CUDA C++;\n")
+    assert cli.main(["info"]) == 1
+    out = capsys.readouterr().out
+    assert "kernels compile  no:" in out and "nvrtc" in out
+
+
+def test_info_without_nvrtc_says_so_and_exits_zero(monkeypatch, capsys):
+    from gpuq.backends.cuda import nvrtc_check
+
+    monkeypatch.setattr(nvrtc_check, "find_libnvrtc", lambda: None)
+    assert cli.main(["info"]) == 0
+    assert "libnvrtc not found" in capsys.readouterr().out

@@ -98,7 +98,7 @@ class TestParameterShapes:
 
 
 def test_integer_src_to_quantize(backend):
-    _raises(backend, TypeError, r"src must be float16, float32 or float64 to quantize, got int8",
+    _raises(backend, TypeError, r"src must be float16, float32, float64 or bfloat16 to quantize, got int8",
             gpuq.quantize, Q, 1.0)
 
 
@@ -114,8 +114,12 @@ def test_unknown_dtype_names(backend):
             dtype="s32")
     _raises(backend, TypeError, r"dtype must be one of int8, uint8, got int16", gpuq.quantize, X, 1.0,
             dtype=np.int16)
-    _raises(backend, ValueError, r"dtype must be one of float16, float32, float64, got unknown name 'bf16'",
-            gpuq.dequantize, Q, 1.0, dtype="bf16")
+    _raises(backend, ValueError,
+            r"dtype must be one of float16, float32, float64, bfloat16, got unknown name 'bf8'",
+            gpuq.dequantize, Q, 1.0, dtype="bf8")
+    # bfloat16 is a float name, not a code name (refused before ml_dtypes would be imported)
+    _raises(backend, ValueError, r"dtype must be one of int8, uint8, got 'bf16'", gpuq.quantize, X, 1.0,
+            dtype="bf16")
 
 
 def test_out_wrong_shape_and_dtype(backend):
@@ -146,9 +150,20 @@ def test_read_only_and_overlapping_out():
         gpuq.dequantize(src, 1.0, out=buf)
 
 
+def test_lists_and_scalars_become_numpy_as_np_asarray_makes_them():
+    """Python floats are float64 (np.asarray's rule): the float64 contract, NumPy results."""
+    q = gpuq.quantize([1.0, 2.5, -0.3], 0.1)
+    assert type(q) is np.ndarray and q.tolist() == [10, 25, -3]
+    with pytest.raises(TypeError, match="src must be int8 or uint8 to dequantize, got int64"):
+        gpuq.dequantize([1, -2], 0.5)
+    assert gpuq.quantize(2.5, 1.0).tolist() == 2 and gpuq.quantize(2.5, 1.0).shape == ()
+    s, z = gpuq.choose_qparams([0.0, 2.55], dtype="uint8")
+    assert type(s) is np.ndarray and s.tolist() == np.float32(0.01).tolist() and z.tolist() == 0
+
+
 def test_unsupported_src_type():
-    with pytest.raises(TypeError, match=r"src must be a NumPy array or a CUDA array .*got builtins.list"):
-        gpuq.quantize([1.0, 2.0], 1.0)
+    with pytest.raises(TypeError, match=r"src must be a NumPy array or a CUDA array .*got builtins.dict"):
+        gpuq.quantize({"x": 1.0}, 1.0)
 
 
 class _HostTensorLike:

@@ -87,10 +87,15 @@ def test_ptx_does_not_depend_on_ftz(nvrtc, compiled, source):
 def test_registry_covers_every_dtype_combination():
     q = registry.quantize_names()
     d = registry.dequantize_names()
-    assert len(q) == len(set(q)) == 3 * 2 * 2 * len(registry.MAPS)
-    assert len(d) == len(set(d)) == 2 * 3 * 2 * len(registry.MAPS)
+    # 4 float dtypes (float16, float32, float64, bfloat16) x 2 code dtypes x zp or not x maps.
+    assert len(q) == len(set(q)) == 4 * 2 * 2 * len(registry.MAPS)
+    assert len(d) == len(set(d)) == 2 * 4 * 2 * len(registry.MAPS)
     assert "gpuq::quantize<__half, unsigned char, float, false, 0>" in q
     assert "gpuq::dequantize<signed char, double, double, true, 3>" in d
+    # bfloat16 computes in float32, by name: listed whether or not ml_dtypes is installed.
+    assert "gpuq::quantize<gpuq_bf16, signed char, float, true, 1>" in q
+    assert "gpuq::dequantize<unsigned char, gpuq_bf16, float, false, 4>" in d
+    assert "gpuq::dynamic_quantize_segments<gpuq_bf16, unsigned char, true>" in registry.qparams_names()
 
 
 def test_sources_expand_includes():

@@ -3,7 +3,8 @@
 What lives here, one module per command or concern: :mod:`.commands` (the
 parser, the command table and :func:`main`), :mod:`.convert` (the work of
 ``quantize``/``dequantize``, one tensor at a time), :mod:`.files` (checkpoint
-formats, atomic writes), :mod:`.selection` (which tensors, which scheme),
+formats: checked, streamed reads and writes, atomic outputs), :mod:`.quantized`
+(the quantized-file format and its checks), :mod:`.selection` (which tensors, which scheme),
 :mod:`.report` (tables and JSON), :mod:`.env` (device choice, ``gpuq info``)
 and :mod:`.example` (the offline example checkpoint).
 

@@ -47,6 +47,14 @@ NAME.scales and NAME.zps in the code dtype (no NAME.zps for symmetric int8:
 zero point 0), and the scheme in the gpuq metadata. The report compares each tensor with
 its float32 dequantization: SQNR = 10 log10(sum x^2 / sum (x - x_hat)^2) in
 float64 (inf when exact) and the max abs error.
+
+NaN and +-Inf (--nonfinite): counted per tensor and reported. warn (default)
+and allow quantize such a tensor with scales and zero points from its finite
+values (NaN -> the zero point, +Inf -> qmax, -Inf -> qmin; SQNR and max error
+over the finite values), warn saying so on stderr; error stops with exit 2.
+
+The output is written tensor by tensor as the input is read: peak memory is
+about the largest tensor's input and output plus a fixed overhead.
 """
 
 
@@ -86,11 +94,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep tensors whose name matches this glob in float (repeatable)")
     q.add_argument("--min-size", type=int, default=DEFAULT_MIN_SIZE, metavar="N",
                    help=f"quantize tensors of at least N elements (default {DEFAULT_MIN_SIZE})")
+    q.add_argument("--nonfinite", choices=("error", "warn", "allow"), default="warn",
+                   help="tensors with NaN/Inf: error stops; warn (default) and allow quantize "
+                        "them from their finite values, warn saying so")
     _common(q, json_help="print the report as JSON instead of a table")
 
     d = sub.add_parser("dequantize", help="restore float tensors from a gpuq-quantized file",
                        description="Restore float tensors from a file written by gpuq quantize; "
-                                   "other tensors are copied bit for bit. A .npz IN may be "
+                                   "other tensors are copied bit for bit. Every tensor is "
+                                   "checked against the file's gpuq metadata (format version, "
+                                   "code, scale and zero-point dtypes and shapes) before "
+                                   "anything is written. A .npz IN may be "
                                    "written to a .npy OUT when it holds a single tensor.")
     d.add_argument("input", metavar="IN", help="a file written by gpuq quantize")
     d.add_argument("-o", "--output", metavar="OUT", required=True,
@@ -141,6 +155,10 @@ def _plan(args):
                 symmetric=args.symmetric)
 
 
+def _warn(text: str) -> None:
+    print(f"gpuq: warning: {text}", file=sys.stderr)
+
+
 def _show_progress(args) -> bool:
     return not args.quiet and sys.stderr.isatty()
 
@@ -154,7 +172,8 @@ def _quantize(args) -> int:
     device = pick_device(args.device)
     report = run_quantize(args.input, args.output, plan, include=args.include,
                           exclude=args.exclude, min_size=args.min_size, device=device,
-                          progress=_show_progress(args))
+                          progress=_show_progress(args), nonfinite=args.nonfinite,
+                          warn=_warn)
     print(to_json(report) if args.json else format_table(report))
     return 0
 
@@ -181,7 +200,11 @@ def _info(args) -> int:
         width = max(map(len, report))
         for key, value in report.items():
             print(f"{key.replace('_', ' '):<{width}}  {'-' if value is None else value}")
-    return 0
+    # NVRTC is here but the kernels do not compile (or the compiler cannot run): the
+    # GPU path is broken, and scripts checking an install must see it. No NVRTC at all
+    # (a CPU-only install) is not an error.
+    compiled = str(report.get("kernels_compile") or "")
+    return 1 if compiled.startswith(("no:", "unknown")) else 0
 
 
 def _example(args) -> int:

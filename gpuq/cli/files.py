@@ -1,26 +1,54 @@
-"""Checkpoint files for the ``gpuq`` command: read .safetensors/.npz/.npy, write atomically.
+"""Checkpoint files for the ``gpuq`` command: read and write .safetensors/.npz/.npy, tensor by tensor.
 
 ============  =====================================  ===============================================
 format        tensors                                 where the gpuq scheme is stored
 ============  =====================================  ===============================================
-.safetensors  every safetensors dtype NumPy can hold  header metadata key ``"gpuq"`` (JSON text)
-              (bfloat16 through ``ml_dtypes``)
+.safetensors  bool, (u)int8-64, float16/32/64,        header metadata key ``"gpuq"`` (JSON text)
+              bfloat16 and float8 (``ml_dtypes``),
+              complex64
 .npz          NumPy arrays (no pickled objects)       member ``__gpuq__``: a 0-d str array (JSON)
 .npy          one array, named ``arr_0`` (NumPy's     (read only: the quantized output is an .npz)
               name for an unnamed array in an .npz)
 ============  =====================================  ===============================================
 
-Tensors are listed (name, shape, dtype) without being loaded, so every check
-runs before any work; :func:`atomic_output` makes sure a failed or interrupted
-run leaves no file behind.
+Reading. :class:`Checkpoint` parses and checks the whole index when it opens
+a file (names, dtypes, shapes, where each tensor's bytes are) without reading
+any tensor data, so every check runs before any work. A safetensors header is
+held to the format's rules, as the safetensors library reads them: an 8-byte
+little-endian length of at most 100 MB, a UTF-8 JSON object (no duplicate
+keys, no NaN literals), ``__metadata__`` a string-to-string map, every tensor's
+``data_offsets`` matching its dtype and shape, the tensors tiling the data
+section with no gap, no overlap and nothing after it. An .npz member's or an
+.npy file's size must be exactly its header plus its data. Then
+:meth:`Checkpoint.load` reads one tensor at its offset into a fresh array
+(positioned reads, no memory map: pages of a whole-file mapping that stay
+resident would count toward the process's memory), so reading a checkpoint
+costs one tensor at a time.
+
+Writing. :func:`checkpoint_writer` takes every output tensor's name, shape
+and dtype up front, so the safetensors header (with the offsets) is written
+before any data; tensors then go to their offsets one by one, in any order,
+and nothing is held in memory. The layout is the safetensors library's (data
+sorted by dtype alignment, then name; the header padded with spaces to 8
+bytes, so every tensor is aligned); the metadata keys are sorted, so the same
+input gives the same bytes. .npz members are streamed into the zip file.
+Every output goes through :func:`atomic_output`: a temporary file created
+with mode ``0o666`` less the umask (as any tool's), renamed over OUT only
+when complete; any error (a full disk, a bad tensor, Ctrl-C) removes it, so
+no partial OUT is ever left behind, and a write error is one ``CliError``.
+
+Both sides assume a little-endian host (x86-64, aarch64), as safetensors does.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import math
 import os
 import secrets
+import sys
 import zipfile
 
 import numpy as np
@@ -31,6 +59,10 @@ NPZ_META = "__gpuq__"
 #: The name a lone .npy array gets (as in ``np.savez(f, x)``).
 NPY_NAME = "arr_0"
 FORMATS = {".safetensors": "safetensors", ".npz": "npz", ".npy": "npy"}
+#: The safetensors library refuses longer headers (``MAX_HEADER_SIZE``).
+MAX_HEADER = 100_000_000
+#: NumPy's limit on the number of dimensions (32 before NumPy 2).
+MAX_RANK = 32
 
 
 class CliError(Exception):
@@ -56,21 +88,76 @@ def file_format(path: str, role: str) -> str:
 
 
 def _import_ml_dtypes():
-    # Importing ml_dtypes registers "bfloat16" with NumPy, which is what lets
-    # safetensors hand out bfloat16 arrays without torch.
+    # ml_dtypes registers bfloat16 and the float8 types with NumPy.
     try:
-        import ml_dtypes  # noqa: F401
+        import ml_dtypes
     except ImportError:
-        return False
-    return True
+        return None
+    return ml_dtypes
+
+
+#: safetensors dtype codes in the library's order (``Dtype``: increasing alignment); the
+#: data section is laid out by this order, descending, then by name.
+_ST_ORDER = ("BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "I16", "U16", "F16", "BF16", "I32",
+             "U32", "F32", "C64", "F64", "I64", "U64")
+_ST_NUMPY = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16",
+             "I32": "int32", "U32": "uint32", "I64": "int64", "U64": "uint64",
+             "F16": "float16", "F32": "float32", "F64": "float64", "C64": "complex64",
+             "BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+
+
+def _safetensors_dtypes() -> dict:
+    """safetensors code -> NumPy dtype, for the codes this NumPy can hold."""
+    ml = _import_ml_dtypes()
+    out = {}
+    for code, name in _ST_NUMPY.items():
+        if hasattr(np, name):
+            out[code] = np.dtype(name)
+        elif ml is not None and hasattr(ml, name):
+            out[code] = np.dtype(getattr(ml, name))
+    return out
+
+
+_ST_DTYPES = _safetensors_dtypes()
+_ST_CODES = {dt: code for code, dt in _ST_DTYPES.items()}
+
+
+def safetensors_code(dtype) -> str:
+    """The safetensors dtype code of a NumPy dtype.
+
+    >>> safetensors_code(np.dtype("float32")), safetensors_code(np.dtype("uint8"))
+    ('F32', 'U8')
+    """
+    dtype = np.dtype(dtype)
+    code = _ST_CODES.get(dtype)  # native byte order only ('>f4' is not F32's bytes)
+    if code is None:
+        raise CliError(f"a .safetensors file cannot hold dtype {dtype}")
+    return code
+
+
+def _check_little_endian(path, role):
+    if sys.byteorder != "little":
+        raise CliError(f"{role} {path!r}: safetensors files are little-endian and this host "
+                       f"is not; gpuq reads and writes them on little-endian hosts only")
 
 
 class Checkpoint:
     """A checkpoint opened for reading: ``names``, ``spec(name)``, ``load(name)``, ``meta``.
 
-    ``meta`` is the gpuq description (a dict) for files written by
-    ``gpuq quantize`` and ``None`` otherwise; ``extra_metadata`` holds any
-    other safetensors metadata, passed through unchanged.
+    ``meta`` is the gpuq description (a dict, parsed but not checked: see
+    :mod:`gpuq.cli.quantized`) for files written by ``gpuq quantize`` and
+    ``None`` otherwise; ``extra_metadata`` holds any other safetensors
+    metadata, passed through unchanged. ``names`` are in file order (data
+    order for .safetensors, member order for .npz), so reading them in turn
+    reads the file front to back.
+
+    >>> import tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "a.safetensors")
+    >>> write_checkpoint(path, "safetensors", {"w": np.arange(6, dtype=np.int8).reshape(2, 3)}, None)
+    >>> with Checkpoint(path) as ckpt:
+    ...     ckpt.names, ckpt.spec("w"), ckpt.load("w")
+    (['w'], ((2, 3), dtype('int8')), array([[0, 1, 2],
+           [3, 4, 5]], dtype=int8))
     """
 
     def __init__(self, path: str):
@@ -80,113 +167,198 @@ class Checkpoint:
             raise CliError(f"cannot read IN {path!r}: no such file")
         if os.path.isdir(path):
             raise CliError(f"cannot read IN {path!r}: it is a directory")
+        self.extra_metadata = {}
+        self.meta = None
+        self._entries = {}  # name -> _Entry
         self._stack = contextlib.ExitStack()
         try:
-            self._open()
+            self._fh = self._stack.enter_context(open(path, "rb", buffering=0))
+            self._size = os.fstat(self._fh.fileno()).st_size
+            if self.format == "safetensors":
+                self._open_safetensors()
+            elif self.format == "npz":
+                self._open_npz()
+            else:
+                self._open_npy()
         except CliError:
             self.close()
             raise
-        except Exception as exc:  # each library has its own error types for bad files
+        except Exception as exc:  # zipfile, NumPy's header parser: each has its own error types
             self.close()
             raise CliError(f"cannot read IN {path!r}: {_one_line(exc)}") from exc
 
-    # -- opening -------------------------------------------------------------
-    def _open(self):
-        self.extra_metadata = {}
-        self.meta = None
-        if self.format == "safetensors":
-            self._open_safetensors()
-        elif self.format == "npz":
-            self._open_npz()
-        else:
-            arr = np.load(self.path, mmap_mode="r", allow_pickle=False)
-            self._specs = {NPY_NAME: (tuple(arr.shape), arr.dtype)}
-            self._arrays = {NPY_NAME: arr}
+    def _bad(self, why: str) -> CliError:
+        return CliError(f"cannot read IN {self.path!r}: {why}")
 
+    # -- opening -------------------------------------------------------------
     def _open_safetensors(self):
+        _check_little_endian(self.path, "IN")
+        if self._size < 8:
+            raise self._bad(f"{self._size} bytes is too short for a safetensors file")
+        n = int.from_bytes(self._read_at(0, 8), "little")
+        if n > MAX_HEADER:
+            raise self._bad(f"header length {n} is over the {MAX_HEADER} bytes safetensors "
+                            f"allows: not a safetensors file, or a damaged one")
+        if 8 + n > self._size:
+            raise self._bad(f"header length {n} runs past the end of the file "
+                            f"({self._size} bytes): truncated or damaged")
+        raw = self._read_at(8, n)
+        if not raw.startswith(b"{"):
+            raise self._bad("the header is not a JSON object (it does not start with '{')")
         try:
-            from safetensors import safe_open
-        except ImportError:
-            raise CliError(
-                "reading .safetensors needs the safetensors package: pip install 'gpuq[cli]'"
-            ) from None
-        has_ml_dtypes = _import_ml_dtypes()
-        f = self._stack.enter_context(safe_open(self.path, framework="np"))
-        self._st = f
-        self._specs = {}
-        for name in f.keys():
-            sl = f.get_slice(name)
-            code = sl.get_dtype()
-            if code == "BF16" and not has_ml_dtypes:
-                raise CliError(
-                    f"tensor {name!r} is bfloat16: reading it needs ml_dtypes "
-                    f"(pip install 'gpuq[cli]')"
-                )
-            self._specs[name] = (tuple(sl.get_shape()), code)
-        metadata = dict(f.metadata() or {})
+            header = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys,
+                                parse_constant=_no_constant)
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise self._bad(f"the header is not valid UTF-8 JSON ({_one_line(exc)})") from None
+        if not isinstance(header, dict):
+            raise self._bad("the header is not a JSON object")
+        metadata = header.pop("__metadata__", None)
+        if metadata is not None:
+            if not isinstance(metadata, dict) or not all(
+                    isinstance(v, str) for v in metadata.values()):
+                raise self._bad("'__metadata__' in the header is not a map of strings")
+            for key, value in metadata.items():
+                _utf8(key, self._bad, "a metadata key")
+                _utf8(value, self._bad, f"metadata {key!r}")
+        data_start, data_size = 8 + n, self._size - 8 - n
+        spans = []
+        for name, info in header.items():
+            _utf8(name, self._bad, "a tensor name")
+            shape, dtype, begin, end = self._st_tensor(name, info)
+            nbytes = math.prod(shape) * dtype.itemsize
+            if end - begin != nbytes:
+                raise self._bad(f"tensor {name!r}: data_offsets [{begin}, {end}] span "
+                                f"{end - begin} bytes but {_st_code(info)} {list(shape)} "
+                                f"needs {nbytes}")
+            spans.append((begin, end, name))
+            self._entries[name] = _Entry(shape, dtype, data_start + begin, nbytes)
+        # The tensors must tile the data section exactly, as the library demands: a
+        # gap, an overlap or bytes past the last tensor mean a damaged file.
+        spans.sort()
+        at = 0
+        for begin, end, name in spans:
+            if begin != at:
+                what = "overlaps the tensor before it" if begin < at else "leaves a gap before it"
+                raise self._bad(f"tensor {name!r}: data_offsets [{begin}, {end}] {what} "
+                                f"(expected to start at {at})")
+            at = end
+        if at != data_size:
+            raise self._bad(f"the tensors cover {at} bytes of data but the file holds "
+                            f"{data_size} after its header: truncated or damaged")
+        self._entries = {name: self._entries[name] for _, _, name in spans}
+        metadata = dict(metadata or {})
         if META_KEY in metadata:
             self.meta = _parse_meta(metadata.pop(META_KEY), self.path)
         self.extra_metadata = metadata
 
+    def _st_tensor(self, name, info):
+        if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
+            raise self._bad(f"tensor {name!r}: its header entry needs dtype, shape and "
+                            f"data_offsets")
+        code, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+        if not isinstance(code, str) or code not in _ST_ORDER:
+            raise self._bad(f"tensor {name!r}: {code!r} is not a safetensors dtype gpuq reads "
+                            f"({', '.join(_ST_ORDER)})")
+        if code not in _ST_DTYPES:
+            raise self._bad(f"tensor {name!r} is {code}: reading it needs ml_dtypes "
+                            f"(pip install 'gpuq[cli]')")
+        if (not isinstance(shape, list) or len(shape) > MAX_RANK
+                or not all(_is_size(d) for d in shape)):
+            raise self._bad(f"tensor {name!r}: shape {shape!r} is not a list of at most "
+                            f"{MAX_RANK} sizes")
+        if (not isinstance(offsets, list) or len(offsets) != 2
+                or not all(_is_size(o) for o in offsets) or offsets[0] > offsets[1]):
+            raise self._bad(f"tensor {name!r}: data_offsets {offsets!r} is not [begin, end] "
+                            f"with 0 <= begin <= end")
+        return tuple(shape), _ST_DTYPES[code], offsets[0], offsets[1]
+
     def _open_npz(self):
-        zf = self._stack.enter_context(zipfile.ZipFile(self.path))
-        bad = zf.testzip()  # CRC of every member: catches corruption before any work
-        if bad is not None:
-            raise CliError(f"cannot read IN {self.path!r}: member {bad!r} is corrupt")
+        zf = self._stack.enter_context(zipfile.ZipFile(self._fh))
         self._zip = zf
-        self._specs = {}
-        self._members = {}
-        for member in zf.namelist():
-            name = member[:-4] if member.endswith(".npy") else member
-            with zf.open(member) as fh:
-                version = np.lib.format.read_magic(fh)
-                if version == (1, 0):
-                    shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
-                else:
-                    shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh)
-            if dtype.hasobject:
-                raise CliError(
-                    f"cannot read IN {self.path!r}: member {name!r} holds Python objects "
-                    f"(pickle), which gpuq does not load"
-                )
-            self._members[name] = member
-            self._specs[name] = (tuple(shape), dtype)
-        if NPZ_META in self._specs:
-            self.meta = _parse_meta(str(self._load_npz(NPZ_META)), self.path)
-            del self._specs[NPZ_META]
+        for info in zf.infolist():
+            member = info.filename
+            if not member.endswith(".npy"):
+                raise self._bad(f"member {member!r} is not an .npy array")
+            name = member[:-4]
+            if name in self._entries:
+                raise self._bad(f"member {member!r} is in the archive twice")
+            with zf.open(info) as fh:
+                shape, fortran, dtype = _npy_header(fh, self._bad, f"member {member!r}")
+                offset = fh.tell()
+            self._check_size(f"member {member!r}", info.file_size - offset, shape, dtype)
+            self._entries[name] = _Entry(shape, dtype, offset, info.file_size - offset,
+                                         fortran, info)
+        if NPZ_META in self._entries:
+            meta = self.load(NPZ_META)
+            if meta.shape != () or meta.dtype.kind != "U":
+                raise self._bad(f"member {NPZ_META!r} is not a gpuq metadata string")
+            self.meta = _parse_meta(str(meta), self.path)
+            del self._entries[NPZ_META]
+
+    def _open_npy(self):
+        shape, fortran, dtype = _npy_header(self._fh, self._bad, "the array")
+        offset = self._fh.tell()
+        self._check_size("the array", self._size - offset, shape, dtype)
+        self._entries[NPY_NAME] = _Entry(shape, dtype, offset, self._size - offset, fortran)
+
+    def _check_size(self, what, have, shape, dtype):
+        need = math.prod(shape) * dtype.itemsize
+        if have != need:
+            raise self._bad(f"{what}: its header says {dtype} {shape}, {need} bytes, but "
+                            f"{have} bytes follow it: truncated, damaged or mis-typed")
 
     # -- access --------------------------------------------------------------
     @property
     def names(self) -> list:
         """Tensor names in file order."""
-        return list(self._specs)
+        return list(self._entries)
 
     def spec(self, name: str):
         """``(shape, dtype)`` of a tensor without loading it (dtype as a NumPy dtype)."""
-        shape, dtype = self._specs[name]
-        if isinstance(dtype, str):  # a safetensors dtype code
-            dtype = _SAFETENSORS_DTYPES.get(dtype, dtype)
-        return shape, dtype
+        e = self._entries[name]
+        return e.shape, e.dtype
+
+    def nbytes(self, name: str) -> int:
+        """The size of a tensor's data in bytes."""
+        return self._entries[name].nbytes
 
     def load(self, name: str) -> np.ndarray:
-        """The tensor as a NumPy array (bit for bit what the file holds)."""
+        """The tensor as a fresh NumPy array (bit for bit what the file holds).
+
+        Only this tensor's bytes are read (into the array itself for .safetensors
+        and .npy); the array is the caller's, writable, and nothing keeps it alive.
+        """
+        e = self._entries[name]
         try:
-            if self.format == "safetensors":
-                return self._st.get_tensor(name)
             if self.format == "npz":
-                return self._load_npz(name)
-            return np.array(self._arrays[name])
+                # Read the header again rather than seek past it: a seek into a stored
+                # member turns off zipfile's CRC check (Python >= 3.12), which reading
+                # the member to its end otherwise does.
+                with self._zip.open(e.zinfo) as fh:
+                    if _npy_header(fh, self._bad, f"member {name!r}") != (
+                            e.shape, e.fortran, e.dtype):
+                        raise self._bad(f"member {name!r} changed while gpuq read it")
+                    arr = _read_array(fh, e)
+                    if fh.read(1):  # also makes zipfile reach the end: the CRC check
+                        raise self._bad(f"member {name!r} is longer than its header says")
+            else:
+                self._fh.seek(e.offset)
+                arr = _read_array(self._fh, e)
         except CliError:
             raise
         except Exception as exc:
-            raise CliError(f"cannot read tensor {name!r} of IN {self.path!r}: {_one_line(exc)}") from exc
+            raise CliError(f"cannot read tensor {name!r} of IN {self.path!r}: "
+                           f"{_one_line(exc)}") from exc
+        return arr
 
-    def _load_npz(self, name):
-        with self._zip.open(self._members[name]) as fh:
-            return np.lib.format.read_array(fh, allow_pickle=False)
+    def _read_at(self, offset, n):
+        self._fh.seek(offset)
+        data = self._fh.read(n)
+        if len(data) != n:
+            raise self._bad(f"the file ends early (wanted {n} bytes at offset {offset})")
+        return data
 
     def close(self):
-        self._arrays = {}
         self._stack.close()
 
     def __enter__(self):
@@ -196,26 +368,77 @@ class Checkpoint:
         self.close()
 
 
-def _safetensors_dtypes():
-    table = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
-             "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
-             "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8", "BOOL": "bool"}
-    _import_ml_dtypes()
-    out = {}
-    for code, name in table.items():
-        try:
-            out[code] = np.dtype(name)
-        except TypeError:  # bfloat16 without ml_dtypes: refused when the file is opened
-            pass
-    return out
+class _Entry:
+    """Where a tensor is: shape, dtype, the offset of its data (in the file or the
+    zip member), its size, its memory order, and for .npz its zip member."""
+
+    __slots__ = ("dtype", "fortran", "nbytes", "offset", "shape", "zinfo")
+
+    def __init__(self, shape, dtype, offset, nbytes, fortran=False, zinfo=None):
+        self.shape, self.dtype, self.offset, self.nbytes = shape, dtype, offset, nbytes
+        self.fortran, self.zinfo = fortran, zinfo
 
 
-_SAFETENSORS_DTYPES = _safetensors_dtypes()
+def _read_array(fh, e) -> np.ndarray:
+    # Straight into the array's own memory: no intermediate bytes object.
+    arr = np.empty(e.shape[::-1] if e.fortran else e.shape, e.dtype)
+    view = memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else memoryview(b"")
+    done = 0
+    while done < len(view):
+        got = fh.readinto(view[done:])
+        if not got:
+            raise CliError(f"the file ends {len(view) - done} bytes early")
+        done += got
+    return arr.T if e.fortran else arr
+
+
+def _npy_header(fh, bad, what):
+    version = np.lib.format.read_magic(fh)
+    if version == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
+    elif version in ((2, 0), (3, 0)):
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh)
+    else:
+        raise bad(f"{what}: .npy format version {version} is unknown")
+    if dtype.hasobject:
+        raise bad(f"{what} holds Python objects (pickle), which gpuq does not load")
+    if len(shape) > MAX_RANK:
+        raise bad(f"{what}: {len(shape)} dimensions, more than {MAX_RANK}")
+    return tuple(shape), fortran, dtype
+
+
+def _is_size(v) -> bool:
+    # JSON integers only (not true/false, not 2.0), below 2^63 as in the library's usize.
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63
+
+
+def _st_code(info):
+    return info.get("dtype") if isinstance(info, dict) else None
+
+
+def _utf8(text, bad, what):
+    # JSON's \ud800 escapes give strings that UTF-8 cannot hold (the library refuses them).
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad(f"{what} is not valid Unicode: {text!r}") from None
+
+
+def _unique_keys(pairs):
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        dup = next(k for k in keys if keys.count(k) > 1)
+        raise ValueError(f"the key {dup!r} appears twice")
+    return dict(pairs)
+
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not JSON")
 
 
 def _parse_meta(text, path):
     try:
-        meta = json.loads(text)
+        meta = json.loads(text, parse_constant=_no_constant)
         if not isinstance(meta, dict) or not isinstance(meta.get("tensors"), dict):
             raise ValueError("no 'tensors' table")
     except ValueError as exc:
@@ -255,6 +478,7 @@ def atomic_output(path: str):
     tmp = os.path.join(parent, f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
         # Not tempfile.mkstemp: its 0600 mode would stick to OUT; 0666 honours the umask.
+        # Every writer below writes into this file as created (none replaces it).
         os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     except OSError as exc:
         raise CliError(f"cannot write OUT {path!r}: {_one_line(exc)}") from exc
@@ -274,40 +498,207 @@ def _remove(path):
         os.unlink(path)
 
 
+@contextlib.contextmanager
+def checkpoint_writer(path: str, fmt: str, entries: dict, meta: dict | None = None,
+                      extra_metadata: dict | None = None):
+    """Write a checkpoint tensor by tensor: yields a writer with ``write(name, array)``.
+
+    ``entries`` maps every output name to ``(shape, dtype)``, in output order
+    (.npz member order; a .safetensors file orders its data by alignment and
+    name). Each name must then be written exactly once, with that shape and
+    dtype, in any order; the file appears at ``path`` when the block ends
+    without an error, and not at all otherwise. ``meta`` is gpuq's
+    description of a quantized file (stored under ``"gpuq"``); ``extra_metadata``
+    other safetensors metadata.
+
+    >>> import tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "a.safetensors")
+    >>> entries = {"b": ((2,), np.dtype("int8")), "a": ((3,), np.dtype("float32"))}
+    >>> with checkpoint_writer(path, "safetensors", entries) as w:
+    ...     w.write("b", np.array([1, 2], np.int8))     # data in any order
+    ...     w.write("a", np.zeros(3, np.float32))
+    >>> with Checkpoint(path) as ckpt:
+    ...     ckpt.load("b")
+    array([1, 2], dtype=int8)
+    """
+    entries = {name: (tuple(shape), np.dtype(dtype)) for name, (shape, dtype) in entries.items()}
+    if fmt == "npy" and len(entries) != 1:
+        raise ValueError(f"an .npy file holds one array, not {len(entries)}")
+    with atomic_output(path) as tmp:
+        writer = _WRITERS[fmt](path, tmp, entries, meta, extra_metadata)
+        try:
+            writer.guard(writer.start)
+            yield writer
+            missing = [n for n in entries if n not in writer.written]
+            if missing:
+                raise RuntimeError(f"tensors declared but never written: {missing[:5]}")
+            writer.guard(writer.finish)
+        finally:
+            writer.close()
+
+
 def write_checkpoint(path: str, fmt: str, tensors: dict, meta: dict | None,
                      extra_metadata: dict | None = None) -> None:
     """Write ``tensors`` (name -> array) to ``path`` atomically, with gpuq ``meta`` if given.
 
-    >>> import tempfile, os
+    >>> import tempfile
     >>> d = tempfile.mkdtemp()
     >>> write_checkpoint(os.path.join(d, "a.npz"), "npz", {"w": np.ones(2, np.int8)}, None)
     >>> Checkpoint(os.path.join(d, "a.npz")).load("w")
     array([1, 1], dtype=int8)
     """
-    with atomic_output(path) as tmp:
-        if fmt == "safetensors":
-            from safetensors.numpy import save_file
-
-            metadata = dict(extra_metadata or {})
-            if meta is not None:
-                metadata[META_KEY] = json.dumps(meta, sort_keys=True)
-            save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, tmp,
-                      metadata=metadata or None)
-        elif fmt == "npz":
-            members = dict(tensors)
-            if meta is not None:
-                members[NPZ_META] = np.array(json.dumps(meta, sort_keys=True))
-            _write_npz(tmp, members)
-        else:
-            (arr,) = tensors.values()
-            with open(tmp, "wb") as fh:
-                np.lib.format.write_array(fh, np.asanyarray(arr), allow_pickle=False)
+    entries = {name: (np.shape(a), np.asarray(a).dtype) for name, a in tensors.items()}
+    with checkpoint_writer(path, fmt, entries, meta, extra_metadata) as w:
+        for name, arr in tensors.items():
+            w.write(name, arr)
 
 
-def _write_npz(path, members):
-    # np.savez takes the arrays as keyword arguments, so a tensor named "file"
-    # or "allow_pickle" would collide; write the members the way savez does.
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
-        for name, arr in members.items():
-            with zf.open(name + ".npy", "w", force_zip64=True) as fh:
-                np.lib.format.write_array(fh, np.asanyarray(arr), allow_pickle=False)
+class _Writer:
+    """Checks every write against the declared entries; turns OSError into one CliError."""
+
+    def __init__(self, path, tmp, entries, meta, extra_metadata):
+        self.path, self.tmp, self.entries = path, tmp, entries
+        self.meta, self.extra_metadata = meta, dict(extra_metadata or {})
+        self.written = set()
+
+    def guard(self, fn, *args):
+        try:
+            return fn(*args)
+        except OSError as exc:
+            raise CliError(f"cannot write OUT {self.path!r}: {_one_line(exc)}") from exc
+
+    def write(self, name: str, arr) -> None:
+        """Write tensor ``name`` (declared up front; once)."""
+        arr = np.asarray(arr)
+        if name not in self.entries or name in self.written:
+            raise RuntimeError(f"tensor {name!r} was not declared, or is written twice")
+        shape, dtype = self.entries[name]
+        if arr.shape != shape or arr.dtype != dtype:
+            raise RuntimeError(f"tensor {name!r}: declared {dtype} {shape}, got "
+                               f"{arr.dtype} {arr.shape}")
+        self.guard(self._write, name, arr)
+        self.written.add(name)
+
+    def start(self):
+        pass
+
+    def finish(self):
+        pass
+
+
+class _SafetensorsWriter(_Writer):
+    def start(self):
+        _check_little_endian(self.path, "OUT")
+        # The library's layout: descending alignment, then name; so every offset is a
+        # multiple of its dtype's size (the header is padded to 8 bytes).
+        codes = {name: safetensors_code(dt) for name, (_, dt) in self.entries.items()}
+        order = sorted(self.entries, key=lambda n: (-_ST_ORDER.index(codes[n]), n))
+        header, self.offsets, at = {}, {}, 0
+        metadata = dict(self.extra_metadata)
+        if self.meta is not None:
+            metadata[META_KEY] = json.dumps(self.meta, sort_keys=True)
+        if metadata:
+            header["__metadata__"] = {k: metadata[k] for k in sorted(metadata)}
+        for name in order:
+            shape, dtype = self.entries[name]
+            nbytes = math.prod(shape) * dtype.itemsize
+            header[name] = {"dtype": codes[name], "shape": list(shape),
+                            "data_offsets": [at, at + nbytes]}
+            self.offsets[name] = at
+            at += nbytes
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        text += b" " * (-len(text) % 8)
+        self.data_start = 8 + len(text)
+        self.fd = os.open(self.tmp, os.O_WRONLY)
+        _preallocate(self.fd, self.data_start + at)
+        _pwrite_all(self.fd, len(text).to_bytes(8, "little") + text, 0)
+
+    def _write(self, name, arr):
+        _pwrite_all(self.fd, _bytes_of(arr), self.data_start + self.offsets[name])
+
+    def close(self):
+        if getattr(self, "fd", None) is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class _NpzWriter(_Writer):
+    def start(self):
+        # The file atomic_output created, opened for writing (its mode stays).
+        self.zf = zipfile.ZipFile(self.tmp, "w", zipfile.ZIP_STORED, allowZip64=True)
+
+    def _write(self, name, arr):
+        _write_member(self.zf, name, arr)
+
+    def finish(self):
+        if self.meta is not None:
+            _write_member(self.zf, NPZ_META, np.array(json.dumps(self.meta, sort_keys=True)))
+        zf, self.zf = self.zf, None
+        zf.close()  # the central directory: a write that can fail too
+
+    def close(self):
+        if getattr(self, "zf", None) is not None:
+            with contextlib.suppress(OSError):  # on the error path: the file goes anyway
+                self.zf.close()
+            self.zf = None
+
+
+def _write_member(zf, name, arr):
+    # np.savez takes the arrays as keyword arguments, so a tensor named "file" or
+    # "allow_pickle" would collide; write the members the way savez does (a str
+    # name gets zipfile's fixed 1980 date, so the bytes do not depend on the time).
+    with zf.open(name + ".npy", "w", force_zip64=True) as fh:
+        np.lib.format.write_array(fh, np.asanyarray(arr), allow_pickle=False)
+
+
+class _NpyWriter(_Writer):
+    def start(self):
+        self.fh = open(self.tmp, "r+b")
+
+    def _write(self, name, arr):
+        np.lib.format.write_array(self.fh, arr, allow_pickle=False)
+
+    def finish(self):
+        fh, self.fh = self.fh, None
+        fh.close()
+
+    def close(self):
+        if getattr(self, "fh", None) is not None:
+            with contextlib.suppress(OSError):
+                self.fh.close()
+            self.fh = None
+
+
+_WRITERS = {"safetensors": _SafetensorsWriter, "npz": _NpzWriter, "npy": _NpyWriter}
+
+
+def _bytes_of(arr) -> memoryview:
+    arr = np.require(arr, requirements="C")  # a copy only when not C-contiguous already
+    if arr.size == 0:
+        return memoryview(b"")
+    return memoryview(arr.reshape(-1).view(np.uint8))
+
+
+def _pwrite_all(fd, data, offset):
+    view = memoryview(data)
+    while len(view):
+        chunk = view[: 1 << 30]  # Linux writes at most ~2 GiB per call
+        if hasattr(os, "pwrite"):
+            n = os.pwrite(fd, chunk, offset)
+        else:  # Windows: no positioned write
+            os.lseek(fd, offset, os.SEEK_SET)
+            n = os.write(fd, chunk)
+        view, offset = view[n:], offset + n
+
+
+def _preallocate(fd, size):
+    # Reserve the whole file before any work: a full disk (or a file size limit) is
+    # reported at once, not after minutes of quantizing. Filesystems that cannot
+    # preallocate just skip it; their writes still fail cleanly.
+    if size <= 0 or not hasattr(os, "posix_fallocate"):
+        return
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            raise

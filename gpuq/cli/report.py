@@ -1,16 +1,20 @@
 """The report ``gpuq quantize`` prints: a table for people, or JSON with ``--json``.
 
-JSON numbers are plain JSON: bytes are exact integers, ``sqnr_db`` and
-``max_abs_error`` floats; a non-finite value is written as the string
-``"inf"`` (an exact round trip), ``"-inf"`` or ``"nan"`` (NaN in the input),
-since strict JSON has no such numbers. Tensors that were kept in float have
-``"quantized": false`` and ``null`` error fields.
+Rows are in natural order of the tensor names (``layers.2`` before
+``layers.10``). JSON numbers are plain JSON numbers: bytes are exact
+integers, ``sqnr_db`` and ``max_abs_error`` floats. A value that JSON has no
+number for (``sqnr_db`` is +Inf when the round trip is exact) is written as
+``null`` with the reason beside it under ``<key>_reason``; never as a string.
+Tensors that were kept in float have ``"quantized": false`` and ``null``
+error fields. ``nonfinite`` counts each quantized tensor's NaN, +Inf and -Inf
+values; SQNR and max error are over its finite values.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 
 
 def human_bytes(n: int) -> str:
@@ -28,7 +32,7 @@ def human_bytes(n: int) -> str:
 
 
 def _db(v) -> str:
-    if v is None:
+    if v is None or math.isnan(v):
         return ""
     if math.isinf(v):
         return "inf" if v > 0 else "-inf"
@@ -36,7 +40,7 @@ def _db(v) -> str:
 
 
 def _err(v) -> str:
-    return "" if v is None else f"{v:.3g}"
+    return "" if v is None or math.isnan(v) else f"{v:.3g}"
 
 
 def _shape(shape) -> str:
@@ -76,7 +80,7 @@ def format_table(report: dict) -> str:
     rule = "  ".join("-" * w for w in widths)
     title = f"gpuq quantize: {report['input']} -> {report['output']} (device: {report['device']})"
     return "\n".join([title, "", line(header), rule] + [line(r) for r in rows]
-                     + [rule, line(total)])
+                     + [rule, line(total)] + nonfinite_notes(report))
 
 
 def format_dequantize(report: dict) -> str:
@@ -88,20 +92,70 @@ def format_dequantize(report: dict) -> str:
             f"{human_bytes(tot['bytes_after'])}")
 
 
-def to_json(report: dict) -> str:
-    """The report as strict JSON (non-finite floats as strings).
+def natural_key(name: str) -> tuple:
+    """Sort key that orders the numbers in a name by value.
 
-    >>> to_json({"sqnr_db": float("inf"), "x": [1.5, float("nan")]})
-    '{"sqnr_db": "inf", "x": [1.5, "nan"]}'
+    >>> sorted(["layers.10.w", "layers.2.w", "embed"], key=natural_key)
+    ['embed', 'layers.2.w', 'layers.10.w']
+    """
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part)
+                 for part in re.split(r"(\d+)", name) if part)
+
+
+def nonfinite_text(counts: dict) -> str:
+    """``3 non-finite values (2 NaN, 1 +Inf)``.
+
+    >>> nonfinite_text({"nan": 2, "posinf": 0, "neginf": 1})
+    '3 non-finite values (2 NaN, 1 -Inf)'
+    """
+    parts = [f"{counts[k]} {label}" for k, label in
+             (("nan", "NaN"), ("posinf", "+Inf"), ("neginf", "-Inf")) if counts[k]]
+    total = sum(counts.values())
+    return f"{total} non-finite value{'s' if total != 1 else ''} ({', '.join(parts)})"
+
+
+def nonfinite_notes(report: dict) -> list:
+    """One line per quantized tensor that held NaN or +/-Inf (for the table)."""
+    notes = []
+    for t in report["tensors"]:
+        counts = t.get("nonfinite")
+        if t["quantized"] and counts and sum(counts.values()):
+            notes.append(f"note: {t['name']} has {nonfinite_text(counts)}: scales from its "
+                         f"finite values, SQNR and max abs err over those")
+    return notes
+
+
+def to_json(report: dict) -> str:
+    """The report as strict JSON: non-finite floats become ``null`` plus a ``<key>_reason``.
+
+    >>> to_json({"sqnr_db": float("inf"), "max_abs_error": 0.5})
+    '{"sqnr_db": null, "sqnr_db_reason": "+Inf: exact round trip (the error is 0)", "max_abs_error": 0.5}'
     """
     return json.dumps(_finite(report), allow_nan=False)
 
 
+_REASONS = {
+    ("sqnr_db", "+Inf"): "+Inf: exact round trip (the error is 0)",
+    ("sqnr_db", "-Inf"): "-Inf: the values are all 0 but their round trip is not",
+    ("sqnr_db", "NaN"): "NaN: no finite values to compare",
+    ("max_abs_error", "NaN"): "NaN: no finite values to compare",
+}
+
+
 def _finite(obj):
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
     if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
+        out = {}
+        for key, value in obj.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                kind = "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
+                out[key] = None
+                out[f"{key}_reason"] = _REASONS.get(
+                    (key, kind), f"{kind}, which JSON has no number for")
+            else:
+                out[key] = _finite(value)
+        return out
     if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
+        # No key to hang a reason on: a bare non-finite float in a list is null.
+        return [None if isinstance(v, float) and not math.isfinite(v) else _finite(v)
+                for v in obj]
     return obj

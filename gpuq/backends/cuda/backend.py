@@ -62,7 +62,10 @@ def as_cupy(obj):
     if hasattr(obj, "__cuda_array_interface__"):
         return cupy.asarray(obj)
     if hasattr(obj, "__dlpack__"):
-        return cupy.from_dlpack(obj)
+        # Under the producer's device: the DLPack handshake passes the consumer's
+        # stream, which is the current stream of the current device.
+        with cupy.cuda.Device(int(obj.__dlpack_device__()[1])):
+            return cupy.from_dlpack(obj)
     raise TypeError(
         f"expected a CUDA array (CuPy, __cuda_array_interface__ or a CUDA __dlpack__), "
         f"got {type(obj).__module__}.{type(obj).__qualname__}"
@@ -86,12 +89,20 @@ def _grid(units: int) -> int:
 
 
 @functools.lru_cache(maxsize=256)
-def _dims_array(device_id: int, dims: tuple):
+def _dims_upload(device_id: int, dims: tuple):
     cupy = _cupy()
     with cupy.cuda.Device(device_id):
         arr = cupy.asarray(np.asarray(dims, dtype=np.int64))
-        # Cached and reused from any stream later: make sure the upload has landed.
-        cupy.cuda.get_current_stream().synchronize()
+        ready = cupy.cuda.Event(block=False, disable_timing=True)
+        ready.record()  # after the upload, on the stream that made it
+    return arr, ready
+
+
+def _dims_array(device_id: int, dims: tuple):
+    """The strided map's dims on the device, uploaded once per device and reused from any
+    stream: the launching stream waits for the upload on the device (no host synchronisation)."""
+    arr, ready = _dims_upload(device_id, dims)
+    _cupy().cuda.get_current_stream().wait_event(ready)
     return arr
 
 
@@ -211,7 +222,23 @@ class CudaBackend:
                 f"got an array on CUDA device {_device_id(dev)}; gpuq does not copy between "
                 f"devices behind your back"
             )
-        return dev if dev.flags.c_contiguous else cupy.ascontiguousarray(dev)
+        if dev.flags.c_contiguous:
+            return dev
+        with src.device:
+            return cupy.ascontiguousarray(dev)
+
+    @staticmethod
+    def fence():
+        """An event recorded now on the current stream (after an upload that other streams
+        will read: the op objects' cached parameters)."""
+        ev = _cupy().cuda.Event(block=False, disable_timing=True)
+        ev.record()
+        return ev
+
+    @staticmethod
+    def wait_for(fence) -> None:
+        """The current stream waits on the device for ``fence`` (no host synchronisation)."""
+        _cupy().cuda.get_current_stream().wait_event(fence)
 
     @staticmethod
     def check_scales(dev, argname) -> None:

@@ -17,7 +17,7 @@ they compile the same source text with the same options and the same names.
 >>> quantize_name("float32", "int8", True, "channel")
 'gpuq::quantize<float, signed char, float, true, 1>'
 >>> len(SOURCES["quantize.cu"]()), len(SOURCES["dequantize.cu"]())
-(60, 60)
+(80, 80)
 """
 
 from __future__ import annotations
@@ -27,9 +27,8 @@ import os
 import re
 from pathlib import Path
 
-import numpy as np
 
-from ..._dtypes import C_TYPES, FLOAT_DTYPES, QUANT_RANGE, compute_dtype
+from ..._dtypes import C_TYPES, FLOAT_DTYPES, QUANT_RANGE, compute_dtype, dtype_name
 from ..._scheme import MAX_MAP_DIMS
 
 #: NVRTC options of the contract (DESIGN.md section 1). CuPy appends
@@ -45,6 +44,9 @@ MAPS = {"tensor": 0, "channel": 1, "group": 2, "strided": 3, "value": 4}
 MAX_DIMS = MAX_MAP_DIMS
 
 _QUANT_DTYPES = tuple(QUANT_RANGE)
+#: The float dtypes by name: every instantiation is listed whether or not ml_dtypes
+#: (bfloat16's NumPy dtype) is installed here.
+_FLOATS = FLOAT_DTYPES.names
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
 
 
@@ -110,7 +112,8 @@ def _expand(name: str, seen: set) -> str:
 
 
 def _c(dtype) -> str:
-    return C_TYPES[np.dtype(dtype)]
+    """The C type of a dtype or dtype name (bfloat16 by name: no ml_dtypes needed here)."""
+    return C_TYPES[dtype_name(dtype)]
 
 
 def _flag(b: bool) -> str:
@@ -119,14 +122,14 @@ def _flag(b: bool) -> str:
 
 def quantize_name(src_dtype, code_dtype, has_zp: bool, map_name: str) -> str:
     """The name expression of one quantize kernel (compute type follows ``src_dtype``)."""
-    ct = compute_dtype(np.dtype(src_dtype))
+    ct = compute_dtype(src_dtype)
     return (f"gpuq::quantize<{_c(src_dtype)}, {_c(code_dtype)}, {_c(ct)}, "
             f"{_flag(has_zp)}, {MAPS[map_name]}>")
 
 
 def dequantize_name(code_dtype, out_dtype, has_zp: bool, map_name: str) -> str:
     """The name expression of one dequantize kernel (compute type follows ``out_dtype``)."""
-    ct = compute_dtype(np.dtype(out_dtype))
+    ct = compute_dtype(out_dtype)
     return (f"gpuq::dequantize<{_c(code_dtype)}, {_c(out_dtype)}, {_c(ct)}, "
             f"{_flag(has_zp)}, {MAPS[map_name]}>")
 
@@ -145,12 +148,12 @@ def dequantize_group(code_dtype, out_dtype) -> tuple:
 
 def quantize_names() -> list:
     """Every quantize instantiation the dispatcher can request."""
-    return [n for f in FLOAT_DTYPES for q in _QUANT_DTYPES for n in quantize_group(f, q)]
+    return [n for f in _FLOATS for q in _QUANT_DTYPES for n in quantize_group(f, q)]
 
 
 def dequantize_names() -> list:
     """Every dequantize instantiation the dispatcher can request."""
-    return [n for q in _QUANT_DTYPES for f in FLOAT_DTYPES for n in dequantize_group(q, f)]
+    return [n for q in _QUANT_DTYPES for f in _FLOATS for n in dequantize_group(q, f)]
 
 
 # --- qparams.cu (gpuq.backends.cuda.qparams launches these) ----------------------------------
@@ -175,12 +178,12 @@ def qparams_names() -> list:
     """Every name expression of ``qparams.cu`` the dispatcher can request.
 
     >>> len(qparams_names()), qparams_names()[0]
-    (22, 'gpuq::minmax_segments<__half, false>')
+    (29, 'gpuq::minmax_segments<__half, false>')
     """
-    names = [segments_name(f, w) for f in FLOAT_DTYPES for w in (False, True)]
-    names += [columns_name(f) for f in FLOAT_DTYPES]
+    names = [segments_name(f, w) for f in _FLOATS for w in (False, True)]
+    names += [columns_name(f) for f in _FLOATS]
     names.append(FINALIZE)
-    names += [fused_name(f, q, w) for f in FLOAT_DTYPES for q in _QUANT_DTYPES for w in (False, True)]
+    names += [fused_name(f, q, w) for f in _FLOATS for q in _QUANT_DTYPES for w in (False, True)]
     return names
 
 

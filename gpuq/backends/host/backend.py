@@ -27,6 +27,10 @@ Why each ufunc step is exact (float32 compute; float64 is the same with more roo
   +/-2**32 (so that any int32 zp keeps the side), then int64 arithmetic.
 * Dequantize ``(q - zp)`` is exact in float32 for ``|zp| <= 2**21``; beyond,
   the difference is formed in int64 and rounded to float32 once.
+* bfloat16 (ml_dtypes') is the top half of a float32: a block is widened
+  exactly by shifting its bits into the float32 scratch, and narrowed by
+  rounding the float32 result's bits to nearest even (:func:`_bf16_bits`),
+  so no float32 copy of the whole tensor is ever made.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from ..._dtypes import QUANT_RANGE
+from ..._dtypes import QUANT_RANGE, is_bfloat16
 from . import blocks, choice
 
 #: Tensors smaller than this run on the calling thread only.
@@ -56,6 +60,8 @@ WIDE_CLAMP = float(2**32)
 
 _F32 = np.dtype(np.float32)
 _I64 = np.dtype(np.int64)
+_U16 = np.dtype(np.uint16)
+_U32 = np.dtype(np.uint32)
 
 
 class _Scratch(threading.local):
@@ -170,11 +176,33 @@ def _float16_table():
     return np.arange(2**16, dtype=np.uint16).view(np.float16).astype(np.float32)
 
 
+def _bf16_bits(t, out_bits, scratch):
+    """``out_bits`` (uint16, any strides) = the bfloat16 bits of float32 ``t``, rounded to nearest even.
+
+    ``(u + 0x7fff + lsb) >> 16`` with ``lsb`` the lowest kept bit: the carry
+    reaches the kept bits exactly when the dropped half is above half, or half
+    with an odd kept part (kernels/contract.cuh ``f32_to_bf16_rn``, which also
+    maps NaN to the quiet 0x7fc0 with its sign; dequantize, the one caller,
+    cannot make a NaN: a finite scale times an integer).
+    """
+    u = t.view(_U32)
+    r = scratch.like("bits", _U32, t)
+    np.right_shift(u, 16, out=r)
+    np.bitwise_and(r, 1, out=r)
+    np.add(r, u, out=r)
+    np.add(r, 0x7FFF, out=r)
+    np.right_shift(r, 16, out=out_bits, casting="unsafe")
+
+
 def _quantize_block(xb, ob, params, scratch, *, qmin, qmax, ct, wide):
     s = params[0]
     t = scratch.like("t", ct, xb)
     if xb.dtype == np.float16:
         np.take(_float16_table(), xb.view(np.uint16), out=t)  # exact widening
+        np.divide(t, s, out=t)
+    elif is_bfloat16(xb.dtype):
+        # Exact widening, one pass: the bits shifted into the float32's top half.
+        np.left_shift(xb.view(_U16), 16, out=t.view(_U32), dtype=_U32)
         np.divide(t, s, out=t)
     else:
         np.divide(xb, s, out=t)
@@ -227,7 +255,11 @@ def _dequantize_block(qb, ob, params, scratch, *, ct, wide):
         np.copyto(t, qb)
         if len(params) > 1:
             np.subtract(t, params[1], out=t)  # exact: |q - zp| < 2**24
-    np.multiply(t, s, out=ob)
+    if is_bfloat16(ob.dtype):
+        np.multiply(t, s, out=t)
+        _bf16_bits(t, ob.view(_U16), scratch)
+    else:
+        np.multiply(t, s, out=ob)
 
 
 def _plans(src, out, scheme, params, expand=True):
@@ -294,6 +326,8 @@ def _quantize_block_compiled(xb, ob, params, scratch, *, kernels, qmin, qmax, ct
     table = None
     if x.dtype == np.float16:
         x, table = x.view(np.uint16), _float16_table()
+    elif is_bfloat16(x.dtype):
+        x = x.view(np.int16)  # bfloat16 bits: the kernels widen int16 by a shift (loops.load)
     kernels.quantize(x, table, o, run, s, z[0] if z else None, qmin, qmax)
 
 
@@ -306,6 +340,8 @@ def _dequantize_block_compiled(qb, ob, params, scratch, *, kernels, ct):
     q, o, (run, (s, *z)) = flat
     if o.dtype == np.float16:
         o = o.view(np.uint16)  # the kernel writes float16 bits
+    elif is_bfloat16(o.dtype):
+        o = o.view(np.int16)  # the kernel writes bfloat16 bits (loops.store)
     kernels.dequantize(q, o, run, s, z[0] if z else None)
 
 

@@ -28,6 +28,11 @@ ufunc path, ``backend._quantize_wide``):
   quiet NaN 0x7e00 with its sign, where NumPy keeps payload bits: dequantize
   never makes a NaN). fastmath is off: no reassociation, no flush of
   subnormals.
+* bfloat16 travels as int16 bits (float16 as uint16 bits): widened exactly by
+  shifting them into a float32's top half (:func:`bf16_to_f32`), narrowed by
+  :func:`bfloat16_bits` (round to nearest even on the dropped 16 bits; equal
+  to ml_dtypes' cast on every non-NaN float32, NaN -> the quiet 0x7fc0 with
+  its sign, as ml_dtypes gives it).
 
 Every kernel takes a flat block and ``run``: element ``i`` uses parameter
 ``(i // run) % nparams`` (``blocks.Runs``). A per-tensor block is one run,
@@ -59,14 +64,23 @@ def _to_compute(value, like):
 
 
 def load(x, i, table):
-    """Element ``i`` of ``x`` in the compute type: ``table[x[i]]`` for float16 bits."""
+    """Element ``i`` of ``x`` in the compute type: ``table[x[i]]`` for float16 bits, the
+    shifted bits for bfloat16 (an int16 ``x``)."""
 
 
 @overload(load, inline="always")
 def _load(x, i, table):
-    if isinstance(table, types.NoneType):
-        return lambda x, i, table: x[i]
-    return lambda x, i, table: table[x[i]]
+    if not isinstance(table, types.NoneType):
+        return lambda x, i, table: table[x[i]]
+    if x.dtype == types.int16:
+        return lambda x, i, table: bf16_to_f32(x[i])
+    return lambda x, i, table: x[i]
+
+
+@njit(inline="always")
+def bf16_to_f32(b):
+    """The float32 of bfloat16 bits ``b`` (int16): exact, the bits are the float32's top half."""
+    return np.uint32(np.uint32(np.uint16(b)) << np.uint32(16)).view(np.float32)
 
 
 def param(p, i, default):
@@ -81,7 +95,7 @@ def _param(p, i, default):
 
 
 def store(out, i, value):
-    """``out[i] = value``; a uint16 ``out`` holds float16 bits."""
+    """``out[i] = value``; a uint16 ``out`` holds float16 bits, an int16 one bfloat16 bits."""
 
 
 @overload(store)
@@ -90,6 +104,10 @@ def _store(out, i, value):
         def store_half(out, i, value):
             out[i] = float16_bits(np.float32(value))
         return store_half
+    if out.dtype == types.int16:
+        def store_bf16(out, i, value):
+            out[i] = np.int16(bfloat16_bits(np.float32(value)))
+        return store_bf16
 
     def store_plain(out, i, value):
         out[i] = value
@@ -111,6 +129,23 @@ def float16_bits(f):
     a = a - np.uint32(0x38000000)  # rebias the exponent from 127 to 15
     a = a + np.uint32(0xFFF) + ((a >> np.uint32(13)) & np.uint32(1))  # half to even on 13 bits
     return np.uint16(sign | (a >> np.uint32(13)))
+
+
+@njit
+def bfloat16_bits(f):
+    """The bfloat16 bits (uint16) of float32 ``f``, rounded to nearest even (ml_dtypes' cast).
+
+    Adding ``0x7fff`` plus the lowest kept bit carries into the kept 16 bits
+    exactly when the dropped ones are above half, or half with an odd kept
+    part; a carry out of the mantissa raises the exponent, which is right too
+    (to +/-inf beyond the largest bfloat16). NaN is kept apart (it could carry
+    into the sign): the quiet NaN 0x7fc0 with its sign.
+    """
+    b = np.uint32(np.float32(f).view(np.uint32))
+    if (b & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+        return np.uint16(((b >> np.uint32(16)) & np.uint32(0x8000)) | np.uint32(0x7FC0))
+    lsb = (b >> np.uint32(16)) & np.uint32(1)
+    return np.uint16(np.uint32(b + np.uint32(0x7FFF) + lsb) >> np.uint32(16))
 
 
 @njit(inline="always")
@@ -213,6 +248,8 @@ def float_of_key(key, bits, shift, mag, table):
 def _float_of_key(key, bits, shift, mag, table):
     if not isinstance(table, types.NoneType):  # float16: its bits index the widening table
         return lambda key, bits, shift, mag, table: table[np.uint16(key ^ ((key >> shift) & mag))]
+    if bits.dtype == types.int16:  # bfloat16 (the one 2-byte type without a table)
+        return lambda key, bits, shift, mag, table: bf16_to_f32(key ^ ((key >> shift) & mag))
     if bits.dtype == types.int32:
         return lambda key, bits, shift, mag, table: np.int32(key ^ ((key >> shift) & mag)).view(np.float32)
     return lambda key, bits, shift, mag, table: np.int64(key ^ ((key >> shift) & mag)).view(np.float64)

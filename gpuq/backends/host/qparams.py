@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from ..._dtypes import QUANT_RANGE, compute_dtype
+from ..._dtypes import QUANT_RANGE, compute_dtype, is_bfloat16
 from . import blocks
 from . import choice
 from .backend import _float16_table, _run, get_num_threads, block_loop
@@ -82,6 +82,8 @@ def _dynamic_rows_compiled(xb, qb, span, scratch, *, plan):
     x, table = xb.reshape(-1), None
     if x.dtype == np.float16:
         x, table = x.view(np.uint16), _float16_table()
+    elif is_bfloat16(x.dtype):
+        x = x.view(np.int16)  # bfloat16 bits, widened by a shift in the kernel
     it = _KEY_INT[xb.dtype.itemsize]
     shift, mag, inf = _key_constants(xb.dtype)
     zps = None if plan.zps is None else plan.zps[r0:r1]

@@ -53,9 +53,15 @@ _PY_SCALARS = (bool, int, float, complex)
 _SUPPORTED_KINDS = "biufc"
 
 
+def _supported(d: np.dtype) -> bool:
+    # CuPy 14 also holds ml_dtypes.bfloat16 arrays (kind "V", a typename it knows where
+    # ml_dtypes imports: cupy/_core/_scalar.pyx, _dtype.pyx).
+    return d.kind in _SUPPORTED_KINDS or (d.name == "bfloat16" and d.itemsize == 2)
+
+
 def _dtype(dt) -> np.dtype:
     d = np.dtype(dt)
-    if d.kind not in _SUPPORTED_KINDS:
+    if not _supported(d):
         raise ValueError(f"Unsupported dtype {d}")
     return d.newbyteorder("=") if d.byteorder not in ("=", "|") else d
 
@@ -397,7 +403,7 @@ class ndarray:
                     np.copyto(dst._host(), src._host(), casting="unsafe")
         else:
             snap = np.array(value)  # a host value: snapshot now, like an upload
-            if snap.dtype.kind not in _SUPPORTED_KINDS:
+            if not _supported(snap.dtype):
                 raise TypeError(f"Unsupported type {type(value)}")
             if np.broadcast_shapes(snap.shape, dst.shape) != dst.shape:
                 raise ValueError(f"could not broadcast input array from shape {snap.shape} into "
@@ -814,7 +820,7 @@ def _upload(obj, dtype=None, order="K", ndmin=0, blocking=False):
         raise NotImplementedError("lists of device arrays are not modelled by the simulator")
     # The snapshot: later changes to obj do not reach the device (CuPy copies to a staging buffer).
     host = np.array(obj, dtype=dtype, copy=True, ndmin=ndmin)
-    if host.dtype.kind not in _SUPPORTED_KINDS:
+    if not _supported(host.dtype):
         raise ValueError(f"Unsupported dtype {host.dtype}")
     host = host.astype(_dtype(host.dtype), copy=False)
     if order in ("K", "A", None):

@@ -1,0 +1,165 @@
+"""Foreign arrays in, the caller's array type out, on the caller's device and stream.
+
+Every public entry point (``quantize``, ``dequantize``, ``choose_qparams``,
+``quantize_dynamic`` and the op objects' calls) runs through
+:func:`callers_type`, which looks at ``src`` once:
+
+==========================  ==================================  ==========================  ==================
+``src``                     gpuq works on                       device / stream of the work  results come back as
+==========================  ==================================  ==========================  ==================
+NumPy array                 itself                              host                         NumPy
+list, tuple, Python scalar  ``np.asarray(src)`` (floats: f64)   host                         NumPy
+CPU torch tensor            a zero-copy NumPy view              host                         torch (zero copy)
+CUDA torch tensor           a zero-copy CuPy view               its device, torch's current  torch (zero copy)
+                                                                stream there
+CuPy array                  itself                              its device, CuPy's current   CuPy
+                                                                stream there
+JAX array (GPU)             ``cupy.from_dlpack`` (the DLPack    its device, CuPy's current   JAX
+                            stream handshake orders it)         stream there
+other CUDA arrays           ``__cuda_array_interface__`` or     their device, CuPy's         CuPy
+(Numba, ...)                a CUDA ``__dlpack__``               current stream there
+==========================  ==================================  ==========================  ==================
+
+torch tensors that require grad (an ``nn.Parameter``) are read as ``detach()``
+reads them: gpuq never writes src and records nothing for autograd. Other
+arguments (scales, zps, ``out``) may be any of these types too; ``out=`` is
+written in place and returned as the caller gave it.
+
+Nothing here imports torch, JAX or CuPy: a library is looked at only when it
+is already in ``sys.modules`` (an object of its type cannot exist otherwise).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+
+import numpy as np
+
+__all__ = ["callers_type", "adapt"]
+
+
+class _Adapted:
+    """``src`` as gpuq's backends take it, how to hand results back, and where to run."""
+
+    __slots__ = ("array", "wrap", "context")
+
+    def __init__(self, array, wrap=None, context=None):
+        self.array = array
+        self.wrap = wrap  # backend array -> caller's type (None: return it as it is)
+        self.context = context  # a context manager factory: device and stream of the call
+
+
+def _torch_tensor(obj):
+    torch = sys.modules.get("torch")
+    return torch if torch is not None and isinstance(obj, torch.Tensor) else None
+
+
+def _dask_array(obj) -> bool:
+    da = sys.modules.get("dask.array")
+    return da is not None and isinstance(obj, da.Array)
+
+
+def _jax_array(obj):
+    jax = sys.modules.get("jax")
+    return jax if jax is not None and isinstance(obj, getattr(jax, "Array", ())) else None
+
+
+@contextlib.contextmanager
+def _on(device_id: int, stream=None):
+    """CuPy's current device (and stream) for the duration of one call."""
+    import cupy
+
+    with cupy.cuda.Device(device_id):
+        if stream is None:
+            yield
+        else:
+            with stream:
+                yield
+
+
+def _from_torch(t, torch):
+    t = t.detach()  # requires_grad: read as detach() reads it (no copy, no graph)
+    if t.device.type == "cpu":
+        return _Adapted(t.numpy(), torch.from_numpy)
+    if t.device.type != "cuda":
+        raise TypeError(f"src must be a CPU or CUDA torch tensor, got one on {t.device}")
+    import cupy
+
+    dev = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    # torch's current stream on the tensor's device: the work is ordered after whatever
+    # torch queued there (the producer) and before whatever torch queues next.
+    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(t.device).cuda_stream, dev)
+    with cupy.cuda.Device(dev):
+        arr = cupy.asarray(t)  # __cuda_array_interface__ v2: zero copy, no stream of its own
+    return _Adapted(arr, torch.from_dlpack, functools.partial(_on, dev, stream))
+
+
+def adapt(src) -> _Adapted:
+    """``src`` for the backends, the wrapper of results and the call's context (table above).
+
+    >>> a = adapt([1.5, 2.0])
+    >>> a.array.dtype, a.wrap is None
+    (dtype('float64'), True)
+    """
+    if isinstance(src, np.ndarray):
+        return _Adapted(src)
+    if isinstance(src, (list, tuple, int, float, bool, np.generic)):
+        return _Adapted(np.asarray(src))
+    torch = _torch_tensor(src)
+    if torch is not None:
+        return _from_torch(src, torch)
+    from ._dispatch import is_device_array
+
+    if not is_device_array(src):
+        jax = _jax_array(src)
+        if jax is not None:  # a JAX array on the host
+            return _Adapted(np.asarray(src), jax.numpy.asarray)
+        return _Adapted(src)  # unsupported: the dispatcher names it in its TypeError
+    from .backends.cuda.backend import as_cupy
+
+    arr = as_cupy(src)
+    jax = _jax_array(src)
+    wrap = None if jax is None else jax.dlpack.from_dlpack
+    return _Adapted(arr, wrap, functools.partial(_on, arr.device.id))
+
+
+def _wrap_results(result, wrap, keep):
+    if isinstance(result, tuple):
+        return tuple(_wrap_results(r, wrap, keep) for r in result)
+    if result is None or result is keep:
+        return result
+    return wrap(result)
+
+
+def callers_type(fn=None, *, arg=0):
+    """Decorate a public function whose argument ``arg`` is ``src``: run it on the adapted
+    array, under src's device and stream, and return results in the caller's type.
+
+    A NumPy ``src`` takes no detour (one type check). ``out=`` comes back as given.
+    """
+    if fn is None:
+        return functools.partial(callers_type, arg=arg)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        src = args[arg]
+        if type(src) is np.ndarray:
+            return fn(*args, **kwargs)
+        if _dask_array(src):
+            from . import _dask  # lazy graphs: gpuq._dask maps this same call over the chunks
+
+            return _dask.call(call, fn, arg, args, kwargs)
+        adapted = adapt(src)
+        args = args[:arg] + (adapted.array,) + args[arg + 1:]
+        if adapted.context is None:
+            result = fn(*args, **kwargs)
+            return result if adapted.wrap is None else _wrap_results(result, adapted.wrap, kwargs.get("out"))
+        with adapted.context():
+            result = fn(*args, **kwargs)
+            # Wrapped inside the context: a DLPack export orders the consumer after the
+            # stream the work ran on, which is the current one only here.
+            return result if adapted.wrap is None else _wrap_results(result, adapted.wrap, kwargs.get("out"))
+
+    return call

@@ -1,0 +1,278 @@
+"""The caller's stream, device and array type (gpuq/_interop.py), checked without a GPU.
+
+On the CPU execution of the kernels (tests/cudasim) streams are ordered queues
+that run at synchronisation points, so reading data on the wrong stream gives
+stale values, and every launch and host synchronisation is recorded. A small
+stand-in for torch (a module put in ``sys.modules`` for one test) gives CUDA
+tensors the way torch does: ``__cuda_array_interface__`` version 2 without a
+stream (refused when the tensor requires grad), ``torch.cuda.current_stream``,
+``torch.from_dlpack``. Real torch tensors on a GPU are checked by the GPU
+session script (bench/gpu_session.sh); CPU torch tensors here where torch is
+installed.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import numpy as np
+import pytest
+
+import gpuq
+from conftest import CUDA_MODE
+
+sim = pytest.mark.skipif(CUDA_MODE != "sim", reason="needs the CPU execution's stream queues and records")
+
+
+@pytest.fixture
+def cp():
+    import cupy
+
+    return cupy
+
+
+def _x(n=1025, seed=0):
+    return (np.random.default_rng(seed).standard_normal(n) * 30).astype(np.float32)
+
+
+def _read(cp, arr, stream):
+    """``arr`` on the host after ``stream`` (where it was written) has finished, as its owner reads it."""
+    stream.synchronize()
+    return cp.asnumpy(arr)
+
+
+def _written_on(cp, stream, host):
+    """A device array whose contents are written by work still queued on ``stream``."""
+    with stream:
+        dev = cp.zeros(host.shape, host.dtype)
+        dev[...] = cp.asarray(host)
+    return dev
+
+
+# -- a stand-in for torch ----------------------------------------------------------------------
+
+class _Device:
+    def __init__(self, index):
+        self.type, self.index = "cuda", index
+
+
+class _FakeTorchTensor:
+    def __init__(self, arr, torch, requires_grad=False):
+        self._arr, self._torch, self.requires_grad = arr, torch, requires_grad
+        self.device = _Device(arr.device.id)
+
+    @property
+    def __cuda_array_interface__(self):
+        if self.requires_grad:  # as torch does
+            raise RuntimeError("Can't get __cuda_array_interface__ on Variable that requires grad. "
+                               "Use var.detach().__cuda_array_interface__ instead.")
+        cai = dict(self._arr.__cuda_array_interface__)
+        cai["version"] = 2  # torch exports version 2: no stream entry
+        cai.pop("stream", None)
+        return cai
+
+    def detach(self):
+        return _FakeTorchTensor(self._arr, self._torch)
+
+
+@pytest.fixture
+def fake_torch(cp, monkeypatch):
+    """``torch`` with one CUDA stream per device that is current (non-blocking, like a side stream)."""
+    torch = types.ModuleType("torch")
+    streams = {d: cp.cuda.Stream(non_blocking=True) for d in range(cp.cuda.runtime.getDeviceCount())}
+    torch.Tensor = _FakeTorchTensor
+    torch.streams = streams
+    torch.dlpack_streams = []
+
+    def current_stream(device):
+        with cp.cuda.Device(device.index):
+            return types.SimpleNamespace(cuda_stream=streams[device.index].ptr)
+
+    def from_dlpack(obj):
+        dev = int(obj.__dlpack_device__()[1])
+        torch.dlpack_streams.append(streams[dev].ptr)
+        with cp.cuda.Device(dev), streams[dev]:
+            return _FakeTorchTensor(cp.from_dlpack(obj), torch)
+
+    torch.cuda = types.SimpleNamespace(current_stream=current_stream, current_device=lambda: 0)
+    torch.from_dlpack = from_dlpack
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    return torch
+
+
+@sim
+def test_torch_tensors_run_on_torchs_current_stream(cp, fake_torch):
+    x = _x()
+    side = fake_torch.streams[0]
+    t = fake_torch.Tensor(_written_on(cp, side, x), fake_torch)
+    cp._sim.launches.clear()
+    q = gpuq.quantize(t, 0.25, 3)
+    # torch in, torch out; the launch went to torch's stream, after torch's own work there.
+    assert isinstance(q, fake_torch.Tensor) and q.device.index == 0
+    assert {r.stream_ptr for r in cp._sim.launches} == {side.ptr}
+    assert fake_torch.dlpack_streams == [side.ptr]
+    assert np.array_equal(_read(cp, q._arr, side), gpuq.quantize(x, 0.25, 3))
+
+
+@sim
+def test_the_stream_rule_matters(cp, fake_torch):
+    """The control: the same tensor read on CuPy's current stream (what gpuq did before)
+    sees the zeros that precede torch's queued write."""
+    x = _x()
+    t = fake_torch.Tensor(_written_on(cp, fake_torch.streams[0], x), fake_torch)
+    stale = gpuq.quantize(cp.asarray(t), 0.25, 3)
+    assert not np.array_equal(_read(cp, stale, cp.cuda.get_current_stream()), gpuq.quantize(x, 0.25, 3))
+
+
+@sim
+def test_tensors_that_require_grad_are_read_as_detached(cp, fake_torch):
+    x = _x(17)
+    t = fake_torch.Tensor(_written_on(cp, fake_torch.streams[0], x), fake_torch, requires_grad=True)
+    with pytest.raises(RuntimeError, match="requires grad"):
+        t.__cuda_array_interface__  # noqa: B018  (the stand-in refuses as torch does)
+    s, z = gpuq.choose_qparams(t, dtype="uint8")
+    q, s2, z2 = gpuq.quantize_dynamic(t, dtype="uint8")
+    assert all(isinstance(a, fake_torch.Tensor) for a in (s, z, q, s2, z2))
+    fake_torch.streams[0].synchronize()
+    hs, hz = gpuq.choose_qparams(x, dtype="uint8")
+    assert np.array_equal(cp.asnumpy(s._arr), hs) and np.array_equal(cp.asnumpy(z._arr), hz)
+    assert np.array_equal(cp.asnumpy(q._arr), gpuq.quantize(x, hs, hz, dtype="uint8"))
+    op = gpuq.Quantize(scales=[0.5], dtype="u8")
+    assert isinstance(op(t), fake_torch.Tensor)
+
+
+@sim
+def test_out_comes_back_as_given(cp, fake_torch):
+    x = _x(33)
+    t = fake_torch.Tensor(_written_on(cp, fake_torch.streams[0], x), fake_torch)
+    out = fake_torch.Tensor(_written_on(cp, fake_torch.streams[0], np.zeros(33, np.int8)), fake_torch)
+    assert gpuq.quantize(t, 0.5, out=out) is out
+    assert np.array_equal(_read(cp, out._arr, fake_torch.streams[0]), gpuq.quantize(x, 0.5))
+
+
+# -- DLPack producers --------------------------------------------------------------------------
+
+class _Producer:
+    """A CUDA array of another library: its data written on its own non-blocking stream."""
+
+    def __init__(self, cp, host, honour_stream=True):
+        self.side = cp.cuda.Stream(non_blocking=True)
+        self.arr = _written_on(cp, self.side, host)
+        self.honour_stream, self.asked = honour_stream, []
+
+    def __dlpack__(self, *, stream=None, **kwargs):
+        self.asked.append(stream)
+        with self.side:  # the producer's work is on its stream; the export orders the consumer after it
+            # -1 is DLPack's "do not synchronise": a producer that skips the handshake
+            return self.arr.__dlpack__(stream=stream if self.honour_stream else -1, **kwargs)
+
+    def __dlpack_device__(self):
+        return self.arr.__dlpack_device__()
+
+
+@sim
+def test_dlpack_producers_hand_over_through_the_stream_protocol(cp):
+    x = _x()
+    p = _Producer(cp, x)
+    q = gpuq.quantize(p, 0.25)
+    assert isinstance(q, cp.ndarray)
+    # The legacy default stream: 1 in DLPack's handshake and in the launch record (cudaStreamLegacy).
+    consumer = cp.cuda.get_current_stream().ptr or 1
+    assert p.asked == [consumer] and {r.stream_ptr for r in cp._sim.launches} == {consumer}
+    assert np.array_equal(cp.asnumpy(q), gpuq.quantize(x, 0.25))
+    # The control: a producer that ignores the consumer's stream is read too early.
+    bad = gpuq.quantize(_Producer(cp, x, honour_stream=False), 0.25)
+    assert not np.array_equal(cp.asnumpy(bad), gpuq.quantize(x, 0.25))
+
+
+@sim
+def test_cupy_arrays_run_on_cupys_current_stream(cp):
+    x = _x()
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        xd = cp.asarray(x)
+        q = gpuq.quantize(xd, 0.25)
+    assert {r.stream_ptr for r in cp._sim.launches} == {s.ptr}
+    assert np.array_equal(_read(cp, q, s), gpuq.quantize(x, 0.25))
+
+
+# -- no synchronisation on the call path -------------------------------------------------------
+
+@sim
+@pytest.mark.parametrize("shape, axis, group", [((1025,), None, None), ((7, 33), 1, None),
+                                                ((10, 5), 0, 3), ((3, 4, 5), (0, 2), None)])
+def test_device_parameters_and_no_check_mean_no_host_synchronisation(cp, shape, axis, group):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(shape).astype(np.float32)
+    pshape = gpuq._scheme.Scheme.build(shape, axis, group).param_shape
+    s = cp.asarray(rng.uniform(0.1, 1, pshape).astype(np.float32))
+    z = cp.asarray(rng.integers(-5, 5, pshape).astype(np.int32))
+    xd = cp.asarray(x)
+    kw = dict(axis=axis, group_size=group, check_values=False)
+    for _ in range(2):  # the first call of a strided scheme uploads its dims (no sync either)
+        cp._sim.syncs.clear()
+        q = gpuq.quantize(xd, s, z, **kw)
+        y = gpuq.dequantize(q, s, z, **kw)
+        assert cp._sim.syncs == [], cp._sim.syncs
+    assert np.array_equal(cp.asnumpy(y), gpuq.dequantize(gpuq.quantize(x, cp.asnumpy(s), cp.asnumpy(z), axis=axis,
+                                                                       group_size=group), cp.asnumpy(s),
+                                                         cp.asnumpy(z), axis=axis, group_size=group))
+
+
+# -- several devices ---------------------------------------------------------------------------
+
+@sim
+def test_everything_runs_on_src_device_not_the_current_one(cp):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((6, 9))
+    s = rng.uniform(0.1, 1, 9)  # float64 scales for float32 src: converted on the device
+    z = rng.integers(-3, 3, 9).astype(np.int8)  # int8 zero points: widened on the device
+    with cp.cuda.Device(1):
+        xd = cp.asarray(x.astype(np.float32))
+        sd = cp.asarray(np.stack([s, s]))[0]  # a view: not contiguous after the stack? it is; keep the dtype change
+        zd = cp.asarray(z)
+        x64 = cp.asarray(x)
+    assert cp.cuda.Device().id == 0
+    q = gpuq.quantize(xd, sd, zd, axis=1)
+    assert q.device.id == 1 and {r.device_id for r in cp._sim.launches} == {1}
+    assert np.array_equal(cp.asnumpy(q), gpuq.quantize(x.astype(np.float32), s, z, axis=1))
+    # The float64 two-pass path of quantize_dynamic (choose, then quantize with widened scales).
+    q2, s2, z2 = gpuq.quantize_dynamic(x64, axis=(1,))
+    h = gpuq.quantize_dynamic(x, axis=(1,))
+    assert q2.device.id == 1 and all(np.array_equal(cp.asnumpy(a), b) for a, b in zip((q2, s2, z2), h))
+    with cp.cuda.Device(0):
+        other = cp.asarray(s.astype(np.float32))
+    with pytest.raises(TypeError, match="device"):
+        gpuq.quantize(xd, other, axis=1)
+
+
+# -- op objects --------------------------------------------------------------------------------
+
+@sim
+def test_op_parameters_uploaded_on_one_stream_are_safe_on_another(cp):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((5, 7)).astype(np.float32)
+    s = rng.uniform(0.1, 1, 7).astype(np.float32)
+    op = gpuq.Quantize(scales=s, zps=np.arange(7), qtype="per_channel", axis=1)
+    a, b = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    with a:
+        xa = cp.asarray(x)
+        op(xa)  # uploads the parameters on stream a (queued there)
+    with b:
+        xb = cp.asarray(x)
+        q = op(xb)  # stream b must wait for a's upload on the device
+    assert np.array_equal(_read(cp, q, b), op(x))
+
+
+# -- host arrays of other libraries ------------------------------------------------------------
+
+def test_cpu_torch_tensors_come_back_as_torch():
+    torch = pytest.importorskip("torch")
+    x = _x(17)
+    t = torch.from_numpy(x.copy()).requires_grad_(True)
+    q = gpuq.quantize(t, 0.25, 3)
+    assert isinstance(q, torch.Tensor) and q.dtype == torch.int8
+    assert np.array_equal(q.numpy(), gpuq.quantize(x, 0.25, 3))
+    y = gpuq.dequantize(q, 0.25, 3)
+    assert isinstance(y, torch.Tensor) and np.array_equal(y.numpy(), gpuq.dequantize(q.numpy(), 0.25, 3))
