@@ -3,12 +3,12 @@
 # 10-minute limit), writing what bench/results/ keeps: device, date, commit, pytest's
 # summary line, the benchmark JSON/PNG/table.
 #
-#   GPUQ_COMMIT=<sha> bash bench/gpu_session.sh tests|quick|large|rest [OUTDIR]
+#   GPUQ_COMMIT=<sha> bash bench/gpu_session.sh tests|torch|quick|large|rest [OUTDIR]
 #
 # OUTDIR defaults to $OUT (the device tool's folder that comes back), else bench/results.
 # The tree the device tool sends has no .git: GPUQ_COMMIT names the commit it was sent from.
 set -uo pipefail
-step=${1:?"step: tests, quick, large or rest"}
+step=${1:?"step: tests, torch, quick, large or rest"}
 out=${2:-${OUT:-bench/results}}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
@@ -20,8 +20,9 @@ case $step in
     printf 'device: %s\ndate: %s\ncommit: %s\n' "${gpu:-no GPU seen}" "$date" "${GPUQ_COMMIT:-unknown}" >"$log"
     python3 -m pytest -q -p no:cacheprovider -rs 2>&1 | tee "$out/pytest.log" | tail -n 1 | sed 's/^/pytest: /' >>"$log"
     cat "$log" ;;
+  torch) python3 bench/gpu_torch_checks.py 2>&1 | tee "$out/gpu_torch_checks_${date}.txt" ;;  # real torch tensors: streams, graphs, grads
   quick) python3 -m bench --quick --out "$out" ;;  # seconds: every GPU contender once
   large) python3 -m bench --sizes 256M --no-latency --out "$out" ;;  # the >= 64M targets
   rest) python3 -m bench --sizes 1M,16M --out "$out" ;;  # the smaller sizes and the latency cases
-  *) echo "unknown step '$step': tests, quick, large or rest" >&2; exit 2 ;;
+  *) echo "unknown step '$step': tests, torch, quick, large or rest" >&2; exit 2 ;;
 esac
