@@ -6,7 +6,7 @@ one line ``ok <name>`` or ``FAIL <name>: why``, and the exit status is the numbe
 of failures. Without a GPU the CPU execution of the kernels covers the same
 rules with a stand-in for torch (tests/test_interop.py); this is the real thing:
 
-* torch in, torch out, zero copy, on the tensor's device;
+* torch in, torch out, zero copy, on the tensor's device; bfloat16 tensors (DLPack);
 * the work runs on torch's current stream: a side stream whose producer kernel
   is still running when gpuq is called (a spin in front of the write);
 * ``nn.Parameter`` (requires_grad) is accepted and left untouched;
@@ -54,6 +54,19 @@ def main() -> int:
         assert np.array_equal(q.cpu().numpy(), gpuq.quantize(x.cpu().numpy(), 0.25, 3))
         y = gpuq.dequantize(q, 0.25, 3)
         assert isinstance(y, torch.Tensor) and y.dtype == torch.float32
+
+    @check
+    def bfloat16_tensors():
+        import ml_dtypes
+
+        xb = x.to(torch.bfloat16)
+        q = gpuq.quantize(xb, 0.25, 3)
+        host = xb.cpu().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        assert isinstance(q, torch.Tensor) and np.array_equal(q.cpu().numpy(), gpuq.quantize(host, 0.25, 3))
+        y = gpuq.dequantize(q, 0.25, 3, dtype="bfloat16")
+        assert y.dtype == torch.bfloat16
+        want = gpuq.dequantize(q.cpu().numpy(), 0.25, 3, dtype="bfloat16")
+        assert np.array_equal(y.cpu().view(torch.int16).numpy(), want.view(np.int16))
 
     @check
     def runs_on_torchs_current_stream():

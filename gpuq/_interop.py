@@ -79,10 +79,23 @@ def _on(device_id: int, stream=None):
                 yield
 
 
+def _torch_from_numpy(torch):
+    def wrap(arr):
+        if arr.dtype.name == "bfloat16":  # torch.from_numpy knows no ml_dtypes type: its bits
+            return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(arr)
+
+    return wrap
+
+
 def _from_torch(t, torch):
     t = t.detach()  # requires_grad: read as detach() reads it (no copy, no graph)
     if t.device.type == "cpu":
-        return _Adapted(t.numpy(), torch.from_numpy)
+        if t.dtype == torch.bfloat16:  # .numpy() refuses bfloat16: the same bits as ml_dtypes'
+            from ._dtypes import bfloat16
+
+            return _Adapted(t.view(torch.int16).numpy().view(bfloat16()), _torch_from_numpy(torch))
+        return _Adapted(t.numpy(), _torch_from_numpy(torch))
     if t.device.type != "cuda":
         raise TypeError(f"src must be a CPU or CUDA torch tensor, got one on {t.device}")
     import cupy
@@ -91,8 +104,14 @@ def _from_torch(t, torch):
     # torch's current stream on the tensor's device: the work is ordered after whatever
     # torch queued there (the producer) and before whatever torch queues next.
     stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(t.device).cuda_stream, dev)
-    with cupy.cuda.Device(dev):
-        arr = cupy.asarray(t)  # __cuda_array_interface__ v2: zero copy, no stream of its own
+    if t.dtype == torch.bfloat16:
+        # torch's __cuda_array_interface__ has no bfloat16: DLPack, under torch's stream, so
+        # the handshake has nothing to wait for (CuPy maps DLPack bfloat16 to ml_dtypes').
+        with cupy.cuda.Device(dev), stream:
+            arr = cupy.from_dlpack(t)
+    else:
+        with cupy.cuda.Device(dev):
+            arr = cupy.asarray(t)  # __cuda_array_interface__ v2: zero copy, no stream of its own
     return _Adapted(arr, torch.from_dlpack, functools.partial(_on, dev, stream))
 
 

@@ -61,6 +61,7 @@ class _FakeTorchTensor:
     def __init__(self, arr, torch, requires_grad=False):
         self._arr, self._torch, self.requires_grad = arr, torch, requires_grad
         self.device = _Device(arr.device.id)
+        self.dtype = arr.dtype  # torch has its own dtype objects; only bfloat16 is compared
 
     @property
     def __cuda_array_interface__(self):
@@ -82,6 +83,7 @@ def fake_torch(cp, monkeypatch):
     torch = types.ModuleType("torch")
     streams = {d: cp.cuda.Stream(non_blocking=True) for d in range(cp.cuda.runtime.getDeviceCount())}
     torch.Tensor = _FakeTorchTensor
+    torch.bfloat16 = object()  # torch's bfloat16 dtype object: no tensor here has it
     torch.streams = streams
     torch.dlpack_streams = []
 
@@ -276,3 +278,16 @@ def test_cpu_torch_tensors_come_back_as_torch():
     assert np.array_equal(q.numpy(), gpuq.quantize(x, 0.25, 3))
     y = gpuq.dequantize(q, 0.25, 3)
     assert isinstance(y, torch.Tensor) and np.array_equal(y.numpy(), gpuq.dequantize(q.numpy(), 0.25, 3))
+
+
+def test_cpu_torch_bfloat16_in_and_out():
+    torch = pytest.importorskip("torch")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    x = _x(1025).astype(ml_dtypes.bfloat16)
+    t = torch.from_numpy(x.view(np.int16).copy()).view(torch.bfloat16)
+    q = gpuq.quantize(t, 0.25, 3)
+    assert isinstance(q, torch.Tensor) and np.array_equal(q.numpy(), gpuq.quantize(x, 0.25, 3))
+    y = gpuq.dequantize(q, 0.25, 3, dtype="bfloat16")
+    assert isinstance(y, torch.Tensor) and y.dtype == torch.bfloat16
+    want = gpuq.dequantize(q.numpy(), 0.25, 3, dtype="bfloat16")
+    assert np.array_equal(y.view(torch.int16).numpy(), want.view(np.int16))
