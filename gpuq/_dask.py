@@ -1,0 +1,509 @@
+"""Dask arrays through gpuq's API: a lazy graph of the in-memory calls, chunk by chunk.
+
+``gpuq.quantize``, ``dequantize``, ``choose_qparams`` and ``quantize_dynamic``
+reach :func:`call` (through ``_interop.callers_type``) when ``src``/``x`` is a
+``dask.array.Array`` of NumPy or CuPy chunks. They return Dask arrays of the
+same chunk type (``type(result._meta)`` is the input's), computing nothing,
+and each computed result has the bits of the in-memory call on the computed
+array. ``meta=`` is always given: building a graph never runs a kernel on an
+empty stand-in.
+
+Checks. Argument checks (dtypes, names, axis, group_size, shapes of scales and
+zps, host parameter values) raise at the call, with gpuq's own messages;
+checks that need the data (values of scales held in a Dask array, Inf in
+``choose_qparams``) raise when the result is computed. ``out=`` is refused
+(``TypeError``): a Dask array is not written in place.
+
+Chunks and parameters. ``map_blocks`` pairs blocks by position, not size, so
+parameters are always rechunked to the data, never the reverse:
+
+* per-channel / multi-axis: scales and zps (NumPy, CuPy or Dask arrays) are cut
+  or rechunked to ``src``'s chunks along the scheme's axes (a Dask parameter
+  with other chunk sizes along the axis is rechunked, never paired by position);
+* per-group: a group never straddles a chunk. Where the chunks along the group
+  axis are not multiples of ``group_size`` (except the last), ``src`` is
+  rechunked along that axis: each chunk boundary moves down to a multiple of
+  ``group_size`` (the remainder stays in the last chunk), as ``dask.array.coarsen``
+  aligns its chunks. **That costs a rechunk** (data moves between neighbouring
+  chunks); chunk along the group axis in multiples of ``group_size`` to avoid it.
+
+Parameters from data. ``choose_qparams`` reduces every chunk to the exact
+per-slot min and max (the backends' own reductions: the host ``minmax``, the
+CUDA order keys), combines them in a tree (``dask.array.reduction``; min and max
+are exact in any order) and turns the global (min, max) of each slot into
+scales and zero points with gpuq's own formula, so the result equals the
+in-memory one bit for bit. Where every block of the scheme lies inside one
+chunk (per-group always; per-channel when the other axes are one chunk each),
+there is nothing to combine and each chunk is one in-memory call.
+
+``quantize_dynamic``: one pass where each block lies inside one chunk (each
+chunk is one fused in-memory call: nothing held). Otherwise the parameters need
+all of ``x`` before any code can be written, and gpuq chooses **one pass with
+the data held**: the returned graph reads each chunk of ``x`` once, for its
+min/max and, once the parameters are known, for its codes; the scheduler holds
+the chunks of ``x`` in memory in between. Where ``x`` does not fit in the
+workers' memory, take **two passes** instead, holding nothing::
+
+    scales, zps = dask.compute(*gpuq.choose_qparams(x, axis=0))   # pass 1
+    q = gpuq.quantize(x, scales, zps, axis=0)                     # pass 2 (lazy)
+
+Both give the same bits. Chunk functions run under the chunk's device and on
+CuPy's current stream there (a multi-GPU worker may hold chunks of several
+devices). The op objects (``gpuq.Quantize(...)(x)``...) take in-memory arrays
+only: with a Dask array they raise ``TypeError`` pointing at the functions.
+
+May import: dask (inside functions only: ``import gpuq`` never imports it),
+gpuq._dispatch, gpuq._params, gpuq._scheme, gpuq._dtypes and
+the backends (their min/max reductions).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import sys
+import uuid
+
+import numpy as np
+
+from ._dispatch import host_base, host_native, is_device_array
+from ._dtypes import FLOAT_DTYPES, QUANT_RANGE, as_dtype, compute_dtype, native
+from ._params import _check_shape, scales_param, zps_param
+from ._scheme import Scheme
+
+__all__ = ["call"]
+
+_QUANT_DTYPES = tuple(QUANT_RANGE)
+_ELEMENTWISE = ("quantize", "dequantize")
+_QPARAMS = ("choose_qparams", "quantize_dynamic")
+#: Order key of +0.0 (``kernels/qparams.cu``): an empty slot becomes an all-zero one.
+_KEY_ZERO = 0x80000000
+
+
+def call(public, fn, arg, args, kwargs):
+    """Run the public function ``public`` (undecorated: ``fn``) lazily over Dask ``args[arg]``.
+
+    >>> import numpy as np, gpuq
+    >>> import dask.array as da                                  # doctest: +SKIP
+    >>> x = da.from_array(np.linspace(-1, 1, 8, dtype=np.float32), chunks=3)  # doctest: +SKIP
+    >>> q = gpuq.quantize(x, 1 / 127)                            # doctest: +SKIP
+    >>> q.compute()                                              # doctest: +SKIP
+    array([-127,  -91,  -54,  -18,   18,   54,   91,  127], dtype=int8)
+    """
+    name = fn.__name__
+    if fn.__module__ not in ("gpuq.api", "gpuq.qparams") or name not in _ELEMENTWISE + _QPARAMS:
+        raise TypeError(
+            f"{fn.__qualname__} takes NumPy or CUDA arrays, not Dask arrays: call gpuq.quantize / "
+            f"gpuq.dequantize with the op's scales, zps and axis, which take Dask arrays"
+        )
+    bound = inspect.signature(fn).bind(*args, **kwargs)  # a bad call: Python's TypeError, now
+    bound.apply_defaults()
+    a = dict(bound.arguments)
+    src = a.pop(list(a)[arg])
+    if name in _ELEMENTWISE:
+        return _elementwise(public, name, src, a)
+    return _qparams(public, name, src, a)
+
+
+# --- chunks ----------------------------------------------------------------------------------------
+
+def _chunk_kind(arr, argname):
+    """``"numpy"`` or ``"cupy"``: the type of ``arr``'s chunks (its ``_meta``)."""
+    meta = arr._meta
+    if isinstance(meta, np.ndarray):
+        ma = sys.modules.get("numpy.ma")
+        if ma is not None and isinstance(meta, ma.MaskedArray):
+            raise TypeError(f"{argname} must not have masked chunks (numpy.ma): gpuq cannot honour a mask")
+        return "numpy"
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and isinstance(meta, cupy.ndarray):
+        return "cupy"
+    raise TypeError(f"{argname} must be a Dask array of NumPy or CuPy chunks, got chunks of type "
+                    f"{type(meta).__module__}.{type(meta).__qualname__}")
+
+
+def _meta(kind, ndim, dtype):
+    if kind == "numpy":
+        return np.empty((0,) * ndim, dtype)
+    import cupy
+
+    return cupy.empty((0,) * ndim, dtype)
+
+
+def _known_shape(arr, argname):
+    if any(isinstance(d, float) and math.isnan(d) for d in arr.shape):
+        raise ValueError(f"{argname} has unknown chunk sizes (shape {arr.shape}); call "
+                         f"{argname}.compute_chunk_sizes() first")
+
+
+def _indices(ndim):
+    return tuple(f"d{i}" for i in range(ndim))
+
+
+def group_chunks(chunks, g):
+    """Chunks along a grouped axis with every chunk but the last a multiple of ``g``.
+
+    Aligned chunks are kept; otherwise each boundary moves down to a multiple of
+    ``g`` (the remainder stays in the last chunk; chunks that vanish are dropped).
+
+    >>> group_chunks((8, 8, 3), 4)
+    (8, 8, 3)
+    >>> group_chunks((5, 5, 5, 3), 4)
+    (4, 4, 4, 6)
+    >>> group_chunks((3, 3), 4)
+    (6,)
+    """
+    chunks = tuple(int(c) for c in chunks)
+    if all(c % g == 0 for c in chunks[:-1]):
+        return chunks
+    n, bounds, pos = sum(chunks), [0], 0
+    for c in chunks[:-1]:
+        pos += c
+        b = pos // g * g
+        if bounds[-1] < b < n:
+            bounds.append(b)
+    bounds.append(n)
+    return tuple(e - s for s, e in zip(bounds[:-1], bounds[1:]))
+
+
+def _align_groups(src, scheme):
+    if scheme.kind != "group":
+        return src
+    (k,) = scheme.axes
+    chunks = group_chunks(src.chunks[k], scheme.group_size)
+    return src if chunks == src.chunks[k] else src.rechunk({k: chunks})
+
+
+def _param_chunks(scheme, chunks):
+    """The chunks of scales/zps that line up with data chunks ``chunks``."""
+    if scheme.kind == "tensor":
+        return ()
+    if scheme.kind == "group":
+        (k,) = scheme.axes
+        g = scheme.group_size
+        return chunks[:k] + (tuple(-(-c // g) for c in chunks[k]),) + chunks[k + 1:]
+    return tuple(chunks[a] for a in scheme.axes)
+
+
+def _param_indices(scheme, ind):
+    if scheme.kind == "tensor":
+        return ()
+    if scheme.kind == "group":
+        return ind
+    return tuple(ind[a] for a in scheme.axes)
+
+
+def _first(v):
+    """The one block of a contraction over single-chunk axes (``concatenate=False`` lists)."""
+    while isinstance(v, list):
+        (v,) = v
+    return v
+
+
+def _device(block):
+    """A context: ``block``'s device for CuPy chunks, nothing for NumPy ones."""
+    if isinstance(block, np.ndarray):
+        return _Nothing()
+    import cupy
+
+    return cupy.cuda.Device(block.device.id)
+
+
+class _Nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+# --- quantize / dequantize ---------------------------------------------------------------------------
+
+def _elementwise(public, name, src, a):
+    import dask.array as da
+
+    if a["out"] is not None:
+        raise TypeError("out= cannot be used with a Dask src: a Dask array is not written in place; "
+                        "use the returned array (dask.array.store writes it to a target)")
+    kind = _chunk_kind(src, "src")
+    _known_shape(src, "src")
+    if name == "quantize":
+        fdtype = native(src.dtype)
+        if fdtype not in FLOAT_DTYPES:
+            raise TypeError(f"src must be float16, float32, float64 or bfloat16 to quantize, got {src.dtype}")
+        rdtype = np.dtype(np.int8) if a["dtype"] is None else as_dtype(a["dtype"], "dtype", _QUANT_DTYPES)
+        ct = compute_dtype(fdtype)
+    else:
+        if src.dtype not in _QUANT_DTYPES:
+            raise TypeError(f"src must be int8 or uint8 to dequantize, got {src.dtype}")
+        rdtype = np.dtype(np.float32) if a["dtype"] is None else as_dtype(a["dtype"], "dtype", FLOAT_DTYPES)
+        ct = compute_dtype(rdtype)
+    scheme = Scheme.build(src.shape, a["axis"], a["group_size"])
+    src = _align_groups(src, scheme)
+    pchunks = _param_chunks(scheme, src.chunks)
+    check = a["check_values"]
+    s = _param(a["scales"], "scales", scheme, ct, kind, pchunks, check)
+    z = _param(a["zps"], "zps", scheme, ct, kind, pchunks, check)
+    ind = _indices(src.ndim)
+    pind = _param_indices(scheme, ind)
+    args = [src, ind]
+    for p in (s, z):
+        args += [p, pind if isinstance(p, da.Array) else None]
+    fn = functools.partial(_apply, public, axis=a["axis"], group_size=a["group_size"], dtype=rdtype,
+                           check_values=check)
+    return da.blockwise(fn, ind, *args, dtype=rdtype, meta=_meta(kind, src.ndim, rdtype),
+                        align_arrays=False, token=f"gpuq-{name}")
+
+
+def _apply(public, block, scales, zps, **kwargs):
+    return public(block, scales, zps, **kwargs)
+
+
+def _param(obj, argname, scheme, ct, kind, pchunks, check_values):
+    """Scales or zps, checked now as far as they can be, as a Dask array lined up with the data
+    (per-tensor: a 0-d one, or the checked host value itself); None for absent zps."""
+    import dask.array as da
+
+    scales = argname == "scales"
+    if obj is None and not scales:
+        return None
+    if isinstance(obj, da.Array):
+        pkind = _chunk_kind(obj, argname)
+        if pkind == "cupy" and kind == "numpy":
+            raise TypeError(f"{argname} has CuPy (device) chunks but src has NumPy chunks; gpuq does not "
+                            f"copy between host and device behind your back")
+        _known_shape(obj, argname)
+        if scales and obj.dtype.kind != "f":
+            raise TypeError(f"{argname} must be a floating array (float32), got {obj.dtype}")
+        if not scales and obj.dtype.kind not in "iu":
+            raise TypeError(f"{argname} must be integers (int8, uint8 or int32), got {obj.dtype}")
+        _check_shape(obj, scheme, argname)
+        if scheme.kind == "tensor":
+            return obj.reshape(()).rechunk(())
+        # map_blocks/blockwise pair blocks by position: the parameters take the data's chunks.
+        return obj if obj.chunks == pchunks else obj.rechunk(pchunks)
+    if kind == "cupy" and is_device_array(obj):
+        # A device array: its dtype and shape now, its values on the device per chunk (check_values).
+        import cupy
+
+        dev = obj if isinstance(obj, cupy.ndarray) else cupy.asarray(obj)
+        if scales and dev.dtype.kind != "f":
+            raise TypeError(f"{argname} must be a floating array (float32), got {dev.dtype}")
+        if not scales and dev.dtype.kind not in "iu":
+            raise TypeError(f"{argname} must be integers (int8, uint8 or int32), got {dev.dtype}")
+        _check_shape(dev, scheme, argname)
+        dev = dev.reshape(scheme.param_shape)
+        if scheme.kind == "tensor":
+            return dev
+        return da.from_array(dev, chunks=pchunks, asarray=False, meta=_meta("cupy", dev.ndim, dev.dtype),
+                             name=f"gpuq-{argname}-{uuid.uuid4().hex}")
+    from .backends.host.backend import NumpyBackend
+
+    # Host values: gpuq's own checks, all of them, now (a device array with NumPy chunks: TypeError).
+    if scales:
+        host = scales_param(obj, scheme, ct, NumpyBackend, None, argname=argname)
+    else:
+        host = zps_param(obj, scheme, NumpyBackend, None, argname=argname)
+    if scheme.kind == "tensor":
+        return host
+    return da.from_array(host, chunks=pchunks)
+
+
+# --- choose_qparams / quantize_dynamic ------------------------------------------------------------------
+
+def _qparams(public, name, x, a):
+    import dask.array as da
+
+    kind = _chunk_kind(x, "x")
+    _known_shape(x, "x")
+    # gpuq's own argument checks, with the in-memory messages: the same call on a one-element
+    # host array of x's rank and dtype (microseconds; the data is never looked at here).
+    public(np.zeros((1,) * x.ndim, x.dtype), **a)
+    qdtype = as_dtype(a["dtype"], "dtype", _QUANT_DTYPES)
+    no_zps = bool(a["symmetric"]) and QUANT_RANGE[qdtype][0] < 0
+    scheme = Scheme.build(x.shape, a["axis"], a["group_size"])
+    x = _align_groups(x, scheme)
+    ind = _indices(x.ndim)
+    pind = _param_indices(scheme, ind)
+    pchunks = _param_chunks(scheme, x.chunks)
+    reduced = [d for d in range(x.ndim) if scheme.kind == "tensor" or d not in scheme.axes]
+    if scheme.kind == "group":
+        reduced = []
+    dynamic = name == "quantize_dynamic"
+    if all(len(x.chunks[d]) == 1 for d in reduced):
+        # Every block inside one chunk: each chunk is one in-memory call.
+        inter = da.blockwise(functools.partial(_call_tuple, public, a), ind, x, ind,
+                             dtype=x.dtype, meta=_meta(kind, x.ndim, x.dtype), align_arrays=False,
+                             token=f"gpuq-{name}-chunk")
+        outs = []
+        if dynamic:
+            outs.append(_pick(inter, ind, 0, ind, {}, qdtype, kind))
+        first = 1 if dynamic else 0
+        adjust = {}
+        if scheme.kind == "group":
+            (k,) = scheme.axes
+            adjust = {ind[k]: pchunks[k]}
+        outs.append(_pick(inter, ind, first, pind, adjust, np.float32, kind))
+        outs.append(None if no_zps else _pick(inter, ind, first + 1, pind, adjust, np.int32, kind))
+        return tuple(outs)
+    lohi = _tree(x, scheme, kind, ind, reduced)
+    # (2,) + keepdims shape -> the parameters, slot by slot, with gpuq's own formula.
+    pdims = ("lohi",) + ind
+    kept = () if scheme.kind == "tensor" else scheme.axes
+    inter = da.blockwise(functools.partial(_finish, public, a, kept), pind, lohi, pdims,
+                         concatenate=False, dtype=np.float32, meta=_meta(kind, len(pind), np.float32),
+                         align_arrays=False, token=f"gpuq-{name}-finish")
+    first = 1 if dynamic else 0
+    scales = _pick(inter, pind, first, pind, {}, np.float32, kind)
+    zps = None if no_zps else _pick(inter, pind, first + 1, pind, {}, np.int32, kind)
+    if not dynamic:
+        return scales, zps
+    axis = None if scheme.kind == "tensor" else scheme.axes
+    args = [x, ind, scales, pind] + ([zps, pind] if zps is not None else [None, None])
+    q = da.blockwise(functools.partial(_quantize_chunk, axis=axis, dtype=qdtype), ind, *args,
+                     dtype=qdtype, meta=_meta(kind, x.ndim, qdtype), align_arrays=False,
+                     token="gpuq-quantize_dynamic-codes")
+    return q, scales, zps
+
+
+def _call_tuple(public, kwargs, block):
+    return tuple(public(block, **kwargs))
+
+
+def _pick(inter, inter_ind, i, out_ind, adjust, dtype, kind):
+    import dask.array as da
+
+    return da.blockwise(functools.partial(_item, i=i), out_ind, inter, inter_ind, concatenate=False,
+                        adjust_chunks=adjust or None, dtype=dtype, meta=_meta(kind, len(out_ind), dtype),
+                        align_arrays=False, token=f"gpuq-pick{i}")
+
+
+def _item(v, i):
+    return _first(v)[i]
+
+
+def _tree(x, scheme, kind, ind, reduced):
+    """Per-slot (min, max) of ``x``: an array of shape ``(2,) + x.shape`` with 1 on reduced
+    dims, combined over chunks in a tree. Host: NaN-free floats (an empty slot is
+    ``(+inf, -inf)``); CuPy: the CUDA reduction's uint32 order keys."""
+    import dask.array as da
+
+    if kind == "numpy":
+        pdtype = np.dtype(np.float64) if native(x.dtype).itemsize == 8 else np.dtype(np.float32)
+    else:
+        pdtype = np.dtype(np.uint32)
+    axis = None if scheme.kind == "tensor" else scheme.axes
+    part = da.blockwise(functools.partial(_partial, axis=axis, dtype=pdtype), ("lohi",) + ind, x, ind,
+                        new_axes={"lohi": 2}, adjust_chunks={ind[d]: 1 for d in reduced},
+                        dtype=pdtype, meta=_meta(kind, x.ndim + 1, pdtype), align_arrays=False,
+                        token="gpuq-minmax")
+    return da.reduction(part, _identity, _combine, axis=tuple(d + 1 for d in reduced), keepdims=True,
+                        dtype=pdtype, combine=_combine, concatenate=False,
+                        meta=_meta(kind, x.ndim + 1, pdtype), name="gpuq-minmax-tree")
+
+
+def _partial(block, axis, dtype):
+    scheme = Scheme.build(block.shape, axis)
+    keep = tuple(s if scheme.kind != "tensor" and d in scheme.axes else 1 for d, s in enumerate(block.shape))
+    if isinstance(block, np.ndarray):
+        from .backends.host import qparams as host_qparams
+
+        b = host_native(host_base(block, "x"))
+        lo, hi = host_qparams.minmax(b, scheme)
+        lo, hi = lo.astype(dtype), hi.astype(dtype)  # float16/bfloat16 widen exactly
+        out = np.empty((2,) + keep, dtype)
+        out[0] = np.where(np.isnan(lo), np.inf, lo).reshape(keep)  # a slot with no number
+        out[1] = np.where(np.isnan(hi), -np.inf, hi).reshape(keep)
+        return out
+    import cupy
+
+    from .backends.cuda import qparams as cuda_qparams
+
+    with cupy.cuda.Device(block.device.id):
+        lo, hi = cuda_qparams.minmax_keys(block, scheme)
+        out = cupy.empty((2,) + keep, cupy.uint32)
+        out[0] = lo.reshape(keep)
+        out[1] = hi.reshape(keep)
+    return out
+
+
+def _identity(p, axis=None, keepdims=True):
+    return p
+
+
+def _flatten(v):
+    if isinstance(v, list):
+        for item in v:
+            yield from _flatten(item)
+    else:
+        yield v
+
+
+def _combine(parts, axis=None, keepdims=True):
+    """Min of the lows, max of the highs over nested lists of partials (keepdims shapes)."""
+    parts = list(_flatten(parts))
+    first = parts[0]
+    if len(parts) == 1:
+        return first
+    with _device(first):
+        if isinstance(first, np.ndarray):
+            stack = np.empty((len(parts),) + first.shape, first.dtype)
+        else:
+            import cupy
+
+            stack = cupy.empty((len(parts),) + first.shape, first.dtype)
+        for i, p in enumerate(parts):
+            stack[i] = p
+        out = stack[0].copy()
+        out[0] = stack[:, 0].min(axis=0)
+        out[1] = stack[:, 1].max(axis=0)
+    return out
+
+
+def _finish(public, kwargs, kept, v):
+    """Scales and zps of one chunk of slots from their global (min, max): the in-memory call on
+    the array ``[lo, hi]`` of each slot, which gives the same parameters bit for bit (they
+    depend on a block's min and max only; an empty slot is an all-zero one).
+
+    ``kept``: the dims of the keepdims block that hold slots (the scheme's axes; per-tensor none).
+    """
+    b = _first(v)
+    pshape = tuple(b.shape[1 + d] for d in kept)
+    with _device(b):
+        lo, hi = b[0].reshape(pshape), b[1].reshape(pshape)
+        if isinstance(b, np.ndarray):
+            empty = lo > hi
+            t = np.empty((2,) + pshape, b.dtype)
+            t[0] = np.where(empty, 0, lo)
+            t[1] = np.where(empty, 0, hi)
+        else:
+            import cupy
+
+            empty = (lo > hi).astype(cupy.uint32)
+            lo = lo + empty * (_KEY_ZERO - lo)  # uint32 arithmetic, modulo 2**32
+            hi = hi + empty * (_KEY_ZERO - hi)
+            t = cupy.empty((2,) + pshape, cupy.float32)
+            # An order key back to the float's bits: flip the sign bit of a positive, all bits of a negative.
+            t[0] = (lo ^ (((lo >> 31) - 1) | _KEY_ZERO)).view(cupy.float32)
+            t[1] = (hi ^ (((hi >> 31) - 1) | _KEY_ZERO)).view(cupy.float32)
+        axis = None if not kept else (1 if len(kept) == 1 else tuple(range(1, len(kept) + 1)))
+        return tuple(public(t, **dict(kwargs, axis=axis, group_size=None)))
+
+
+def _quantize_chunk(src, scales, zps, *, axis, dtype):
+    """One chunk's codes from parameters this module computed (``quantize_dynamic``, tree path):
+    what ``gpuq.quantize`` does with them (the same validation helpers and backend call), on the
+    chunk's device and CuPy's current stream there."""
+    from ._dispatch import backend_for
+
+    backend, arr = backend_for(src, "x")
+    with _device(arr):
+        scheme = Scheme.build(arr.shape, axis)
+        ct = compute_dtype(native(arr.dtype))
+        s = scales_param(scales, scheme, ct, backend, arr, check_values=False)
+        z = zps_param(zps, scheme, backend, arr, check_values=False)
+        out = backend.empty(arr, arr.shape, dtype)
+        if arr.size:
+            backend.quantize(host_native(arr), scheme, s, z, out)
+    return out

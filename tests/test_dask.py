@@ -1,0 +1,260 @@
+"""Dask arrays through gpuq's API (gpuq/_dask.py): lazy, chunk type kept, the in-memory bits.
+
+Every result is compared exactly with the in-memory call on the computed array,
+through the shared ``backend`` fixture: NumPy chunks through both host loops,
+and CuPy chunks on the CUDA path (real CuPy, or the CPU execution of the kernels,
+where CuPy chunks are gathered block by block: Dask's own CuPy concatenation needs
+``cupy.concatenate``, which the stand-in does not model).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+
+import numpy as np
+import pytest
+
+da = pytest.importorskip("dask.array")
+import dask  # noqa: E402
+from dask.array.utils import assert_eq  # noqa: E402
+
+import gpuq  # noqa: E402
+from gpuq._dask import group_chunks  # noqa: E402
+
+SCHEMES = [
+    dict(axis=None),
+    dict(axis=0),
+    dict(axis=-1),
+    dict(axis=(0, 2)),
+    dict(axis=2, group_size=4),   # chunks (5, 5, 3) along it: not aligned, rechunked
+    dict(axis=1, group_size=3),   # chunks (4, 3): not aligned
+    dict(axis=2, group_size=5),   # aligned
+]
+# Small chunks; one chunk; uneven chunks with an empty one along the last axis.
+CHUNKS = [(3, 4, 5), (7, 7, 13), (2, (1, 6), (5, 0, 5, 3))]
+
+
+def _data(shape=(7, 7, 13), dtype=np.float32, seed=0):
+    x = np.random.default_rng(seed).normal(size=shape).astype(dtype)
+    x.flat[::17] = np.nan
+    return x
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _dask_concatenates_stand_in_chunks():
+    """On the CPU execution of the kernels only: Dask's rechunk joins CuPy chunks with
+    ``cupy.concatenate``, which the stand-in does not model; join them through the host here
+    (a test harness for the stand-in: real CuPy's own concatenate serves on a GPU)."""
+    from conftest import CUDA_MODE
+
+    if CUDA_MODE != "sim":
+        yield
+        return
+    import cupy
+    from dask.array.dispatch import concatenate_lookup
+
+    def concatenate(arrays, axis=0):
+        return cupy.asarray(np.concatenate([cupy.asnumpy(a) for a in arrays], axis=axis))
+
+    concatenate_lookup.register(cupy.ndarray, concatenate)
+    yield
+
+
+def _lazy(x, chunks, backend):
+    d = da.from_array(x, chunks=chunks)
+    if backend.name != "cuda":
+        return d
+    import cupy
+
+    return d.map_blocks(cupy.asarray, dtype=d.dtype, meta=cupy.empty((0,) * d.ndim, d.dtype))
+
+
+def _compute(arr, backend):
+    """A Dask array's value as NumPy, its chunk type checked."""
+    if arr is None:
+        return None
+    if backend.name != "cuda":
+        assert type(arr._meta) is np.ndarray
+        return arr.compute(scheduler="threads")
+    import cupy
+
+    assert type(arr._meta) is cupy.ndarray
+    blocks = arr.to_delayed()
+    values = dask.compute(*blocks.ravel().tolist(), scheduler="sync")
+    assert all(type(v) is cupy.ndarray for v in values)
+    grid = np.empty(blocks.shape, object)
+    for i, v in zip(np.ndindex(blocks.shape), values):
+        grid[i] = cupy.asnumpy(v)
+    return np.block(grid.tolist()) if grid.ndim else grid[()]
+
+
+def _same(got, want):
+    if want is None:
+        assert got is None
+        return
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert np.array_equal(np.asarray(got).tobytes(), np.asarray(want).tobytes())
+
+
+@pytest.mark.parametrize("chunks", CHUNKS, ids=str)
+@pytest.mark.parametrize("kw", SCHEMES, ids=str)
+def test_every_scheme_same_bits_as_in_memory(backend, kw, chunks):
+    x = _data()
+    d = _lazy(x, chunks, backend)
+    dt = "uint8" if kw.get("axis") is None else "int8"
+    for sym in (False, True):
+        s0, z0 = gpuq.choose_qparams(x, symmetric=sym, dtype=dt, **kw)
+        s, z = gpuq.choose_qparams(d, symmetric=sym, dtype=dt, **kw)
+        _same(_compute(s, backend), s0)
+        _same(_compute(z, backend), z0)
+        q0, _, _ = gpuq.quantize_dynamic(x, symmetric=sym, dtype=dt, **kw)
+        q, s, z = gpuq.quantize_dynamic(d, symmetric=sym, dtype=dt, **kw)
+        _same(_compute(q, backend), q0)
+        _same(_compute(s, backend), s0)
+        _same(_compute(z, backend), z0)
+    s0p, z0p = backend.put(s0), None if z0 is None else backend.put(z0)
+    q = gpuq.quantize(d, s0p, z0p, dtype=dt, **kw)
+    _same(_compute(q, backend), gpuq.quantize(x, s0, z0, dtype=dt, **kw))
+    dq = _lazy(q0, chunks, backend)
+    for out in ("float32", "float16", "float64"):
+        y = gpuq.dequantize(dq, s0p, z0p, dtype=out, **kw)
+        _same(_compute(y, backend), gpuq.dequantize(q0, s0, z0, dtype=out, **kw))
+
+
+def test_assert_eq_and_laziness():
+    x = _data()
+    d = da.from_array(x, chunks=(3, 4, 5))
+    s, z = gpuq.choose_qparams(d, axis=1)
+    q = gpuq.quantize(d, s, z, axis=1)
+    assert isinstance(q, da.Array) and isinstance(s, da.Array)
+    assert_eq(q, gpuq.quantize(x, *gpuq.choose_qparams(x, axis=1), axis=1))
+    assert_eq(gpuq.dequantize(q, s, z, axis=1),
+              gpuq.dequantize(q.compute(), s.compute(), z.compute(), axis=1))
+
+
+def test_group_chunks_align_as_coarsen_does():
+    assert group_chunks((8, 8, 3), 4) == (8, 8, 3)
+    assert group_chunks((5, 5, 5, 3), 4) == (4, 4, 4, 6)
+    assert group_chunks((3, 3), 4) == (6,)
+    for chunks in [(5, 5, 5, 3), (1, 2, 3, 4, 5), (9, 1, 9)]:
+        new = group_chunks(chunks, 4)
+        assert sum(new) == sum(chunks) and all(c % 4 == 0 for c in new[:-1])
+    x = _data((4, 18))
+    d = da.from_array(x, chunks=(4, (5, 5, 5, 3)))
+    q, s, z = gpuq.quantize_dynamic(d, axis=1, group_size=4)
+    assert q.chunks[1] == (4, 4, 4, 6) and s.chunks[1] == (1, 1, 1, 2)
+    _same(q.compute(), gpuq.quantize_dynamic(x, axis=1, group_size=4)[0])
+
+
+def test_parameters_with_other_chunk_sizes_are_rechunked_to_the_data():
+    """Same number of chunks, other sizes: pairing blocks by position would be silently wrong."""
+    x = _data((6, 10))
+    s0, z0 = gpuq.choose_qparams(x, axis=1)
+    d = da.from_array(x, chunks=(6, (4, 6)))
+    s = da.from_array(s0, chunks=((6, 4),))
+    z = da.from_array(z0, chunks=((2, 8),))
+    q = gpuq.quantize(d, s, z, axis=1)
+    assert q.chunks == d.chunks
+    _same(q.compute(), gpuq.quantize(x, s0, z0, axis=1))
+    # Per-group parameters too, against a data rechunk for the groups.
+    sg, zg = gpuq.choose_qparams(x, axis=1, group_size=3)
+    q = gpuq.quantize(d, da.from_array(sg, chunks=(3, 2)), da.from_array(zg, chunks=(6, 1)), axis=1,
+                      group_size=3)
+    _same(q.compute(), gpuq.quantize(x, sg, zg, axis=1, group_size=3))
+
+
+def test_empty_arrays_and_chunks(host_loops):
+    for shape, chunks in [((0, 5), (1, 2)), ((4, 0), (2, 1)), ((3, 5), ((1, 0, 2), (5,)))]:
+        x = np.ones(shape, np.float32)
+        d = da.from_array(x, chunks=chunks)
+        for kw in (dict(axis=None), dict(axis=1), dict(axis=0), dict(axis=1, group_size=2)):
+            for sym in (False, True):
+                want = gpuq.quantize_dynamic(x, symmetric=sym, **kw)
+                got = dask.compute(*gpuq.quantize_dynamic(d, symmetric=sym, **kw))
+                for g, w in zip(got, want):
+                    _same(g, w)
+
+
+def test_argument_errors_at_the_call_data_errors_at_compute():
+    x = _data((4, 6))
+    d = da.from_array(x, chunks=2)
+    with pytest.raises(ValueError, match="axis must be in"):
+        gpuq.quantize(d, 1.0, axis=2)
+    with pytest.raises(ValueError, match="scales must have 6 elements"):
+        gpuq.quantize(d, np.ones(5, np.float32), axis=1)
+    with pytest.raises(ValueError, match="scales must have 6 elements"):
+        gpuq.quantize(d, da.ones(5, dtype=np.float32), axis=1)
+    with pytest.raises(ValueError, match="scales must be finite"):
+        gpuq.quantize(d, [1.0, 0.0, 1, 1, 1, 1], axis=1)  # host values: checked now
+    with pytest.raises(TypeError, match="scales must be a floating"):
+        gpuq.quantize(d, da.ones(6, dtype=np.int32), axis=1)
+    with pytest.raises(TypeError, match="src must be int8 or uint8"):
+        gpuq.dequantize(d, 1.0)
+    with pytest.raises(ValueError, match="dtype must be one of int8, uint8"):
+        gpuq.quantize(d, 1.0, dtype="int16")
+    with pytest.raises(TypeError, match="out="):
+        gpuq.quantize(d, 1.0, out=np.empty((4, 6), np.int8))
+    with pytest.raises(TypeError, match="symmetric"):
+        gpuq.choose_qparams(d, symmetric="yes")
+    with pytest.raises(ValueError, match="eps"):
+        gpuq.choose_qparams(d, eps=-1.0)
+    with pytest.raises(ValueError, match="group_size"):
+        gpuq.quantize_dynamic(d, axis=0, group_size=0)
+    with pytest.raises(TypeError, match="Dask"):
+        gpuq.Quantize(scales=[0.5])(d)
+    # Values held in a Dask array, Inf in the data: at compute.
+    bad = gpuq.quantize(d, da.from_array(np.array([1, 1, 1, 0, 1, 1], np.float32), chunks=3), axis=1)
+    with pytest.raises(ValueError, match="scales must be finite"):
+        bad.compute()
+    xi = x.copy()
+    xi[3, 4] = np.inf
+    s, _ = gpuq.choose_qparams(da.from_array(xi, chunks=2), axis=1)
+    with pytest.raises(ValueError, match="finite"):
+        s.compute()
+
+
+def test_no_kernel_runs_while_building_the_graph(monkeypatch):
+    from gpuq.backends.host import qparams as host_qparams
+    from gpuq.backends.host.backend import NumpyBackend
+
+    calls = []
+    real = NumpyBackend.quantize
+    monkeypatch.setattr(NumpyBackend, "quantize", staticmethod(lambda *a: calls.append(a[0].shape) or real(*a)))
+    real_minmax = host_qparams.minmax
+    monkeypatch.setattr(host_qparams, "minmax", lambda x, s: calls.append(x.shape) or real_minmax(x, s))
+    d = da.from_array(_data((8, 8)), chunks=4)
+    q, s, z = gpuq.quantize_dynamic(d, axis=0)
+    q2 = gpuq.quantize(d, s, z, axis=0)
+    assert all(0 not in shape for shape in calls) and len(calls) <= 2  # the one-element argument probe
+    calls.clear()
+    q2.compute(scheduler="sync")
+    assert calls and all(0 not in shape for shape in calls)
+
+
+def _work(i, xp_put):
+    x = _data((64, 96), seed=i % 3)
+    xs = xp_put(x)
+    s, z = gpuq.choose_qparams(xs, axis=0)
+    q = gpuq.quantize(xs, s, z, axis=0)
+    y = gpuq.dequantize(q, s, z, axis=0)
+    q2, s2, z2 = gpuq.quantize_dynamic(xs, axis=1, group_size=8)
+    return [np.asarray(getattr(v, "get", lambda: v)()) for v in (s, z, q, y, q2, s2, z2)]
+
+
+def test_thread_safety_eight_threads_at_once(backend):
+    """gpuq's caches, thread pool and kernel registry under concurrent calls (Dask's threaded scheduler)."""
+    want = [_work(i, backend.put) for i in range(3)]
+    with cf.ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda i: _work(i, backend.put), range(24)))
+    for i, g in enumerate(got):
+        for a, b in zip(g, want[i % 3]):
+            _same(a, b)
+
+
+def test_threaded_scheduler_many_chunks(host_loops):
+    x = _data((64, 256))
+    d = da.from_array(x, chunks=(8, 32))
+    q, s, z = gpuq.quantize_dynamic(d, axis=1)
+    got = dask.compute(q, s, z, scheduler="threads", num_workers=8)
+    for g, w in zip(got, gpuq.quantize_dynamic(x, axis=1)):
+        _same(g, w)
