@@ -149,9 +149,10 @@ def test_dequantize_safetensors_round_trip(st_case):
     back, meta = load_safetensors(d / "back.safetensors")
     assert meta == {"format": "pt"}
     q, _ = load_safetensors(d / "q.safetensors")
-    for name in ("layer.w_bf16", "layer.w_f16", "layer.w_f32"):
-        want = gpuq.dequantize(q[name], q[name + ".scales"], q[name + ".zps"], axis=0)
-        assert same_bits(back[name], want)
+    # Each tensor comes back in its source dtype (the default of --dtype).
+    for name, dtype in (("layer.w_bf16", "bfloat16"), ("layer.w_f16", "float16"), ("layer.w_f32", "float32")):
+        want = gpuq.dequantize(q[name], q[name + ".scales"], q[name + ".zps"], axis=0, dtype=dtype)
+        assert back[name].dtype.name == dtype and same_bits(back[name], want)
     for name in ("layer.norm", "layer.small", "ids"):  # bit for bit, bfloat16 included
         assert same_bits(back[name], tensors[name])
     assert set(back) == set(tensors)
@@ -467,3 +468,27 @@ def test_info_without_nvrtc_says_so_and_exits_zero(monkeypatch, capsys):
     monkeypatch.setattr(nvrtc_check, "find_libnvrtc", lambda: None)
     assert cli.main(["info"]) == 0
     assert "libnvrtc not found" in capsys.readouterr().out
+
+
+def test_dequantize_dtype_overrides_the_source_dtype(st_case, tmp_path):
+    d, _, _, proc = st_case
+    assert proc.returncode == 0, proc.stderr
+    assert cli.main(["dequantize", str(d / "q.safetensors"), "-o", str(tmp_path / "f32.safetensors"),
+                     "--dtype", "float32", "--device", "cpu", "-q"]) == 0
+    back, _ = load_safetensors(tmp_path / "f32.safetensors")
+    q, _ = load_safetensors(d / "q.safetensors")
+    want = gpuq.dequantize(q["layer.w_bf16"], q["layer.w_bf16.scales"], q["layer.w_bf16.zps"], axis=0)
+    assert back["layer.w_bf16"].dtype == np.float32 and same_bits(back["layer.w_bf16"], want)
+
+
+def test_bfloat16_is_quantized_as_it_is():
+    """No float32 copy of a bfloat16 tensor: the codes are gpuq's on the bfloat16 array."""
+    from gpuq.cli.convert import quantize_tensor
+    from gpuq.cli.env import HostDevice
+
+    x = (np.random.default_rng(4).standard_normal((33, 65)) * 3).astype(ml_dtypes.bfloat16)
+    scheme = {"dtype": "int8", "symmetric": False, "axis": 0, "group_size": None}
+    q, s, z, _, _ = quantize_tensor(x.copy(), scheme, HostDevice())
+    s2, z2 = gpuq.choose_qparams(x.astype(np.float32), axis=0)  # the exact widening: same parameters
+    assert np.array_equal(s, s2) and np.array_equal(z, z2.astype(np.int8))
+    assert np.array_equal(q, gpuq.quantize(x.astype(np.float32), s2, z2, axis=0))

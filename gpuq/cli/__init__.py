@@ -5,12 +5,14 @@ parser, the command table and :func:`main`), :mod:`.convert` (the work of
 ``quantize``/``dequantize``, one tensor at a time), :mod:`.files` (checkpoint
 formats: checked, streamed reads and writes, atomic outputs), :mod:`.quantized`
 (the quantized-file format and its checks), :mod:`.selection` (which tensors, which scheme),
-:mod:`.report` (tables and JSON), :mod:`.env` (device choice, ``gpuq info``)
+:mod:`.report` (tables and JSON), :mod:`.env` (device choice, ``gpuq info``),
+:mod:`.sharded` (sharded checkpoints, here or as tasks on a Dask cluster)
 and :mod:`.example` (the offline example checkpoint).
 
 May import: :mod:`gpuq`'s public API (``gpuq.quantize``, ``gpuq.qparams``, ...)
 and, for ``gpuq info`` only, the backends' self-descriptions
-(:mod:`gpuq.backends.host.choice`, :mod:`gpuq.backends.cuda.nvrtc_check`).
+(:mod:`gpuq.backends.host.choice`, :mod:`gpuq.backends.cuda.nvrtc_check`); and,
+for ``--scheduler``/``--workers`` only, the optional ``dask``/``distributed``.
 Nothing in the library imports this package.
 
 >>> from gpuq.cli import main

@@ -6,6 +6,8 @@
     gpuq quantize tiny.safetensors -o tiny-int8.safetensors
     gpuq quantize IN -o OUT --group-size 128 --symmetric --exclude 'lm_head.*' --json
     gpuq dequantize tiny-int8.safetensors -o tiny-f32.safetensors
+    gpuq quantize llama/ -o llama-int8/                  # sharded: a folder or its *.index.json
+    gpuq quantize llama/ -o llama-int8/ --workers 2      # its shards as tasks on a local Dask cluster
     gpuq info
 
 Exit codes: 0 on success, 2 for bad input or usage (one ``gpuq: error: ...``
@@ -55,6 +57,29 @@ over the finite values), warn saying so on stderr; error stops with exit 2.
 
 The output is written tensor by tensor as the input is read: peak memory is
 about the largest tensor's input and output plus a fixed overhead.
+
+Sharded checkpoints: IN may be a folder holding one *.safetensors.index.json
+(Hugging Face's model-00001-of-00030.safetensors + model.safetensors.index.json)
+or that index. Every shard's header is checked against the index first. OUT is
+then a folder (created if missing): one output shard per input shard, same
+file name, each the file a one-file run on that shard writes, plus the index
+under the input's index name, its weight_map listing NAME.scales/NAME.zps
+beside each code tensor. Each shard is written to a temporary file and
+renamed when complete; the index is written last, after every shard, and an
+earlier run's index is removed first, so a failed or interrupted run leaves
+no index (and removes the shards it wrote).
+
+On a Dask cluster (needs pip install 'gpuq[dask]'): --scheduler ADDRESS or
+--workers N runs one task per shard. Each task quantizes whole tensors on its
+worker (its GPU under --device auto, when it has one) and writes its output
+shard itself, so IN and OUT must be on a filesystem the client and every
+worker see at the same paths (the local disk for --workers), and every
+worker must have the same gpuq installed. --workers N starts N local worker
+processes (dask-cuda's LocalCUDACluster, one worker per GPU, when dask-cuda
+is installed and a GPU is visible). A task that fails is retried by Dask
+(twice; a dead worker's tasks are rescheduled); the index is written by the
+client once every shard has succeeded, and the result is the same bytes as a
+local run.
 """
 
 
@@ -75,9 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("quantize", help="quantize a checkpoint (.safetensors, .npz, .npy)",
                        description=_QUANTIZE_HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    q.add_argument("input", metavar="IN", help="input checkpoint: .safetensors, .npz or .npy")
+    q.add_argument("input", metavar="IN", help="input checkpoint: .safetensors, .npz or .npy, "
+                                               "or a sharded one (a folder, or its *.index.json)")
     q.add_argument("-o", "--output", metavar="OUT", required=True,
-                   help="output file, same format as IN (.npz for a .npy IN)")
+                   help="output file, same format as IN (.npz for a .npy IN); a folder for a "
+                        "sharded IN")
     g = q.add_mutually_exclusive_group()
     g.add_argument("--axis", type=int, metavar="K",
                    help="per-channel axis (default 0; -1 with --group-size)")
@@ -98,6 +125,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tensors with NaN/Inf: error stops; warn (default) and allow quantize "
                         "them from their finite values, warn saying so")
     _common(q, json_help="print the report as JSON instead of a table")
+    c = q.add_mutually_exclusive_group()
+    c.add_argument("--scheduler", metavar="ADDRESS",
+                   help="sharded IN: run the shards as tasks on this Dask scheduler "
+                        "(tcp://host:8786); IN and OUT must be on a filesystem shared by "
+                        "this machine and every worker")
+    c.add_argument("--workers", type=int, metavar="N",
+                   help="sharded IN: run the shards on a local Dask cluster of N worker "
+                        "processes")
 
     d = sub.add_parser("dequantize", help="restore float tensors from a gpuq-quantized file",
                        description="Restore float tensors from a file written by gpuq quantize; "
@@ -105,12 +140,19 @@ def build_parser() -> argparse.ArgumentParser:
                                    "checked against the file's gpuq metadata (format version, "
                                    "code, scale and zero-point dtypes and shapes) before "
                                    "anything is written. A .npz IN may be "
-                                   "written to a .npy OUT when it holds a single tensor.")
-    d.add_argument("input", metavar="IN", help="a file written by gpuq quantize")
+                                   "written to a .npy OUT when it holds a single tensor. "
+                                   "A sharded IN (a folder written by gpuq quantize, or its "
+                                   "*.index.json) gives a sharded OUT folder: the same shard "
+                                   "names, an index without the scales and zero points, each "
+                                   "shard written atomically and the index last; it runs on "
+                                   "this machine (no --scheduler/--workers).")
+    d.add_argument("input", metavar="IN", help="a file written by gpuq quantize, or a sharded "
+                                               "folder (or its *.index.json)")
     d.add_argument("-o", "--output", metavar="OUT", required=True,
-                   help="output file, same format as IN")
-    d.add_argument("--dtype", choices=("float32", "float16"), default="float32",
-                   help="output float type (default float32)")
+                   help="output file, same format as IN; a folder for a sharded IN")
+    d.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
+                   help="output float type (default: each tensor's source dtype recorded in "
+                        "IN, e.g. bfloat16 in, bfloat16 back; float32 where none is recorded)")
     _common(d, json_help="print the summary as JSON")
 
     i = sub.add_parser("info", help="version, backend, GPU, CUDA/NVRTC, kernel compile check")
@@ -169,6 +211,23 @@ def _quantize(args) -> int:
     from .report import format_table, to_json
 
     plan = _plan(args)
+    if args.workers is not None and args.workers < 1:
+        raise CliError(f"--workers must be a positive integer, got {args.workers}")
+    from .sharded import import_distributed, is_sharded, run_sharded_quantize
+
+    cluster = args.scheduler is not None or args.workers is not None
+    if cluster:
+        import_distributed()  # no Dask: say how to get it before looking at IN
+    if is_sharded(args.input):
+        report = run_sharded_quantize(
+            args.input, args.output, plan, include=args.include, exclude=args.exclude,
+            min_size=args.min_size, device=args.device, progress=_show_progress(args),
+            nonfinite=args.nonfinite, warn=_warn, scheduler=args.scheduler, workers=args.workers)
+        print(to_json(report) if args.json else format_table(report))
+        return 0
+    if cluster:
+        raise CliError("--scheduler/--workers run the shards of a sharded IN (a folder, or its "
+                       "*.index.json); IN is one file")
     device = pick_device(args.device)
     report = run_quantize(args.input, args.output, plan, include=args.include,
                           exclude=args.exclude, min_size=args.min_size, device=device,
@@ -182,7 +241,13 @@ def _dequantize(args) -> int:
     from .env import pick_device
     from .convert import run_dequantize
     from .report import format_dequantize, to_json
+    from .sharded import is_sharded, run_sharded_dequantize
 
+    if is_sharded(args.input):
+        report = run_sharded_dequantize(args.input, args.output, dtype=args.dtype,
+                                        device=args.device, progress=_show_progress(args))
+        print(to_json(report) if args.json else format_dequantize(report))
+        return 0
     device = pick_device(args.device)
     report = run_dequantize(args.input, args.output, dtype=args.dtype, device=device,
                             progress=_show_progress(args))

@@ -36,26 +36,43 @@ NONFINITE_POLICIES = ("error", "warn", "allow")
 _BLOCK = 1 << 18
 
 
-def _progress(items, enabled, desc):
+class _NoBar:
+    def update(self, n=1):
+        pass
+
+    def close(self):
+        pass
+
+
+def progress_bar(total: int, enabled: bool, desc: str):
+    """A bar over ``total`` tensors on stderr (``update(n)``, ``close()``), or a no-op one.
+
+    >>> bar = progress_bar(3, False, "quantize"); bar.update(1); bar.close()
+    """
     if not enabled:
-        return items
+        return _NoBar()
     try:
         from tqdm import tqdm
     except ImportError:  # the bar is a nicety: no tqdm, no bar
-        return items
-    return tqdm(items, desc=desc, unit="tensor", file=sys.stderr, leave=False)
+        return _NoBar()
+    return tqdm(total=total, desc=desc, unit="tensor", file=sys.stderr, leave=False)
 
 
-def widen(x: np.ndarray) -> np.ndarray:
-    """bfloat16 -> float32 (exact: every bfloat16 is a float32); other floats as they are.
+def float_dtype(name: str) -> np.dtype:
+    """The NumPy dtype of a float type name; bfloat16 through ml_dtypes (the cli extra).
 
-    >>> import ml_dtypes
-    >>> widen(np.array([1.5, -2.0], ml_dtypes.bfloat16))
-    array([ 1.5, -2. ], dtype=float32)
+    >>> float_dtype("bfloat16").name, float_dtype("float16").name
+    ('bfloat16', 'float16')
     """
-    if x.dtype.name == "bfloat16":
-        return x.astype(np.float32)
-    return x
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+#: Output types of gpuq dequantize (the --dtype choices, and the source types it restores).
+DEQUANTIZE_DTYPES = ("bfloat16", "float16", "float32")
 
 
 def row_blocks(shape: tuple, scheme: dict, target: int = _BLOCK):
@@ -173,8 +190,8 @@ def sqnr_db(signal: float, error: float) -> float:
 def quantize_tensor(x, scheme: dict, device, *, name: str = "x", nonfinite: str = "warn"):
     """Codes, scales, zps (host arrays; zps None for symmetric int8), error stats, counts.
 
-    ``x`` is taken over (the caller keeps no reference, so a bfloat16 input is
-    freed once widened). Parameters come from :func:`gpuq.choose_qparams`; for
+    ``x`` (float16, float32 or bfloat16: gpuq takes bfloat16 as it is, no float32
+    copy of the tensor) is taken over. Parameters come from :func:`gpuq.choose_qparams`; for
     a tensor with NaN or +/-Inf they are computed on a copy with those values
     replaced by 0, which changes nothing else: an asymmetric range always
     includes 0 and a symmetric one is ``max |x|``, so these are the parameters
@@ -192,7 +209,6 @@ def quantize_tensor(x, scheme: dict, device, *, name: str = "x", nonfinite: str 
 
     from ..qparams import choose_qparams
 
-    x = widen(x)  # the bfloat16 original is dropped here (the caller keeps no reference)
     kw = {"axis": scheme["axis"], "group_size": scheme["group_size"]}
     counts = count_nonfinite(x)
     bad = sum(counts.values())
@@ -249,8 +265,7 @@ def run_quantize(in_path, out_path, plan, *, include=(), exclude=(), min_size, d
     ``"allow"``); ``warn`` is called with one line of text per such tensor
     under ``"warn"``.
     """
-    if nonfinite not in NONFINITE_POLICIES:
-        raise CliError(f"--nonfinite must be one of {', '.join(NONFINITE_POLICIES)}")
+    check_nonfinite(nonfinite)
     in_fmt = file_format(in_path, "IN")
     out_fmt = _out_format(in_fmt, out_path, npy_ok=False)
     with Checkpoint(in_path) as ckpt:
@@ -258,30 +273,69 @@ def run_quantize(in_path, out_path, plan, *, include=(), exclude=(), min_size, d
         if ckpt.meta is not None:
             raise CliError(f"IN {in_path!r} is already quantized by gpuq; dequantize it first")
         specs = {n: ckpt.spec(n) for n in ckpt.names}
-        chosen = select(specs, include=include, exclude=exclude, min_size=min_size)
-        check_names(ckpt.names, chosen)
-        schemes = {n: plan.for_shape(n, specs[n][0]) for n in chosen}
-        # Every output entry is known from the input's index: the header goes first.
-        entries = {}
-        for name, (shape, dtype) in specs.items():
-            entries.update(output_entries(name, shape, schemes[name], out_fmt) if name in schemes
-                           else {name: (shape, dtype)})
-        meta = file_meta(schemes, {n: specs[n][1].name for n in schemes}, in_fmt)
-        rows = []
-        with checkpoint_writer(out_path, out_fmt, entries, meta, ckpt.extra_metadata) as out:
-            for name in _progress(ckpt.names, progress, "quantize"):
-                shape, dtype = specs[name]
-                row = {"name": name, "shape": list(shape), "dtype": dtype.name,
-                       "bytes_before": ckpt.nbytes(name)}
-                if name not in schemes:
-                    out.write(name, ckpt.load(name))
-                    rows.append({**row, "quantized": False, "scheme": None,
-                                 "bytes_after": row["bytes_before"], "sqnr_db": None,
-                                 "max_abs_error": None, "nonfinite": None})
-                    continue
+        schemes = plan_schemes(specs, plan, include=include, exclude=exclude, min_size=min_size)
+        bar = progress_bar(len(specs), progress, "quantize")
+        try:
+            rows = quantize_file(ckpt, out_path, out_fmt, schemes, device=device,
+                                 nonfinite=nonfinite, warn=warn, tick=lambda name: bar.update(1))
+        finally:
+            bar.close()
+    return _report("quantize", in_path, out_path, device, rows)
+
+
+def check_nonfinite(nonfinite: str) -> None:
+    """Refuse an unknown ``--nonfinite`` policy."""
+    if nonfinite not in NONFINITE_POLICIES:
+        raise CliError(f"--nonfinite must be one of {', '.join(NONFINITE_POLICIES)}")
+
+
+def plan_schemes(specs: dict, plan, *, include=(), exclude=(), min_size) -> dict:
+    """``{name: scheme}`` of the tensors to quantize among ``specs`` (name -> (shape, dtype)).
+
+    Every check (the patterns, the names of the companions, the axis of each
+    chosen tensor) runs here, before any work.
+    """
+    chosen = select(specs, include=include, exclude=exclude, min_size=min_size)
+    check_names(list(specs), chosen)
+    return {n: plan.for_shape(n, specs[n][0]) for n in chosen}
+
+
+def quantize_file(ckpt, out_path, out_fmt, schemes, *, device, nonfinite="warn", warn=None,
+                  tick=None) -> list:
+    """Quantize the tensors of the open checkpoint ``ckpt`` named in ``schemes`` into ``out_path``.
+
+    Every other tensor is copied. The output is streamed and atomic
+    (:func:`gpuq.cli.files.checkpoint_writer`); its bytes depend only on
+    ``ckpt``, ``schemes`` and ``out_fmt``, which is what makes a shard
+    written on a cluster worker the same file as one written here.
+    ``tick(name)`` is called after each tensor is written. Returns the
+    report rows (unsorted, with the private ``_signal``/``_error`` keys
+    :func:`finish_report` sums).
+    """
+    specs = {n: ckpt.spec(n) for n in ckpt.names}
+    # Every output entry is known from the input's index: the header goes first.
+    entries = {}
+    for name, (shape, dtype) in specs.items():
+        entries.update(output_entries(name, shape, schemes[name], out_fmt) if name in schemes
+                       else {name: (shape, dtype)})
+    meta = file_meta(schemes, {n: specs[n][1].name for n in schemes}, ckpt.format)
+    rows = []
+    with checkpoint_writer(out_path, out_fmt, entries, meta, ckpt.extra_metadata) as out:
+        for name in ckpt.names:
+            shape, dtype = specs[name]
+            row = {"name": name, "shape": list(shape), "dtype": dtype.name,
+                   "bytes_before": ckpt.nbytes(name)}
+            if name not in schemes:
+                out.write(name, ckpt.load(name))
+                rows.append({**row, "quantized": False, "scheme": None,
+                             "bytes_after": row["bytes_before"], "sqnr_db": None,
+                             "max_abs_error": None, "nonfinite": None})
+            else:
                 rows.append(_quantize_one(ckpt, name, schemes[name], row, out, device,
                                           nonfinite, warn))
-    return _report("quantize", in_path, out_path, device, rows)
+            if tick is not None:
+                tick(name)
+    return rows
 
 
 def _quantize_one(ckpt, name, scheme, row, out, device, nonfinite, warn) -> dict:
@@ -309,6 +363,11 @@ def _quantize_one(ckpt, name, scheme, row, out, device, nonfinite, warn) -> dict
 
 
 def _report(command, in_path, out_path, device, rows) -> dict:
+    return finish_report(command, in_path, out_path, device.name, rows)
+
+
+def finish_report(command, in_path, out_path, device_name, rows) -> dict:
+    """The report of ``command`` from its rows (any order: sorted here), totals included."""
     rows = sorted(rows, key=lambda r: natural_key(r["name"]))
     quantized = [r for r in rows if r["quantized"]]
     # A tensor with no finite value has NaN statistics: it adds nothing to the totals.
@@ -328,7 +387,7 @@ def _report(command, in_path, out_path, device, rows) -> dict:
         total["max_abs_error"] = max(errs) if errs else None
         total["nonfinite"] = {k: sum(r["nonfinite"][k] for r in quantized)
                               for k in ("nan", "posinf", "neginf")}
-    return {"command": command, "input": in_path, "output": out_path, "device": device.name,
+    return {"command": command, "input": in_path, "output": out_path, "device": device_name,
             "tensors": rows, "total": total}
 
 
@@ -339,31 +398,74 @@ def run_dequantize(in_path, out_path, *, dtype, device, progress=True) -> dict:
     """
     in_fmt = file_format(in_path, "IN")
     out_fmt = _out_format(in_fmt, out_path, npy_ok=(in_fmt == "npz"))
-    import gpuq
-
     with Checkpoint(in_path) as ckpt:
         check_output(out_path, out_fmt, in_path)
-        if ckpt.meta is None:
-            raise CliError(f"IN {in_path!r} has no gpuq metadata: it was not written by "
-                           f"gpuq quantize")
-        schemes = check_file(ckpt)
-        companions = {n + s for n in schemes for s in (".scales", ".zps")}
-        restored = [n for n in ckpt.names if n not in companions]
+        schemes = check_quantized(ckpt)
+        restored = restored_names(ckpt, schemes)
         if out_fmt == "npy" and len(restored) != 1:
             raise CliError(f"OUT {out_path!r} is a .npy, which holds one array, but IN has "
                            f"{len(restored)} tensors; write an .npz")
-        entries = {n: (ckpt.spec(n)[0], np.dtype(dtype) if n in schemes else ckpt.spec(n)[1])
-                   for n in restored}
-        rows = []
-        with checkpoint_writer(out_path, out_fmt, entries, None, ckpt.extra_metadata) as out:
-            for name in _progress(restored, progress, "dequantize"):
-                shape, in_dtype = ckpt.spec(name)
-                row = {"name": name, "shape": list(shape), "dtype": in_dtype.name}
-                if name not in schemes:
-                    out.write(name, ckpt.load(name))
-                    rows.append({**row, "quantized": False, "bytes_before": ckpt.nbytes(name),
-                                 "bytes_after": ckpt.nbytes(name)})
-                    continue
+        bar = progress_bar(len(restored), progress, "dequantize")
+        try:
+            rows = dequantize_file(ckpt, out_path, out_fmt, schemes, dtype=dtype, device=device,
+                                   tick=lambda name: bar.update(1))
+        finally:
+            bar.close()
+    return _report("dequantize", in_path, out_path, device, rows)
+
+
+def check_quantized(ckpt) -> dict:
+    """``{name: scheme}`` of a file written by gpuq quantize, checked; CliError otherwise."""
+    if ckpt.meta is None:
+        raise CliError(f"IN {ckpt.path!r} has no gpuq metadata: it was not written by "
+                       f"gpuq quantize")
+    return check_file(ckpt)
+
+
+def restored_names(ckpt, schemes) -> list:
+    """The tensors a dequantized ``ckpt`` holds: all but the scales and zero points."""
+    companions = {n + s for n in schemes for s in (".scales", ".zps")}
+    return [n for n in ckpt.names if n not in companions]
+
+
+def output_dtype(scheme: dict, dtype) -> np.dtype:
+    """The float type a quantized tensor is restored to: ``dtype`` when given, else the
+    source dtype the file records (bfloat16 in, bfloat16 back); float32 for a file that
+    records none or another type.
+
+    >>> output_dtype({"source_dtype": "bfloat16"}, None).name, output_dtype({}, None).name
+    ('bfloat16', 'float32')
+    >>> output_dtype({"source_dtype": "bfloat16"}, "float16").name
+    'float16'
+    """
+    if dtype is not None:
+        return float_dtype(dtype)
+    src = scheme.get("source_dtype")
+    return float_dtype(src if src in DEQUANTIZE_DTYPES else "float32")
+
+
+def dequantize_file(ckpt, out_path, out_fmt, schemes, *, dtype, device, tick=None) -> list:
+    """Write the float tensors of the checked quantized checkpoint ``ckpt`` to ``out_path``.
+
+    Streamed and atomic like :func:`quantize_file`; ``schemes`` is
+    :func:`check_quantized`'s answer; ``dtype`` None restores each tensor's source dtype
+    (:func:`output_dtype`). Returns the report rows.
+    """
+    import gpuq
+
+    restored = restored_names(ckpt, schemes)
+    entries = {n: (ckpt.spec(n)[0], output_dtype(schemes[n], dtype) if n in schemes else ckpt.spec(n)[1])
+               for n in restored}
+    rows = []
+    with checkpoint_writer(out_path, out_fmt, entries, None, ckpt.extra_metadata) as out:
+        for name in restored:
+            shape, in_dtype = ckpt.spec(name)
+            row = {"name": name, "shape": list(shape), "dtype": in_dtype.name}
+            if name not in schemes:
+                out.write(name, ckpt.load(name))
+                rows.append({**row, "quantized": False, "bytes_before": ckpt.nbytes(name),
+                             "bytes_after": ckpt.nbytes(name)})
+            else:
                 s = schemes[name]
                 scales = ckpt.load(name + ".scales")
                 zps = ckpt.load(name + ".zps") if has_zps(s) else None
@@ -372,7 +474,8 @@ def run_dequantize(in_path, out_path, *, dtype, device, progress=True) -> dict:
                 try:
                     # Host scales/zps with a device src are uploaded by the library.
                     y = gpuq.dequantize(device.put(ckpt.load(name)), scales, zps,
-                                        axis=s["axis"], group_size=s["group_size"], dtype=dtype)
+                                        axis=s["axis"], group_size=s["group_size"],
+                                        dtype=entries[name][1])
                 except (ValueError, TypeError) as exc:
                     raise CliError(f"tensor {name!r}: {' '.join(str(exc).split())}") from exc
                 y = device.get(y)
@@ -380,4 +483,6 @@ def run_dequantize(in_path, out_path, *, dtype, device, progress=True) -> dict:
                 rows.append({**row, "quantized": True, "bytes_before": int(before),
                              "bytes_after": int(y.nbytes)})
                 del y
-    return _report("dequantize", in_path, out_path, device, rows)
+            if tick is not None:
+                tick(name)
+    return rows

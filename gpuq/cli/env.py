@@ -110,6 +110,7 @@ def info(compile_check: bool = True) -> dict:
         "cuda_driver": "unavailable",
         "nvrtc": "unavailable",
         "kernels_compile": "unavailable",
+        **dask_info(),
     }
     reason = cuda_unavailable_reason()
     if reason is None:
@@ -120,6 +121,28 @@ def info(compile_check: bool = True) -> dict:
         _cupy_info(report)
     _nvrtc_info(report, compile_check)
     return report
+
+
+def dask_info() -> dict:
+    """Versions of the optional Dask packages (``--scheduler``/``--workers``), or why not.
+
+    From the installed distributions' metadata: nothing is imported (dask
+    takes a second to import), so a broken install still says "installed".
+
+    >>> sorted(dask_info())
+    ['dask', 'dask_cuda', 'distributed']
+    """
+    from importlib import metadata
+
+    out = {}
+    for key, dist, hint in (("dask", "dask", "pip install 'gpuq[dask]'"),
+                            ("distributed", "distributed", "pip install 'gpuq[dask]'"),
+                            ("dask_cuda", "dask-cuda", "one worker per GPU: pip install dask-cuda")):
+        try:
+            out[key] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[key] = f"not installed ({hint})"
+    return out
 
 
 def _host_kernels_info() -> str:
