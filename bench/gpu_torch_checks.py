@@ -95,15 +95,30 @@ def main() -> int:
         s = torch.rand(256, device=dev) + 0.1
         z = torch.randint(-5, 5, (256,), device=dev, dtype=torch.int32)
         out = torch.empty(4096, 256, device=dev, dtype=torch.int8)
-        gpuq.quantize(src, s, z, axis=1, out=out, check_values=False)  # compile and upload outside
+        src3 = torch.randn(16, 32, 64, device=dev)
+        s3 = torch.rand(16, 64, device=dev) + 0.1
+        out3 = torch.empty(16, 32, 64, device=dev, dtype=torch.int8)
+        op = gpuq.Quantize(scales=np.linspace(0.1, 1, 256, dtype=np.float32), qtype="per_channel", axis=1)
+        out_op = torch.empty(4096, 256, device=dev, dtype=torch.int8)
+
+        def calls():
+            gpuq.quantize(src, s, z, axis=1, out=out, check_values=False)
+            gpuq.quantize(src3, s3, axis=(0, 2), out=out3, check_values=False)  # strided: dims uploaded once
+            op(src, out=out_op)  # the op's parameters uploaded once
+
+        calls()  # warm-up outside the capture: compile, upload
+        torch.cuda.synchronize()
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            gpuq.quantize(src, s, z, axis=1, out=out, check_values=False)
+            calls()
         src.copy_(torch.randn(4096, 256, device=dev))
+        src3.copy_(torch.randn(16, 32, 64, device=dev))
         g.replay()
         torch.cuda.synchronize()
         want = gpuq.quantize(src.cpu().numpy(), s.cpu().numpy(), z.cpu().numpy(), axis=1)
         assert np.array_equal(out.cpu().numpy(), want)
+        assert np.array_equal(out3.cpu().numpy(), gpuq.quantize(src3.cpu().numpy(), s3.cpu().numpy(), axis=(0, 2)))
+        assert np.array_equal(out_op.cpu().numpy(), op(src.cpu().numpy()))
 
     if torch.cuda.device_count() > 1:
         @check

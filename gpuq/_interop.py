@@ -152,6 +152,32 @@ def _wrap_results(result, wrap, keep):
     return wrap(result)
 
 
+def _plain(obj):
+    """A torch tensor that requires grad (an ``nn.Parameter`` as scales, zps or ``out``) as
+    ``detach()`` gives it (the same memory): torch refuses to export it otherwise."""
+    torch = _torch_tensor(obj)
+    return obj.detach() if torch is not None and obj.requires_grad else obj
+
+
+def _same_out(result, plain_out, caller_out):
+    if isinstance(result, tuple):
+        return tuple(_same_out(r, plain_out, caller_out) for r in result)
+    return caller_out if result is plain_out else result
+
+
+def _call_on(fn, adapted, args, kwargs):
+    """``fn(*args, **kwargs)`` in ``adapted``'s context, results in the caller's type."""
+    keep = kwargs.get("out")
+    if adapted.context is None:
+        result = fn(*args, **kwargs)
+        return result if adapted.wrap is None else _wrap_results(result, adapted.wrap, keep)
+    with adapted.context():
+        result = fn(*args, **kwargs)
+        # Wrapped inside the context: a DLPack export orders the consumer after the
+        # stream the work ran on, which is the current one only here.
+        return result if adapted.wrap is None else _wrap_results(result, adapted.wrap, keep)
+
+
 def callers_type(fn=None, *, arg=0):
     """Decorate a public function whose argument ``arg`` is ``src``: run it on the adapted
     array, under src's device and stream, and return results in the caller's type.
@@ -171,14 +197,12 @@ def callers_type(fn=None, *, arg=0):
 
             return _dask.call(call, fn, arg, args, kwargs)
         adapted = adapt(src)
-        args = args[:arg] + (adapted.array,) + args[arg + 1:]
-        if adapted.context is None:
-            result = fn(*args, **kwargs)
-            return result if adapted.wrap is None else _wrap_results(result, adapted.wrap, kwargs.get("out"))
-        with adapted.context():
-            result = fn(*args, **kwargs)
-            # Wrapped inside the context: a DLPack export orders the consumer after the
-            # stream the work ran on, which is the current one only here.
-            return result if adapted.wrap is None else _wrap_results(result, adapted.wrap, kwargs.get("out"))
+        args = args[:arg] + tuple(_plain(a) for a in (adapted.array,) + args[arg + 1:])
+        caller_out = kwargs.get("out")
+        kwargs = {k: _plain(v) for k, v in kwargs.items()}
+        result = _call_on(fn, adapted, args, kwargs)
+        if caller_out is not None and kwargs["out"] is not caller_out:
+            return _same_out(result, kwargs["out"], caller_out)
+        return result
 
     return call

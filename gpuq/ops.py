@@ -89,12 +89,11 @@ class _Static:
                 backend.to_param(scales, arr),
                 None if self._zps is None else backend.to_param(self._zps.reshape(-1), arr),
             )
-            # Uploaded once on this call's stream, reused from any stream: each use waits
-            # for the upload on the device, never on the host.
-            self._device_params[key] = params, backend.fence()
-        params, fence = self._device_params[key]
-        backend.wait_for(fence)
-        return params
+            # Uploaded once, reused from any stream: the first use waits for the upload,
+            # later ones neither wait nor synchronise (CUDA graph capture stays possible).
+            backend.settle()
+            self._device_params[key] = params
+        return self._device_params[key]
 
     def _reshaped(self, params):
         # per_tensor takes one element of any shape; per-channel a 1-D list.

@@ -316,7 +316,7 @@ def test_static_ops_with_one_value_on_device(cp, monkeypatch, qdtype):
         assert np.array_equal(cp.asnumpy(y).view(np.uint16), dop(qop(x)).view(np.uint16))
     value = f", {cuda_backend.registry.MAPS['value']}>"
     assert len(names) == 4 and all(n.endswith(value) for n in names), names
-    params, _ = qop._device_params[next(iter(qop._device_params))]  # (parameters, upload fence)
+    params = qop._device_params[next(iter(qop._device_params))]
     assert all(isinstance(p, np.ndarray) for p in params)
 
 

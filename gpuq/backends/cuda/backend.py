@@ -59,13 +59,14 @@ def as_cupy(obj):
     cupy = _cupy()
     if isinstance(obj, cupy.ndarray):
         return obj
-    if hasattr(obj, "__cuda_array_interface__"):
-        return cupy.asarray(obj)
-    if hasattr(obj, "__dlpack__"):
-        # Under the producer's device: the DLPack handshake passes the consumer's
-        # stream, which is the current stream of the current device.
+    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        # DLPack first (JAX has both): its handshake orders the producer's work before the
+        # consumer's stream on the device, where CAI v3 makes the host wait. Under the
+        # producer's device: the consumer's stream is the current stream of the current device.
         with cupy.cuda.Device(int(obj.__dlpack_device__()[1])):
             return cupy.from_dlpack(obj)
+    if hasattr(obj, "__cuda_array_interface__"):
+        return cupy.asarray(obj)
     raise TypeError(
         f"expected a CUDA array (CuPy, __cuda_array_interface__ or a CUDA __dlpack__), "
         f"got {type(obj).__module__}.{type(obj).__qualname__}"
@@ -88,21 +89,17 @@ def _grid(units: int) -> int:
     return max(1, min(-(-units // THREADS), 2**31 - 1))  # the grid-stride loop covers any excess
 
 
-@functools.lru_cache(maxsize=256)
-def _dims_upload(device_id: int, dims: tuple):
+@functools.cache
+def _dims_array(device_id: int, dims: tuple):
+    """The strided map's dims on the device: uploaded at the first call of a scheme on a
+    device, which waits for the upload once; later calls, from any stream, read a finished
+    array and neither wait nor synchronise (so they can be captured in a CUDA graph: a wait
+    on an event recorded outside a capture would break it). Never evicted: a kernel still
+    queued on another stream may be reading it, and a pool block is reused at once."""
     cupy = _cupy()
     with cupy.cuda.Device(device_id):
         arr = cupy.asarray(np.asarray(dims, dtype=np.int64))
-        ready = cupy.cuda.Event(block=False, disable_timing=True)
-        ready.record()  # after the upload, on the stream that made it
-    return arr, ready
-
-
-def _dims_array(device_id: int, dims: tuple):
-    """The strided map's dims on the device, uploaded once per device and reused from any
-    stream: the launching stream waits for the upload on the device (no host synchronisation)."""
-    arr, ready = _dims_upload(device_id, dims)
-    _cupy().cuda.get_current_stream().wait_event(ready)
+        cupy.cuda.get_current_stream().synchronize()
     return arr
 
 
@@ -228,17 +225,10 @@ class CudaBackend:
             return cupy.ascontiguousarray(dev)
 
     @staticmethod
-    def fence():
-        """An event recorded now on the current stream (after an upload that other streams
-        will read: the op objects' cached parameters)."""
-        ev = _cupy().cuda.Event(block=False, disable_timing=True)
-        ev.record()
-        return ev
-
-    @staticmethod
-    def wait_for(fence) -> None:
-        """The current stream waits on the device for ``fence`` (no host synchronisation)."""
-        _cupy().cuda.get_current_stream().wait_event(fence)
+    def settle() -> None:
+        """Wait once for uploads that will be read from any stream later (the op objects'
+        cached parameters): their first use pays one synchronisation, later uses none."""
+        _cupy().cuda.get_current_stream().synchronize()
 
     @staticmethod
     def check_scales(dev, argname) -> None:
