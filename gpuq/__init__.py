@@ -12,6 +12,7 @@ out").
 (array([ 0,  2, -3], dtype=int8), array([ 0.,  2., -3.], dtype=float32))
 """
 
+from ._codes import Codes, pack, unpack
 from .api import dequantize, quantize
 from .backends.host.choice import get_host_kernels, set_host_kernels
 from .backends.host.backend import get_num_threads, set_num_threads
@@ -29,6 +30,9 @@ __all__ = [
     "Dequantize",
     "DynamicQuantize",
     "DynamicDequantize",
+    "Codes",
+    "pack",
+    "unpack",
     "get_num_threads",
     "set_num_threads",
     "get_host_kernels",

@@ -158,16 +158,18 @@ def zps_param(obj, scheme, backend, src, *, argname="zps", check_values=True):
     return backend.to_param(arr.astype(np.int32, copy=False).reshape(scheme.param_shape), src)
 
 
-def out_array(out, src, dtype, backend):
+def out_array(out, src, dtype, backend, shape=None):
     """``(result, copy_to)``: the array the backend writes, and where it goes after.
 
     Without ``out``, a fresh ``dtype`` array and None. With ``out``, after
     checking it: ``out`` itself (its base ndarray for a subclass) and None; or,
     for a host ``out`` in non-native byte order (``>f4``: float32 values),
-    a fresh native array to compute into and ``out`` to copy it to.
+    a fresh native array to compute into and ``out`` to copy it to. ``shape``
+    (default ``src.shape``): the result's shape, where src holds packed codes.
     """
+    shape = tuple(src.shape) if shape is None else tuple(shape)
     if out is None:
-        return backend.empty(src, src.shape, dtype), None
+        return backend.empty(src, shape, dtype), None
     if backend.name == "numpy":
         if not isinstance(out, np.ndarray):
             raise TypeError(f"out must be a NumPy array for a NumPy src, got {type(out).__name__}")
@@ -178,9 +180,9 @@ def out_array(out, src, dtype, backend):
         out = backend.as_cupy(out)
     if native(out.dtype) != dtype:
         raise TypeError(f"out must have dtype {dtype.name}, got {out.dtype}")
-    if tuple(out.shape) != tuple(src.shape):
-        raise ValueError(f"out must have shape {tuple(src.shape)} (the shape of src), got {tuple(out.shape)}")
+    if tuple(out.shape) != shape:
+        raise ValueError(f"out must have shape {shape} (the shape of src), got {tuple(out.shape)}")
     backend.check_out(out, src)
     if not out.dtype.isnative:  # host only: device arrays are native
-        return backend.empty(src, src.shape, dtype), out
+        return backend.empty(src, shape, dtype), out
     return out, None

@@ -39,13 +39,31 @@ import numpy as np
 
 from ._dispatch import backend_for, host_native, is_device_array
 from ._interop import callers_type
-from ._dtypes import FLOAT_DTYPES, QUANT_RANGE, as_dtype, compute_dtype, native
+from . import _formats
+from ._codes import Codes
+from ._dtypes import CODE_FORMATS, FLOAT_DTYPES, QUANT_RANGE, as_code_dtype, as_dtype, code_format, compute_dtype, native
 from ._params import out_array, scales_param, zps_param
 from ._scheme import Scheme
 
 __all__ = ["quantize", "dequantize"]
 
 _QUANT_DTYPES = tuple(QUANT_RANGE)
+
+
+def _code_target(dtype, out):
+    """The CodeFormat quantize writes (fp8, int4), or None for int8/uint8 (and bad names,
+    which ``_result_dtype`` reports)."""
+    if dtype is None:
+        return _formats.source_format(out) if out is not None else None
+    return code_format(dtype)
+
+
+def _check_saturate(saturate, code):
+    if not isinstance(saturate, (bool, np.bool_)):
+        raise TypeError(f"saturate must be True or False, got {saturate!r}")
+    if not saturate and (code is None or code.kind != "fp8"):
+        name = code.name if code is not None else "integer"
+        raise ValueError(f"saturate=False applies to fp8 codes only (ONNX), got it with {name} codes")
 
 
 def _result_dtype(dtype, out, allowed, default):
@@ -74,8 +92,8 @@ def _array_dtype(a):
 
 @callers_type
 def quantize(src, scales, zps=None, *, axis=None, group_size=None, dtype=None, out=None,
-             check_values=True):
-    """Quantize floats to int8/uint8 codes: ``q = clamp(rint(src / s) + zp, qmin, qmax)``.
+             check_values=True, saturate=True):
+    """Quantize floats to codes: ``q = clamp(rint(src / s) + zp, qmin, qmax)``, or fp8(src / s).
 
     One IEEE division in float32 (float64 for float64 ``src``; float16 and
     bfloat16 are widened exactly), round half to even, the zero point added after rounding
@@ -100,14 +118,26 @@ def quantize(src, scales, zps=None, *, axis=None, group_size=None, dtype=None, o
     group_size : int, optional
         With an integer ``axis``: one scale per ``group_size`` consecutive
         elements along it (the last group may be shorter).
-    dtype : ``"int8"`` (default), ``"uint8"``, ``"s8"``, ``"u8"`` or a NumPy dtype
-        Code dtype; defaults to ``out.dtype`` when ``out`` is given.
+    dtype : ``"int8"`` (default), ``"uint8"``, ``"int4"``, ``"uint4"``, ``"float8_e4m3fn"``, ``"float8_e5m2"``
+        Code dtype (oneDNN's ``s8``, ``u8``, ``s4``, ``u4``, ``f8_e4m3``,
+        ``f8_e5m2`` too, or a NumPy/ml_dtypes dtype); defaults to ``out``'s
+        when ``out`` is given.
+        int4/uint4: ranges [-8, 7] and [0, 15], the result a :class:`gpuq.Codes`
+        of packed bytes (two codes per byte, ONNX's order).
+        fp8: ``fp8(src / s)`` rounded to nearest even (float64 ``src``: its
+        quotient via float32), no zero point (``zps`` None or zeros), NaN
+        stays NaN; an ml_dtypes fp8 array for NumPy ``src``, a torch fp8
+        tensor for torch, a :class:`gpuq.Codes` of the bits for CuPy.
     out : array, optional
         Written in place and returned (same object); a host ``out`` may be
-        in either byte order.
+        in either byte order. A :class:`gpuq.Codes` for int4/uint4 (and CuPy fp8).
     check_values : bool
         For device-resident scales/zps: check their values on the device (one
         reduction and a synchronisation). Host values are always checked.
+    saturate : bool
+        fp8 only (ONNX's attribute): True (default) maps values beyond the
+        largest finite code, +/-Inf included, to it; False gives ml_dtypes' and
+        ONNX's non-saturating cast (e4m3fn: NaN, e5m2: +/-Inf).
 
     Examples
     --------
@@ -118,16 +148,25 @@ def quantize(src, scales, zps=None, *, axis=None, group_size=None, dtype=None, o
     >>> gpuq.quantize(np.array([[1., -3.], [4., 6.]], np.float32), [1.0, 2.0], axis=1)
     array([[ 1, -2],
            [ 4,  3]], dtype=int8)
+    >>> gpuq.quantize(np.array([1.0, 500.0, -0.3], np.float32), 1.0, dtype="float8_e4m3fn")
+    array([1, 448, -0.3125], dtype='float8_e4m3fn')
     """
     backend, src_arr = backend_for(src)
     fdtype = native(src_arr.dtype)  # >f4 holds float32 values
     if fdtype not in FLOAT_DTYPES:
         raise TypeError(f"src must be float16, float32, float64 or bfloat16 to quantize, "
                         f"got {src_arr.dtype}")
-    qdtype = _result_dtype(dtype, out, _QUANT_DTYPES, np.int8)
+    code = _code_target(dtype, out)
+    _check_saturate(saturate, code)
+    if code is None:
+        qdtype = np.dtype(np.int8) if dtype is None and out is None else (
+            _result_dtype(dtype, out, _QUANT_DTYPES, np.int8) if dtype is None else as_code_dtype(dtype))
     scheme = Scheme.build(src_arr.shape, axis, group_size)
     ct = compute_dtype(fdtype)
     s = scales_param(scales, scheme, ct, backend, src_arr, check_values=check_values)
+    if code is not None:
+        return _formats.quantize(code, backend, host_native(src_arr), scheme, s, zps, out,
+                                 bool(saturate), check_values)
     z = zps_param(zps, scheme, backend, src_arr, check_values=check_values)
     result, copy_to = out_array(out, src_arr, qdtype, backend)
     if src_arr.size:
@@ -149,8 +188,10 @@ def dequantize(src, scales, zps=None, *, axis=None, group_size=None, dtype=None,
 
     Parameters
     ----------
-    src : int8/uint8 array (NumPy, or a CUDA array)
-        Not modified.
+    src : int8/uint8 array (NumPy, or a CUDA array), an fp8 array or a :class:`gpuq.Codes`
+        Not modified. fp8 codes (ml_dtypes' on the host, torch's) are widened
+        exactly (a NaN code gives NaN, e5m2's Inf gives Inf); Codes carry
+        their shape (packed int4/uint4, CuPy fp8 bits).
     scales, zps, axis, group_size, out, check_values
         As in :func:`quantize`; scales are float64 for float64 output.
     dtype : ``"float32"`` (default), ``"float16"``, ``"float64"``, ``"bfloat16"`` (or ``f32``, ``bf16``...)
@@ -165,9 +206,13 @@ def dequantize(src, scales, zps=None, *, axis=None, group_size=None, dtype=None,
     >>> gpuq.dequantize(np.array([1, 3, 127], np.int8), 0.1, dtype="bf16")  # doctest: +SKIP
     array([0.100098, 0.300781, 12.6875], dtype=bfloat16)
     """
+    code = _formats.source_format(src)
+    if code is not None:
+        return _dequantize_codes(src, scales, zps, axis, group_size, dtype, out, check_values)
     backend, src_arr = backend_for(src)
     if src_arr.dtype not in _QUANT_DTYPES:  # one byte: no byte order
-        raise TypeError(f"src must be int8 or uint8 to dequantize, got {src_arr.dtype}")
+        raise TypeError(f"src must be int8 or uint8 codes, an fp8 array or gpuq.Codes to "
+                        f"dequantize, got {src_arr.dtype}")
     fdtype = _result_dtype(dtype, out, FLOAT_DTYPES, np.float32)
     scheme = Scheme.build(src_arr.shape, axis, group_size)
     ct = compute_dtype(fdtype)
@@ -176,6 +221,19 @@ def dequantize(src, scales, zps=None, *, axis=None, group_size=None, dtype=None,
     result, copy_to = out_array(out, src_arr, fdtype, backend)
     if src_arr.size:
         backend.dequantize(src_arr, scheme, s, z, result)
+    if copy_to is not None:
+        np.copyto(copy_to, result)
+    return out if out is not None else result
+
+
+def _dequantize_codes(src, scales, zps, axis, group_size, dtype, out, check_values):
+    """:func:`dequantize` of fp8 arrays and :class:`gpuq.Codes` (``gpuq._formats``)."""
+    code, backend, data, shape = _formats.dequantize_codes(src)
+    fdtype = _result_dtype(dtype, out, FLOAT_DTYPES, np.float32)
+    scheme = Scheme.build(shape, axis, group_size)
+    s = scales_param(scales, scheme, compute_dtype(fdtype), backend, data, check_values=check_values)
+    result, copy_to = out_array(out, data, fdtype, backend, shape=shape)
+    _formats.dequantize(code, backend, data, scheme, s, zps, result, check_values)
     if copy_to is not None:
         np.copyto(copy_to, result)
     return out if out is not None else result

@@ -54,7 +54,7 @@ import numpy as np
 
 from ._dispatch import backend_for, host_native
 from ._interop import callers_type
-from ._dtypes import FLOAT_DTYPES, QUANT_RANGE, as_dtype, native
+from ._dtypes import FLOAT_DTYPES, QUANT_RANGE, CodeFormat, as_code_dtype, native
 from ._scheme import Scheme
 from .api import quantize
 
@@ -65,7 +65,7 @@ EPS = float(np.finfo(np.float32).tiny)
 
 
 @callers_type
-def choose_qparams(x, *, axis=None, group_size=None, dtype="int8", symmetric=False, eps=None):
+def choose_qparams(x, *, axis=None, group_size=None, dtype="int8", symmetric=None, eps=None):
     """Scales and zero points that cover ``x``, block by block (see the module docstring).
 
     Parameters
@@ -77,10 +77,15 @@ def choose_qparams(x, *, axis=None, group_size=None, dtype="int8", symmetric=Fal
     group_size : int, optional
         With an integer ``axis``: one scale per ``group_size`` consecutive
         elements along it (the last group may be shorter).
-    dtype : ``"int8"`` (default), ``"uint8"``, ``"s8"``, ``"u8"`` or a NumPy dtype
-        The code dtype the parameters are for.
-    symmetric : bool
-        ``scale = max|x| / 127``, zero points None (int8) or 128 (uint8).
+    dtype : ``"int8"`` (default), ``"uint8"``, ``"int4"``, ``"uint4"``, ``"float8_e4m3fn"``, ``"float8_e5m2"``
+        The code dtype the parameters are for (short names and dtypes as in
+        :func:`gpuq.quantize`).
+    symmetric : bool, optional
+        ``scale = max|x| / 127`` (``/ 7`` for 4-bit codes), zero points None
+        (int8, int4) or 128 (uint8; 8 for uint4). Default False, except for
+        fp8, whose scales are always symmetric, ``max|x| / max_finite`` (448
+        for e4m3fn, 57344 for e5m2), with no zero points: ``symmetric=False``
+        is a ``ValueError`` there.
     eps : float, optional
         Smallest scale, finite and > 0 in float32; default: smallest normal float32.
 
@@ -101,13 +106,13 @@ def choose_qparams(x, *, axis=None, group_size=None, dtype="int8", symmetric=Fal
     >>> gpuq.choose_qparams(np.zeros((2, 5), np.float32), axis=1, group_size=4)[0].shape
     (2, 2)
     """
-    backend, arr, scheme, qdtype, eps = _validate(x, axis, group_size, dtype, symmetric, eps)
-    qmin, qmax = QUANT_RANGE[qdtype]
-    return _impl(backend).choose_qparams(arr, scheme, qmin, qmax, bool(symmetric), eps)
+    backend, arr, scheme, qdtype, symmetric, eps = _validate(x, axis, group_size, dtype, symmetric, eps)
+    qmin, qmax = _code_range(qdtype)
+    return _impl(backend).choose_qparams(arr, scheme, qmin, qmax, symmetric, eps)
 
 
 @callers_type
-def quantize_dynamic(x, *, axis=None, group_size=None, dtype="int8", symmetric=False):
+def quantize_dynamic(x, *, axis=None, group_size=None, dtype="int8", symmetric=None):
     """Codes, scales and zero points of ``x`` in one call.
 
     The same as :func:`choose_qparams` followed by :func:`gpuq.quantize`,
@@ -122,9 +127,10 @@ def quantize_dynamic(x, *, axis=None, group_size=None, dtype="int8", symmetric=F
 
     Returns
     -------
-    q : int8/uint8 array of ``x.shape``
+    q : codes of ``x.shape`` as :func:`gpuq.quantize` returns them (int8/uint8
+        arrays, fp8 arrays, :class:`gpuq.Codes` for int4/uint4)
     scales : float32 array
-    zps : int32 array, or None (symmetric int8)
+    zps : int32 array, or None (symmetric int8/int4, fp8)
 
     Examples
     --------
@@ -137,17 +143,17 @@ def quantize_dynamic(x, *, axis=None, group_size=None, dtype="int8", symmetric=F
     >>> s, z
     (array([0.01574803, 0.15748031], dtype=float32), None)
     """
-    backend, arr, scheme, qdtype, eps = _validate(x, axis, group_size, dtype, symmetric, None)
-    qmin, qmax = QUANT_RANGE[qdtype]
+    backend, arr, scheme, qdtype, symmetric, eps = _validate(x, axis, group_size, dtype, symmetric, None)
+    qmin, qmax = _code_range(qdtype)
     impl = _impl(backend)
     fused = getattr(impl, "quantize_dynamic", None)
-    if fused is not None:
-        result = fused(arr, scheme, qdtype, bool(symmetric), eps)
+    if fused is not None and not isinstance(qdtype, CodeFormat):  # fused: int8/uint8 only
+        result = fused(arr, scheme, qdtype, symmetric, eps)
         if result is not None:
             return result
-    scales, zps = impl.choose_qparams(arr, scheme, qmin, qmax, bool(symmetric), eps)
-    q = quantize(arr, scales, zps, axis=axis, group_size=group_size, dtype=qdtype,
-                 check_values=False)
+    scales, zps = impl.choose_qparams(arr, scheme, qmin, qmax, symmetric, eps)
+    q = quantize(arr, scales, zps, axis=axis, group_size=group_size,
+                 dtype=qdtype.name if isinstance(qdtype, CodeFormat) else qdtype, check_values=False)
     return q, scales, zps
 
 
@@ -155,12 +161,25 @@ def _validate(x, axis, group_size, dtype, symmetric, eps):
     backend, arr = backend_for(x, "x")  # an ndarray subclass: its base ndarray; masked: TypeError
     if native(arr.dtype) not in FLOAT_DTYPES:
         raise TypeError(f"x must be float16, float32, float64 or bfloat16, got {arr.dtype}")
-    qdtype = as_dtype(dtype, "dtype", tuple(QUANT_RANGE))
+    qdtype = as_code_dtype(dtype)
+    fp8 = isinstance(qdtype, CodeFormat) and qdtype.kind == "fp8"
+    if symmetric is None:
+        symmetric = fp8
     if not isinstance(symmetric, (bool, np.bool_)):
         raise TypeError(f"symmetric must be True or False, got {symmetric!r}")
+    if fp8 and not symmetric:
+        raise ValueError(f"symmetric must be True for {qdtype.name} codes (fp8 has no zero point), "
+                         f"got symmetric=False")
     scheme = Scheme.build(arr.shape, axis, group_size)
     eps = _check_eps(eps)
-    return backend, host_native(arr), scheme, qdtype, eps
+    return backend, host_native(arr), scheme, qdtype, bool(symmetric), eps
+
+
+def _code_range(qdtype):
+    """``(qmin, qmax)`` of a code dtype or CodeFormat (fp8: +-max_finite)."""
+    if isinstance(qdtype, CodeFormat):
+        return qdtype.qmin, qdtype.qmax
+    return QUANT_RANGE[qdtype]
 
 
 def _check_eps(eps):

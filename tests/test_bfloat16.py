@@ -290,11 +290,11 @@ def test_dtype_names():
         assert as_dtype(name, "dtype", FLOAT_DTYPES) == BF16
     assert BF16 in FLOAT_DTYPES and BF16 in list(FLOAT_DTYPES)
     assert is_bfloat16(BF16) and not is_bfloat16(np.dtype("V2")) and not is_bfloat16(np.dtype(np.float16))
-    with pytest.raises(ValueError, match="dtype must be one of int8, uint8, got 'bf16'"):
+    with pytest.raises(ValueError, match="dtype must be one of int8, uint8, int4, uint4, float8_e4m3fn, float8_e5m2, got 'bf16'"):
         gpuq.quantize(np.ones(2, F32), 1.0, dtype="bf16")
     with pytest.raises(TypeError, match="got bfloat16"):
         gpuq.quantize(np.ones(2, F32), 1.0, dtype=BF16)
-    with pytest.raises(TypeError, match="src must be int8 or uint8 to dequantize, got bfloat16"):
+    with pytest.raises(TypeError, match="src must be int8 or uint8 codes, an fp8 array or gpuq.Codes to dequantize, got bfloat16"):
         gpuq.dequantize(np.ones(2, BF16), 1.0)
     with pytest.raises(TypeError, match="scales must be floating"):  # scales are float32, not bfloat16
         gpuq.quantize(np.ones(2, BF16), np.ones(1, BF16))

@@ -103,22 +103,22 @@ def test_integer_src_to_quantize(backend):
 
 
 def test_float_src_to_dequantize(backend):
-    _raises(backend, TypeError, r"src must be int8 or uint8 to dequantize, got float32",
+    _raises(backend, TypeError, r"src must be int8 or uint8 codes, an fp8 array or gpuq.Codes to dequantize, got float32",
             gpuq.dequantize, X, 1.0)
 
 
 def test_unknown_dtype_names(backend):
-    _raises(backend, ValueError, r"dtype must be one of int8, uint8, got unknown name 'int3'",
+    _raises(backend, ValueError, r"dtype must be one of int8, uint8, int4, uint4, float8_e4m3fn, float8_e5m2, got unknown name 'int3'",
             gpuq.quantize, X, 1.0, dtype="int3")
-    _raises(backend, ValueError, r"dtype must be one of int8, uint8, got int32", gpuq.quantize, X, 1.0,
+    _raises(backend, ValueError, r"dtype must be one of int8, uint8, int4, uint4, float8_e4m3fn, float8_e5m2, got int32", gpuq.quantize, X, 1.0,
             dtype="s32")
-    _raises(backend, TypeError, r"dtype must be one of int8, uint8, got int16", gpuq.quantize, X, 1.0,
+    _raises(backend, TypeError, r"dtype must be one of int8, uint8, int4, uint4, float8_e4m3fn, float8_e5m2, got int16", gpuq.quantize, X, 1.0,
             dtype=np.int16)
     _raises(backend, ValueError,
             r"dtype must be one of float16, float32, float64, bfloat16, got unknown name 'bf8'",
             gpuq.dequantize, Q, 1.0, dtype="bf8")
     # bfloat16 is a float name, not a code name (refused before ml_dtypes would be imported)
-    _raises(backend, ValueError, r"dtype must be one of int8, uint8, got 'bf16'", gpuq.quantize, X, 1.0,
+    _raises(backend, ValueError, r"dtype must be one of int8, uint8, int4, uint4, float8_e4m3fn, float8_e5m2, got 'bf16'", gpuq.quantize, X, 1.0,
             dtype="bf16")
 
 
@@ -154,7 +154,7 @@ def test_lists_and_scalars_become_numpy_as_np_asarray_makes_them():
     """Python floats are float64 (np.asarray's rule): the float64 contract, NumPy results."""
     q = gpuq.quantize([1.0, 2.5, -0.3], 0.1)
     assert type(q) is np.ndarray and q.tolist() == [10, 25, -3]
-    with pytest.raises(TypeError, match="src must be int8 or uint8 to dequantize, got int64"):
+    with pytest.raises(TypeError, match="src must be int8 or uint8 codes, an fp8 array or gpuq.Codes to dequantize, got int64"):
         gpuq.dequantize([1, -2], 0.5)
     assert gpuq.quantize(2.5, 1.0).tolist() == 2 and gpuq.quantize(2.5, 1.0).shape == ()
     s, z = gpuq.choose_qparams([0.0, 2.55], dtype="uint8")

@@ -332,7 +332,8 @@ def test_input_not_modified(backend):
 @pytest.mark.parametrize("call,exc,match", [
     (lambda x: gpuq.choose_qparams(x.astype(np.int32)), TypeError, "x must be float16, float32, float64 or bfloat16, got int32"),
     (lambda x: gpuq.choose_qparams({1.0, 2.0}), TypeError, "x must be a NumPy array or a CUDA array"),
-    (lambda x: gpuq.choose_qparams(x, dtype="int4"), ValueError, "dtype must be one of int8, uint8, got .*int4"),
+    (lambda x: gpuq.choose_qparams(x, dtype="int3"), ValueError, "dtype must be one of int8, uint8, int4, uint4, float8_e4m3fn, float8_e5m2, got unknown name 'int3'"),
+    (lambda x: gpuq.choose_qparams(x, dtype="float8_e4m3fn", symmetric=False), ValueError, "symmetric must be True for float8_e4m3fn"),
     (lambda x: gpuq.choose_qparams(x, axis=2), ValueError, r"axis must be in \[-2, 1\] for rank 2, got 2"),
     (lambda x: gpuq.choose_qparams(x, group_size=4), ValueError, "group_size=4 needs a single integer axis"),
     (lambda x: gpuq.choose_qparams(x, axis=1, group_size=0), ValueError, "group_size must be a positive integer, got 0"),
@@ -341,7 +342,7 @@ def test_input_not_modified(backend):
     (lambda x: gpuq.choose_qparams(x, eps=float("nan")), ValueError, "eps must be finite and > 0"),
     (lambda x: gpuq.choose_qparams(x, eps="tiny"), TypeError, "eps must be a real number, got 'tiny'"),
     (lambda x: gpuq.choose_qparams(x, symmetric="yes"), TypeError, "symmetric must be True or False, got 'yes'"),
-    (lambda x: gpuq.quantize_dynamic(x, dtype="float32"), ValueError, "dtype must be one of int8, uint8, got float32"),
+    (lambda x: gpuq.quantize_dynamic(x, dtype="float32"), ValueError, "dtype must be one of int8, uint8, int4, .*, got float32"),
 ])
 def test_errors(backend, call, exc, match):
     x = backend.put(_data((3, 4)))

@@ -59,6 +59,7 @@ _INT_OF = {np.dtype(np.float32): np.dtype(np.int32), np.dtype(np.float64): np.dt
 WIDE_CLAMP = float(2**32)
 
 _F32 = np.dtype(np.float32)
+_F64 = np.dtype(np.float64)
 _I64 = np.dtype(np.int64)
 _U16 = np.dtype(np.uint16)
 _U32 = np.dtype(np.uint32)
@@ -194,9 +195,10 @@ def _bf16_bits(t, out_bits, scratch):
     np.right_shift(r, 16, out=out_bits, casting="unsafe")
 
 
-def _quantize_block(xb, ob, params, scratch, *, qmin, qmax, ct, wide):
-    s = params[0]
-    t = scratch.like("t", ct, xb)
+def quotient(xb, s, scratch):
+    """``x / s`` of a block in its compute type (float32; float64 for float64 ``xb``), in
+    scratch: float16 and bfloat16 widened exactly first, then one IEEE division."""
+    t = scratch.like("t", _F64 if xb.dtype == _F64 else _F32, xb)
     if xb.dtype == np.float16:
         np.take(_float16_table(), xb.view(np.uint16), out=t)  # exact widening
         np.divide(t, s, out=t)
@@ -206,6 +208,21 @@ def _quantize_block(xb, ob, params, scratch, *, qmin, qmax, ct, wide):
         np.divide(t, s, out=t)
     else:
         np.divide(xb, s, out=t)
+    return t
+
+
+def scaled_out(t, s, ob, scratch):
+    """``ob = t * s``, one multiplication in ``t``'s compute type, narrowed to ``ob``'s dtype
+    (float16 by NumPy's cast, bfloat16 by :func:`_bf16_bits`: both to nearest even)."""
+    if is_bfloat16(ob.dtype):
+        np.multiply(t, s, out=t)
+        _bf16_bits(t, ob.view(_U16), scratch)
+    else:
+        np.multiply(t, s, out=ob)
+
+
+def _quantize_block(xb, ob, params, scratch, *, qmin, qmax, ct, wide):
+    t = quotient(xb, params[0], scratch)
     has_nan = np.isnan(t.min())  # one cheap reduction finds the rare block with a NaN
     if wide:
         _quantize_wide(t, ob, params[1], scratch, qmin, qmax, has_nan)
@@ -255,11 +272,7 @@ def _dequantize_block(qb, ob, params, scratch, *, ct, wide):
         np.copyto(t, qb)
         if len(params) > 1:
             np.subtract(t, params[1], out=t)  # exact: |q - zp| < 2**24
-    if is_bfloat16(ob.dtype):
-        np.multiply(t, s, out=t)
-        _bf16_bits(t, ob.view(_U16), scratch)
-    else:
-        np.multiply(t, s, out=ob)
+    scaled_out(t, s, ob, scratch)
 
 
 def _plans(src, out, scheme, params, expand=True):

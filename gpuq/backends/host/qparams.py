@@ -306,9 +306,10 @@ def finalize(lo, hi, qmin, qmax, symmetric, eps):
     _check_finite(lo32, hi32, lo, hi)
     eps = np.float32(eps)
     if symmetric:
+        # Half the code range: 127 for 8-bit codes, 7 for 4-bit, max_finite for fp8 (+-max).
         amax = np.fmax(np.fmax(hi32, -lo32), np.float32(0))
-        scales = np.asarray(np.maximum(amax / np.float32(127), eps), _F32)
-        zps = None if qmin < 0 else np.full(scales.shape, 128, np.int32)
+        scales = np.asarray(np.maximum(amax / np.float32((qmax - qmin) // 2), eps), _F32)
+        zps = None if qmin < 0 else np.full(scales.shape, (qmax + 1) // 2, np.int32)
         return scales, zps
     lo0 = np.fmin(lo32, np.float32(0))
     hi0 = np.fmax(hi32, np.float32(0))

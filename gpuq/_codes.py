@@ -1,0 +1,163 @@
+"""Codes whose array type has no dtype for them: packed int4/uint4, and fp8 on CuPy.
+
+NumPy and CuPy have no 4-bit integer, and CuPy (14.x) no float8 either. Such
+codes travel as a :class:`Codes`: the raw bytes in the caller's array type
+plus the logical shape and the code dtype's name, so that
+:func:`gpuq.dequantize` needs nothing else to read them back.
+
+* int4/uint4: ``data`` is a 1-D C-contiguous uint8 array of ``ceil(n / 2)``
+  bytes in ONNX's order over the C-order flattened tensor: element ``2k`` in
+  the low nibble of byte ``k``, element ``2k + 1`` in the high nibble, an odd
+  count padding the last high nibble with 0. int4 nibbles are two's complement.
+  The bytes are what ONNX's ``raw_data`` and safetensors files hold.
+* fp8 on CuPy: ``data`` is a uint8 array of the fp8 bits in the logical shape
+  (NumPy results are ml_dtypes fp8 arrays and torch results torch fp8 tensors
+  instead: those libraries have the type).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import sys
+
+import numpy as np
+
+from ._dtypes import CODE_FORMATS, code_format, fp8_dtype
+
+__all__ = ["Codes", "pack", "unpack"]
+
+
+class Codes:
+    """Quantized codes with their logical shape and code dtype (see the module docstring).
+
+    ``Codes(data, shape, dtype)`` checks that ``data`` fits: a uint8 array of
+    ``ceil(prod(shape) / 2)`` elements, 1-D and C-contiguous, for int4/uint4;
+    a uint8 array of ``shape`` for fp8.
+
+    >>> import numpy as np, gpuq
+    >>> c = gpuq.quantize(np.array([1.0, -2.0, 3.0], np.float32), 1.0, dtype="int4")
+    >>> c
+    Codes(shape=(3,), dtype='int4', data=array([225,   3], dtype=uint8))
+    >>> c.shape, c.dtype, c.nbytes, gpuq.unpack(c).tolist()
+    ((3,), 'int4', 2, [1, -2, 3])
+    """
+
+    __slots__ = ("data", "shape", "dtype")
+
+    def __init__(self, data, shape, dtype):
+        fmt = code_format(dtype) if isinstance(dtype, str) else None
+        if fmt is None:
+            raise ValueError(f"dtype must be one of {', '.join(CODE_FORMATS)}, got {dtype!r}")
+        try:
+            shape = tuple(operator.index(d) for d in shape)
+        except TypeError:
+            raise TypeError(f"shape must be a tuple of non-negative ints, got {shape!r}") from None
+        if any(d < 0 for d in shape):
+            raise ValueError(f"shape must be a tuple of non-negative ints, got {shape!r}")
+        dt = getattr(data, "dtype", None)
+        if dt is None or str(dt).rsplit(".", 1)[-1] != "uint8" or not hasattr(data, "shape"):
+            raise TypeError(f"data must be a uint8 array, got {type(data).__qualname__} "
+                            f"of dtype {dt}")
+        want = ((math.prod(shape) + 1) // 2,) if fmt.kind == "int4" else shape
+        if tuple(data.shape) != want:
+            what = "ceil(prod(shape) / 2) bytes, 1-D" if fmt.kind == "int4" else "the shape"
+            raise ValueError(f"data must hold {what} for {fmt.name} codes of shape {shape}: "
+                             f"expected data.shape {want}, got {tuple(data.shape)}")
+        if fmt.kind == "int4" and not _c_contiguous(data):
+            raise ValueError("data of int4/uint4 codes must be C-contiguous (the bytes are packed)")
+        object.__setattr__(self, "data", data)
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "dtype", fmt.name)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("Codes is immutable: make a new one")
+
+    @property
+    def size(self) -> int:
+        """Number of codes (the logical shape's product)."""
+        return math.prod(self.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of ``data``: half the codes' count (rounded up) for int4."""
+        return int(self.data.size)
+
+    def __repr__(self) -> str:
+        return f"Codes(shape={self.shape}, dtype={self.dtype!r}, data={self.data!r})"
+
+
+def _c_contiguous(a) -> bool:
+    flags = getattr(a, "flags", None)
+    if flags is not None and hasattr(flags, "c_contiguous"):
+        return bool(flags.c_contiguous)
+    is_contiguous = getattr(a, "is_contiguous", None)  # torch
+    return bool(is_contiguous()) if callable(is_contiguous) else True
+
+
+def _xp(a):
+    """NumPy or CuPy, whichever ``a`` belongs to."""
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and isinstance(a, cupy.ndarray):
+        return cupy
+    return np
+
+
+def pack(codes, dtype="int4") -> Codes:
+    """Pack int8 (int4) or uint8 (uint4) codes two per byte into :class:`Codes`.
+
+    The values must lie in the code range ([-8, 7] or [0, 15]): ``ValueError``
+    otherwise. NumPy or CuPy arrays; the result's ``data`` is the same kind.
+
+    >>> import numpy as np, gpuq
+    >>> gpuq.pack(np.array([[1, -2, 3]], np.int8)).data
+    array([225,   3], dtype=uint8)
+    """
+    fmt = code_format(dtype) if isinstance(dtype, str) else None
+    if fmt is None or fmt.kind != "int4":
+        raise ValueError(f"dtype must be 'int4' or 'uint4', got {dtype!r}")
+    want = np.int8 if fmt.signed else np.uint8
+    if getattr(codes, "dtype", None) != want:
+        raise TypeError(f"codes must be a {np.dtype(want).name} array for {fmt.name}, "
+                        f"got {type(codes).__qualname__} of dtype {getattr(codes, 'dtype', None)}")
+    xp = _xp(codes)
+    flat = xp.ascontiguousarray(codes).reshape(-1)
+    if flat.size and (int(flat.min()) < fmt.qmin or int(flat.max()) > fmt.qmax):
+        raise ValueError(f"codes must lie in [{fmt.qmin}, {fmt.qmax}] for {fmt.name}, "
+                         f"got values in [{int(flat.min())}, {int(flat.max())}]")
+    nib = flat.view(xp.uint8) & 0x0F
+    data = xp.zeros((flat.size + 1) // 2, xp.uint8)
+    data[:] = nib[0::2]
+    data[: flat.size // 2] |= nib[1::2] << 4
+    return Codes(data, codes.shape, fmt.name)
+
+
+def unpack(codes: Codes):
+    """The codes of a :class:`Codes` one per element, in its logical shape.
+
+    int4 gives int8, uint4 uint8 (a new array); fp8 gives the bits' array
+    reshaped, as an ml_dtypes fp8 array on the host.
+
+    >>> import numpy as np, gpuq
+    >>> gpuq.unpack(gpuq.Codes(np.array([0xE1, 0x03], np.uint8), (3,), "int4"))
+    array([ 1, -2,  3], dtype=int8)
+    """
+    if not isinstance(codes, Codes):
+        raise TypeError(f"codes must be a gpuq.Codes, got {type(codes).__qualname__}")
+    fmt = code_format(codes.dtype)
+    data = codes.data
+    xp = _xp(data)
+    if fmt.kind == "fp8":
+        return data.view(fp8_dtype(fmt.name)) if xp is np else data
+    n = codes.size
+    out = xp.empty(2 * data.size, xp.uint8)
+    out[0::2] = data & 0x0F
+    out[1::2] = data >> 4
+    out = out[:n]
+    if fmt.signed:  # sign-extend the nibble: (v ^ 8) - 8
+        out = ((out ^ 8).astype(xp.int8) - 8).astype(xp.int8)
+    return out.reshape(codes.shape)

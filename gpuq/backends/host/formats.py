@@ -1,0 +1,288 @@
+"""The host backend's code formats beyond int8/uint8: fp8 (e4m3fn, e5m2) and packed int4/uint4.
+
+fp8 is element-wise, so it runs on the same block plans as int8
+(``backend._plans``): each block forms the quotient exactly as int8 does
+(``backend.quotient``) and converts it with :func:`fp8_bits`; dequantize
+widens through a 256-entry table (:func:`fp8_table`) and multiplies once.
+
+int4 codes are packed two per byte over the C-order flattened tensor, so a
+block must be a flat range starting at an even element: :class:`_FlatChunks`
+cuts the flattened tensor into such ranges and gathers each element's
+parameter by its flat index (:func:`param_index`, the kernels' index maps).
+Each chunk is quantized into per-thread int8 scratch by the int8 block
+function with int4's range and packed into the output bytes, so no unpacked
+copy of the tensor is ever made (dequantize unpacks a chunk into scratch).
+
+Why :func:`fp8_bits` rounds correctly (a = the float32 quotient's magnitude bits):
+
+* normal fp8 results (|t| >= 2**-6 for e4m3fn, 2**-14 for e5m2): the fp8 bits
+  are a's exponent and top mantissa bits with the exponent rebased; adding
+  ``half - 1`` plus the lowest kept bit to ``a`` before the shift rounds to
+  nearest even, and a carry out of the mantissa raises the exponent, which is
+  the correct rounding too.
+* subnormal results: ``|t| * 2**9`` (e4m3fn) or ``* 2**16`` (e5m2) is exact (a
+  power of two, no underflow), and ``rint`` of it is the subnormal's mantissa,
+  rounded half to even; 8 (4) is the smallest normal's bits, also correct.
+* overflow: saturate gives +-max_finite beyond it (Inf included); otherwise
+  e4m3fn gives NaN above 464 (exactly 464 rounds to 448, even), e5m2 Inf from
+  61440 (the tie rounds to Inf's even mantissa) -- ml_dtypes' cast.
+* NaN: sign | 0x7f (e4m3fn) or sign | 0x7e (e5m2), as ml_dtypes gives.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from . import backend as _b
+from .blocks import BLOCK
+
+_U8 = np.dtype(np.uint8)
+_U32 = np.dtype(np.uint32)
+_I8 = np.dtype(np.int8)
+_I64 = np.dtype(np.int64)
+_F32 = np.dtype(np.float32)
+_F64 = np.dtype(np.float64)
+
+
+#: name -> (mbits, bias, min_normal_f32_bits, max_f32_bits, max_code, overflow_above, overflow_code,
+#: overflow_inclusive, nan_code)
+_FP8 = {
+    # e4m3fn: no Inf; 464 = halfway between 448 and 480 (NaN's slot) rounds to 448 (even).
+    "e4m3fn": (3, 7, 0x3C800000, 0x43E00000, 0x7E, 0x43E80000, 0x7F, False, 0x7F),
+    # e5m2: 61440 = halfway between 57344 and 65536 (Inf) rounds to Inf (even mantissa).
+    "e5m2": (2, 15, 0x38800000, 0x47600000, 0x7B, 0x47700000, 0x7C, True, 0x7E),
+}
+
+
+def fp8_bits(t, fmt: str, saturate: bool, out, scratch=None) -> None:
+    """``out`` (uint8, t's shape) = the fp8 bits of float32 ``t``, rounded to nearest even.
+
+    >>> b = np.empty(4, np.uint8)
+    >>> fp8_bits(np.array([1.0, 464.0, 1e9, np.nan], np.float32), "e4m3fn", True, b); b.tolist()
+    [56, 126, 126, 127]
+    """
+    mbits, bias, min_normal, max_bits, max_code, over, over_code, inclusive, nan_code = _FP8[fmt]
+    shift = 23 - mbits
+    like = (lambda key, dt: scratch.like(key, dt, t)) if scratch is not None else (
+        lambda key, dt: np.empty(t.shape, dt))
+    u = t.view(_U32)
+    a = like("fp8_a", _U32)
+    np.bitwise_and(u, 0x7FFFFFFF, out=a)
+    r = like("fp8_r", _U32)
+    # Normal: round half to even on the dropped bits, then rebase the exponent (127 -> bias).
+    np.right_shift(a, shift, out=r)
+    np.bitwise_and(r, 1, out=r)
+    np.add(r, a, out=r)
+    np.add(r, (1 << (shift - 1)) - 1, out=r)
+    np.right_shift(r, shift, out=r)
+    np.subtract(r, (127 - bias) << mbits, out=r)
+    # Subnormal: the exact multiple of the subnormal step, rounded half to even.
+    small = like("fp8_small", np.bool_)
+    np.less(a, min_normal, out=small)
+    if small.any():
+        sub = like("fp8_sub", _F32)
+        np.abs(t, out=sub)
+        with np.errstate(over="ignore", invalid="ignore"):  # the large ones are not used
+            np.multiply(sub, np.float32(2.0 ** (bias - 1 + mbits)), out=sub)
+        np.rint(sub, out=sub)
+        np.copyto(r, sub, where=small, casting="unsafe")
+    if saturate:
+        np.copyto(r, max_code, where=a > max_bits)
+    else:
+        np.copyto(r, over_code, where=(a >= over) if inclusive else (a > over))
+    np.copyto(r, nan_code, where=a > 0x7F800000)
+    np.right_shift(u, 24, out=a)
+    np.bitwise_and(a, 0x80, out=a)
+    np.bitwise_or(r, a, out=r)
+    np.copyto(out, r, casting="unsafe")
+
+
+@functools.cache
+def fp8_table(fmt: str, ct) -> np.ndarray:
+    """The value of each of the 256 fp8 bit patterns in compute type ``ct`` (exact).
+
+    NaN patterns hold the default quiet NaN with the pattern's sign, so a NaN
+    code dequantizes to the output type's default NaN on both backends.
+
+    >>> fp8_table("e4m3fn", np.dtype(np.float32))[[0x38, 0x7e, 0x01]].tolist()
+    [1.0, 448.0, 0.001953125]
+    """
+    mbits, bias = _FP8[fmt][0], _FP8[fmt][1]
+    b = np.arange(256)
+    sign = np.where(b & 0x80, -1.0, 1.0)
+    e = (b >> mbits) & ((0x80 >> mbits) - 1)
+    m = b & ((1 << mbits) - 1)
+    mag = np.where(e == 0, m * 2.0 ** (1 - bias - mbits), (1 + m / 2.0**mbits) * 2.0 ** (e - bias))
+    vals = sign * mag
+    emax = (0x80 >> mbits) - 1
+    if fmt == "e4m3fn":
+        nan = (b & 0x7F) == 0x7F
+    else:
+        nan = (e == emax) & (m != 0)
+        vals = np.where((e == emax) & (m == 0), sign * np.inf, vals)
+    vals = np.where(nan, np.copysign(np.nan, sign), vals)  # the default NaN with that sign
+    table = vals.astype(ct)
+    table.setflags(write=False)
+    return table
+
+
+# --- fp8 on the block plans --------------------------------------------------------------------
+
+def _quantize_fp8_block(xb, ob, params, scratch, *, fmt, saturate):
+    t = _b.quotient(xb, params[0], scratch)
+    if t.dtype != _F32:  # float64: the float64 quotient rounded to float32 once, then to fp8
+        t32 = scratch.like("t32", _F32, t)
+        np.copyto(t32, t, casting="unsafe")
+        t = t32
+    if ob.flags.c_contiguous:
+        fp8_bits(t, fmt, saturate, ob.view(_U8), scratch)
+    else:
+        bits = scratch.like("fp8_out", _U8, t)
+        fp8_bits(t, fmt, saturate, bits, scratch)
+        np.copyto(ob.view(_U8), bits)
+
+
+def _dequantize_fp8_block(qb, ob, params, scratch, *, fmt, ct):
+    t = scratch.like("t", ct, qb)
+    np.take(fp8_table(fmt, ct), qb, out=t)
+    _b.scaled_out(t, params[0], ob, scratch)
+
+
+def quantize_fp8(src, scheme, scales, out_bits, fmt, saturate) -> None:
+    """fp8 codes of host ``src`` into ``out_bits`` (uint8 view of the fp8 result, src's shape)."""
+    fn = functools.partial(_quantize_fp8_block, fmt=fmt, saturate=bool(saturate))
+    _b._run(_b._plans(src, out_bits, scheme, [scales]), fn)
+
+
+def dequantize_fp8(bits, scheme, scales, out, fmt) -> None:
+    """``out = widen(bits) * s`` for fp8 bits ``bits`` (uint8, out's shape)."""
+    fn = functools.partial(_dequantize_fp8_block, fmt=fmt, ct=scales.dtype)
+    _b._run(_b._plans(bits, out, scheme, [scales]), fn)
+
+
+# --- int4 on flat chunks -------------------------------------------------------------------------
+
+def param_index(scheme, begin: int, end: int):
+    """The parameter index of each flat element in ``[begin, end)`` of a C-order tensor
+    (int64), or None where every element uses parameter 0.
+
+    >>> from gpuq._scheme import Scheme
+    >>> param_index(Scheme.build((2, 5), axis=1, group_size=2), 3, 8).tolist()
+    [1, 2, 3, 3, 4]
+    """
+    name, m0, m1, m2, _ = scheme.index_map
+    if name == "tensor":
+        return None
+    i = np.arange(begin, end, dtype=_I64)
+    if name == "channel":
+        return (i // m1) % m0
+    if name == "group":
+        row, t = np.divmod(i, m1)
+        o, j = np.divmod(row, m0)
+        return (o * -(-m0 // m2) + j // m2) * m1 + t
+    # Multi-axis (strided or expand): the coordinates on the scheme's axes, raveled.
+    coords = list(np.unravel_index(i, scheme.shape))
+    if scheme.kind == "group":  # not reached: group maps are handled above
+        raise AssertionError(scheme)
+    return np.ravel_multi_index([coords[k] for k in scheme.axes], scheme.param_shape)
+
+
+class _FlatChunks:
+    """``_run``'s plan interface over even-aligned flat ranges of ``n`` elements."""
+
+    def __init__(self, n):
+        self.size = n
+        self.nblocks = -(-n // BLOCK)
+
+    def block(self, b, scratch):
+        return b * BLOCK, min(self.size, (b + 1) * BLOCK), None
+
+
+def _flat_reader(arr):
+    """``read(a, b)``: elements [a, b) of ``arr`` in C order (a view where contiguous)."""
+    if arr.flags.c_contiguous:
+        flat = arr.reshape(-1)
+        return lambda a, b: flat[a:b]
+    return lambda a, b: arr.flat[a:b]  # a copy of that range only
+
+
+def _gathered(params, scheme, a, b):
+    idx = param_index(scheme, a, b)
+    flat = [p.reshape(-1) for p in params]
+    if idx is None:
+        return [p[0] for p in flat]
+    return [p[idx] for p in flat]
+
+
+def _pack_into(codes, dst) -> None:
+    """``dst`` (uint8, ceil(len/2)) = the nibbles of int8/uint8 ``codes``, ONNX order."""
+    c = codes.view(_U8)
+    n = c.size
+    np.bitwise_and(c[0::2], 0x0F, out=dst)
+    if n > 1:
+        hi = dst[: n // 2]
+        hi |= c[1::2] << 4
+
+
+def _unpack_into(src, n, signed, dst) -> None:
+    """``dst`` (int8, n elements) = the first n codes of packed ``src``, sign-extended for int4."""
+    d = dst.view(_U8)
+    np.bitwise_and(src[: (n + 1) // 2], 0x0F, out=d[0::2])
+    np.right_shift(src[: n // 2], 4, out=d[1::2])
+    if signed:
+        np.bitwise_xor(d, 8, out=d)
+        np.subtract(dst, 8, out=dst)
+
+
+def quantize_int4(src, scheme, scales, zps, packed, signed) -> None:
+    """Packed int4/uint4 codes of host ``src`` into ``packed`` (1-D uint8, ceil(n/2))."""
+    qmin, qmax = (-8, 7) if signed else (0, 15)
+    ct = scales.dtype
+    wide = _b._wide(zps, ct)
+    read = _flat_reader(src)
+    if zps is None:
+        params = [scales]
+    elif wide:
+        params = [scales, zps.astype(_I64)]
+    else:
+        z = zps.astype(_I64)
+        params = [scales, (qmin - z).astype(ct), (qmax - z).astype(ct), (z % 256).astype(_U8)]
+
+    def chunk(a, b, _, scratch):
+        got = _gathered(params, scheme, a, b)
+        codes = scratch.buffer("codes4", _I8, b - a)
+        _b._quantize_block(read(a, b), codes, got, scratch, qmin=qmin, qmax=qmax, ct=ct, wide=wide)
+        _pack_into(codes, packed[a // 2:(b + 1) // 2])
+
+    _b._run([_FlatChunks(src.size)], chunk)
+
+
+def dequantize_int4(packed, scheme, scales, zps, out, signed) -> None:
+    """``out = (q - zp) * s`` for the packed int4/uint4 codes ``packed`` (out's shape)."""
+    ct = scales.dtype
+    wide = _b._wide(zps, ct)
+    target = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
+    flat_out = target.reshape(-1)
+    params = [scales] if zps is None else [scales, zps.astype(_I64 if wide else ct)]
+
+    def chunk(a, b, _, scratch):
+        codes = scratch.buffer("codes4", _I8, b - a)
+        _unpack_into(packed[a // 2:], b - a, signed, codes)
+        _b._dequantize_block(codes, flat_out[a:b], _gathered(params, scheme, a, b), scratch,
+                             ct=ct, wide=wide)
+
+    _b._run([_FlatChunks(out.size)], chunk)
+    if target is not out:
+        np.copyto(out, target)
+
+
+def packed_size(shape) -> int:
+    """Bytes of packed int4 codes for ``shape``: ceil(n / 2).
+
+    >>> packed_size((3, 5))
+    8
+    """
+    return (math.prod(shape) + 1) // 2
