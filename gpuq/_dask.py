@@ -68,7 +68,7 @@ import uuid
 import numpy as np
 
 from ._dispatch import host_base, host_native, is_device_array
-from ._dtypes import FLOAT_DTYPES, QUANT_RANGE, as_dtype, compute_dtype, native
+from ._dtypes import code_format, FLOAT_DTYPES, QUANT_RANGE, as_dtype, compute_dtype, native
 from ._params import _check_shape, scales_param, zps_param
 from ._scheme import Scheme
 
@@ -101,6 +101,13 @@ def call(public, fn, arg, args, kwargs):
     bound.apply_defaults()
     a = dict(bound.arguments)
     src = a.pop(list(a)[arg])
+    code = code_format(a["dtype"]) if isinstance(a.get("dtype"), str) else None
+    if code is not None or (name == "dequantize" and code_format(src.dtype) is not None):
+        raise TypeError(
+            f"Dask arrays take int8/uint8 codes; {code.name if code else src.dtype} codes "
+            f"(fp8, int4) are not supported on Dask arrays yet: compute the chunks and call "
+            f"gpuq.{name} on each, or use int8/uint8"
+        )
     if name in _ELEMENTWISE:
         return _elementwise(public, name, src, a)
     return _qparams(public, name, src, a)

@@ -79,22 +79,40 @@ def _on(device_id: int, stream=None):
                 yield
 
 
+_FP8_NAMES = ("float8_e4m3fn", "float8_e5m2")
+
+
 def _torch_from_numpy(torch):
     def wrap(arr):
         if arr.dtype.name == "bfloat16":  # torch.from_numpy knows no ml_dtypes type: its bits
             return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+        if arr.dtype.name in _FP8_NAMES:  # likewise fp8: torch's type of the same name
+            return torch.from_numpy(arr.view(np.uint8)).view(getattr(torch, arr.dtype.name))
         return torch.from_numpy(arr)
 
     return wrap
 
 
+def _torch_fp8_name(t, torch):
+    """The name of ``t``'s fp8 dtype (``"float8_e4m3fn"``, ``"float8_e5m2"``), or None."""
+    for name in _FP8_NAMES:
+        if getattr(torch, name, None) is not None and t.dtype == getattr(torch, name):
+            return name
+    return None
+
+
 def _from_torch(t, torch):
     t = t.detach()  # requires_grad: read as detach() reads it (no copy, no graph)
+    fp8 = _torch_fp8_name(t, torch)
     if t.device.type == "cpu":
         if t.dtype == torch.bfloat16:  # .numpy() refuses bfloat16: the same bits as ml_dtypes'
             from ._dtypes import bfloat16
 
             return _Adapted(t.view(torch.int16).numpy().view(bfloat16()), _torch_from_numpy(torch))
+        if fp8 is not None:  # .numpy() refuses fp8 too: ml_dtypes' type of the same bits
+            from ._dtypes import fp8_dtype
+
+            return _Adapted(t.view(torch.uint8).numpy().view(fp8_dtype(fp8)), _torch_from_numpy(torch))
         return _Adapted(t.numpy(), _torch_from_numpy(torch))
     if t.device.type != "cuda":
         raise TypeError(f"src must be a CPU or CUDA torch tensor, got one on {t.device}")
@@ -111,8 +129,26 @@ def _from_torch(t, torch):
             arr = cupy.from_dlpack(t)
     else:
         with cupy.cuda.Device(dev):
-            arr = cupy.asarray(t)  # __cuda_array_interface__ v2: zero copy, no stream of its own
+            # __cuda_array_interface__ v2: zero copy, no stream of its own. CuPy has no fp8:
+            # an fp8 tensor's bits as uint8, read as the Codes of its dtype.
+            arr = cupy.asarray(t if fp8 is None else t.view(torch.uint8))
+        if fp8 is not None:
+            from ._codes import Codes
+
+            arr = Codes(arr, tuple(arr.shape), fp8)
     return _Adapted(arr, torch.from_dlpack, functools.partial(_on, dev, stream))
+
+
+def _wrap_codes(codes, wrap):
+    """Codes in the caller's type: fp8 bits as a torch fp8 tensor where the caller is torch,
+    else Codes whose data is the caller's array type."""
+    from ._codes import Codes
+
+    data = wrap(codes.data)
+    torch = _torch_tensor(data)
+    if torch is not None and codes.dtype in _FP8_NAMES:
+        return data.view(getattr(torch, codes.dtype))
+    return Codes(data, codes.shape, codes.dtype)
 
 
 def adapt(src) -> _Adapted:
@@ -126,6 +162,12 @@ def adapt(src) -> _Adapted:
         return _Adapted(src)
     if isinstance(src, (list, tuple, int, float, bool, np.generic)):
         return _Adapted(np.asarray(src))
+    from ._codes import Codes
+
+    if isinstance(src, Codes):  # its bytes adapted; the shape and dtype travel as they are
+        inner = adapt(src.data)
+        data = inner.array.data if isinstance(inner.array, Codes) else inner.array
+        return _Adapted(Codes(data, src.shape, src.dtype), inner.wrap, inner.context)
     torch = _torch_tensor(src)
     if torch is not None:
         return _from_torch(src, torch)
@@ -149,6 +191,10 @@ def _wrap_results(result, wrap, keep):
         return tuple(_wrap_results(r, wrap, keep) for r in result)
     if result is None or result is keep:
         return result
+    from ._codes import Codes
+
+    if isinstance(result, Codes):
+        return _wrap_codes(result, wrap)
     return wrap(result)
 
 

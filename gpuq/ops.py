@@ -13,7 +13,8 @@ import numpy as np
 
 from ._dispatch import backend_for, host_base
 from ._interop import callers_type
-from ._dtypes import FLOAT_DTYPES, QUANT_RANGE, as_dtype, compute_dtype, native
+from ._codes import Codes
+from ._dtypes import FLOAT_DTYPES, CodeFormat, as_code_dtype, as_dtype, compute_dtype, native
 from ._params import scales_param, zps_param
 from ._scheme import Scheme
 from .api import dequantize, quantize
@@ -79,7 +80,7 @@ class _Static:
         return scales
 
     def _params(self, src, ct):
-        backend, arr = backend_for(src)
+        backend, arr = backend_for(src.data if isinstance(src, Codes) else src)
         scales = self._scales_in(ct)
         if backend.name == "numpy":
             return scales, self._zps
@@ -117,19 +118,34 @@ class Quantize(_Static):
     array([ 12,   8, 255], dtype=uint8)
     """
 
-    def __init__(self, scales, zps=None, qtype="per_tensor", axis=1, dtype="int8"):
+    def __init__(self, scales, zps=None, qtype="per_tensor", axis=1, dtype="int8", saturate=True):
         super().__init__(scales, zps, qtype, axis, np.dtype(np.float64))
-        self.dtype = as_dtype(dtype, "dtype", tuple(QUANT_RANGE))
+        self.dtype, self.saturate = _code_attrs(dtype, saturate)
 
     @callers_type(arg=1)
     def __call__(self, src, *, out=None):
         arr = backend_for(src)[1]
         dt = native(arr.dtype)
+        kw = dict(axis=self._axis, dtype=self.dtype, out=out, saturate=self.saturate)
         if dt not in FLOAT_DTYPES:  # quantize() raises its TypeError for src first
-            return quantize(src, self._scales, axis=self._axis, dtype=self.dtype, out=out)
+            return quantize(src, self._scales, **kw)
         scales, zps = self._reshaped(self._params(arr, compute_dtype(dt)))
-        return quantize(src, scales, zps, axis=self._axis, dtype=self.dtype, out=out,
-                        check_values=False)
+        return quantize(src, scales, zps, check_values=False, **kw)
+
+
+def _code_attrs(dtype, saturate):
+    """The code dtype attribute (a dtype, or the name of int4/uint4/fp8) and ``saturate``,
+    checked as :func:`gpuq.quantize` checks them."""
+    code = as_code_dtype(dtype)
+    if not isinstance(saturate, (bool, np.bool_)):
+        raise TypeError(f"saturate must be True or False, got {saturate!r}")
+    if isinstance(code, CodeFormat):
+        if not saturate and code.kind != "fp8":
+            raise ValueError(f"saturate=False applies to fp8 codes only (ONNX), got it with {code.name} codes")
+        return code.name, bool(saturate)
+    if not saturate:
+        raise ValueError("saturate=False applies to fp8 codes only (ONNX), got it with integer codes")
+    return code, True
 
 
 class Dequantize(_Static):
@@ -178,16 +194,17 @@ class DynamicQuantize:
     array([[ 2,  4,  0, -4]], dtype=int8)
     """
 
-    def __init__(self, qtype="per_tensor", axis=1, dtype="int8", group_shape=None):
+    def __init__(self, qtype="per_tensor", axis=1, dtype="int8", group_shape=None, saturate=True):
         self.qtype, self.axis, self.group_shape = qtype, axis, group_shape
         self._axis, self._group = _check_dynamic_qtype(qtype, axis, group_shape)
-        self.dtype = as_dtype(dtype, "dtype", tuple(QUANT_RANGE))
+        self.dtype, self.saturate = _code_attrs(dtype, saturate)
 
     @callers_type(arg=1)
     def __call__(self, src, scales, zps=None, *, out=None):
+        kw = dict(dtype=self.dtype, out=out, saturate=self.saturate)
         if self._group is not None:
-            return _per_group(quantize, self._group, src, scales, zps, dtype=self.dtype, out=out)
-        return quantize(src, scales, zps, axis=self._axis, dtype=self.dtype, out=out)
+            return _per_group(quantize, self._group, src, scales, zps, **kw)
+        return quantize(src, scales, zps, axis=self._axis, **kw)
 
 
 class DynamicDequantize:
@@ -246,8 +263,8 @@ def _per_group(fn, group_shape, src, scales, zps, **kwargs):
     element (all axes); several split each grouped dim ``d`` into
     ``(d / g, g)`` (a view) and quantize per multi-axis slot.
     """
-    arr = backend_for(src)[1]
-    shape = tuple(arr.shape)
+    codes = src if isinstance(src, Codes) else None  # packed: the logical shape is the Codes'
+    shape = codes.shape if codes is not None else tuple(backend_for(src)[1].shape)
     if len(group_shape) != len(shape):
         raise ValueError(f"group_shape must have one entry per dim of src: src shape {shape}, "
                          f"got group_shape {list(group_shape)}")
@@ -274,10 +291,18 @@ def _per_group(fn, group_shape, src, scales, zps, **kwargs):
     out = kwargs.pop("out", None)
     # Splitting a dim in two is always a view, so results land in ``out`` itself
     # (an ndarray subclass through its base ndarray: np.matrix has no 3-D reshape).
-    out_view = host_base(out, "out") if isinstance(out, np.ndarray) else out
-    result = fn(arr.reshape(split), scales, zps, axis=tuple(axes),
-                out=None if out is None else out_view.reshape(split), **kwargs)
-    return out if out is not None else result.reshape(shape)
+    result = fn(_reshaped(src, split), scales, zps, axis=tuple(axes),
+                out=None if out is None else _reshaped(out, split), **kwargs)
+    return out if out is not None else _reshaped(result, shape)
+
+
+def _reshaped(a, shape):
+    """``a`` seen with ``shape`` (a view): an array, its base ndarray, or Codes (same bytes)."""
+    if isinstance(a, Codes):  # packed bytes are flat already; fp8 bits take the shape
+        return Codes(a.data if a.dtype in ("int4", "uint4") else a.data.reshape(shape), shape, a.dtype)
+    if isinstance(a, np.ndarray):
+        return host_base(a, "out").reshape(shape)
+    return backend_for(a)[1].reshape(shape)
 
 
 def _shape_of(obj):

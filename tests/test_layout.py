@@ -26,8 +26,10 @@ LAYERS = (
     ("gpuq.__main__",),
     ("gpuq.cli",),
     ("gpuq", "gpuq.api", "gpuq.ops", "gpuq.qparams"),
+    ("gpuq._formats",),
     ("gpuq._params", "gpuq._interop", "gpuq._dask", "gpuq._dispatch"),
     ("gpuq.backends",),
+    ("gpuq._codes",),
     ("gpuq._dtypes", "gpuq._scheme"),
 )
 
