@@ -20,6 +20,11 @@ other CUDA arrays           ``__cuda_array_interface__`` or     their device, Cu
 (Numba, ...)                a CUDA ``__dlpack__``               current stream there
 ==========================  ==================================  ==========================  ==================
 
+Codes without a dtype in the caller's library come back as :class:`gpuq.Codes`
+whose ``data`` is the caller's array type (packed int4/uint4 bytes; fp8 bits
+for CuPy, which has no fp8), except fp8 for torch, which comes back as a
+torch fp8 tensor (torch fp8 tensors in are read as fp8 codes too).
+
 torch tensors that require grad (an ``nn.Parameter``) are read as ``detach()``
 reads them: gpuq never writes src and records nothing for autograd. Other
 arguments (scales, zps, ``out``) may be any of these types too; ``out=`` is

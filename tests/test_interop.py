@@ -76,6 +76,14 @@ class _FakeTorchTensor:
     def detach(self):
         return _FakeTorchTensor(self._arr, self._torch)
 
+    def view(self, dtype):
+        """torch's same-size reinterpretation: fp8 dtypes are names here, their storage uint8."""
+        t = _FakeTorchTensor(self._arr.view(np.uint8) if isinstance(dtype, str) else self._arr.view(dtype),
+                             self._torch, self.requires_grad)
+        if isinstance(dtype, str):
+            t.dtype = dtype
+        return t
+
 
 @pytest.fixture
 def fake_torch(cp, monkeypatch):
@@ -87,6 +95,8 @@ def fake_torch(cp, monkeypatch):
             streams[d] = cp.cuda.Stream(non_blocking=True)
     torch.Tensor = _FakeTorchTensor
     torch.bfloat16 = object()  # torch's bfloat16 dtype object: no tensor here has it
+    torch.uint8 = np.dtype(np.uint8)
+    torch.float8_e4m3fn, torch.float8_e5m2 = "float8_e4m3fn", "float8_e5m2"  # compared by identity
     torch.streams = streams
     torch.dlpack_streams = []
 
@@ -331,3 +341,90 @@ def test_parameters_that_require_grad_as_scales_zps_and_out(cp, fake_torch):
     out = fake_torch.Tensor(_written_on(cp, side, np.zeros(33, np.int8)), fake_torch, requires_grad=True)
     assert gpuq.quantize(t, s, out=out) is out
     assert np.array_equal(_read(cp, out._arr, side), gpuq.quantize(x, 0.25))
+
+
+# -- the new code formats through the interop layer ---------------------------------------------
+
+@sim
+def test_torch_fp8_and_int4_in_and_out(cp, fake_torch):
+    x = _x(1025)
+    t = fake_torch.Tensor(_written_on(cp, fake_torch.streams[0], x), fake_torch)
+    for name in ("float8_e4m3fn", "float8_e5m2"):
+        q = gpuq.quantize(t, 0.25, dtype=name)
+        # torch has fp8 types: a torch fp8 tensor over the kernel's bits, on torch's stream.
+        assert isinstance(q, fake_torch.Tensor) and q.dtype == name
+        host = gpuq.quantize(x, 0.25, dtype=name)
+        assert np.array_equal(_read(cp, q._arr, fake_torch.streams[0]), host.view(np.uint8))
+        y = gpuq.dequantize(q, 0.25)  # an fp8 tensor in: read as its dtype's codes
+        assert isinstance(y, fake_torch.Tensor)
+        assert np.array_equal(_read(cp, y._arr, fake_torch.streams[0]).view(np.uint32),
+                              gpuq.dequantize(host, 0.25).view(np.uint32))
+    c = gpuq.quantize(t, 0.25, 3, dtype="uint4")
+    assert isinstance(c, gpuq.Codes) and isinstance(c.data, fake_torch.Tensor)  # torch bytes inside
+    host = gpuq.quantize(x, 0.25, 3, dtype="uint4")
+    assert np.array_equal(_read(cp, c.data._arr, fake_torch.streams[0]), host.data)
+    y = gpuq.dequantize(c, 0.25, 3)  # Codes of torch bytes: the work on torch's stream again
+    assert isinstance(y, fake_torch.Tensor)
+    assert np.array_equal(_read(cp, y._arr, fake_torch.streams[0]), gpuq.dequantize(host, 0.25, 3))
+    assert {r.stream_ptr for r in cp._sim.launches} == {fake_torch.streams[0].ptr}
+
+
+# -- a stand-in for JAX ------------------------------------------------------------------------------
+
+class _FakeJaxArray:
+    """A JAX array: GPU ones export DLPack only (honouring the consumer's stream), host ones
+    ``__array__``; ``jax.dlpack.from_dlpack`` imports one."""
+
+    def __init__(self, data, log, stream=None):
+        self._data, self._log, self._stream = data, log, stream  # stream: where it was written
+
+    def __dlpack__(self, *, stream=None, **kwargs):
+        self._log.append(stream)
+        if self._stream is None:
+            return self._data.__dlpack__(stream=stream, **kwargs)
+        with self._stream:  # the export orders the consumer's stream after the producer's work
+            return self._data.__dlpack__(stream=stream, **kwargs)
+
+    def __dlpack_device__(self):
+        if isinstance(self._data, np.ndarray):
+            return (1, 0)  # kDLCPU
+        return self._data.__dlpack_device__()
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self._data, dtype)
+
+
+@pytest.fixture
+def fake_jax(cp, monkeypatch):
+    jax = types.ModuleType("jax")
+    jax.Array = _FakeJaxArray
+    jax.log = []
+    jax.dlpack = types.SimpleNamespace(from_dlpack=lambda obj: _FakeJaxArray(cp.from_dlpack(obj), jax.log))
+    jax.numpy = types.SimpleNamespace(asarray=lambda a: _FakeJaxArray(np.asarray(a), jax.log))
+    monkeypatch.setitem(sys.modules, "jax", jax)
+    return jax
+
+
+@sim
+def test_jax_gpu_arrays_through_dlpack_and_back(cp, fake_jax):
+    x = _x(1025)
+    side = cp.cuda.Stream(non_blocking=True)
+    a = _FakeJaxArray(_written_on(cp, side, x), fake_jax.log, side)
+    q = gpuq.quantize(a, 0.25, 3)
+    assert isinstance(q, _FakeJaxArray)  # JAX in, JAX out
+    consumer = cp.cuda.get_current_stream().ptr or 1
+    # The DLPack handshake was asked for CuPy's current stream, and the launch ran there.
+    assert fake_jax.log == [consumer] and {r.stream_ptr for r in cp._sim.launches} == {consumer}
+    assert np.array_equal(cp.asnumpy(q._data), gpuq.quantize(x, 0.25, 3))
+    y = gpuq.dequantize(q, 0.25, 3)
+    assert isinstance(y, _FakeJaxArray)
+    assert np.array_equal(cp.asnumpy(y._data), gpuq.dequantize(gpuq.quantize(x, 0.25, 3), 0.25, 3))
+
+
+def test_jax_host_arrays_come_back_as_jax(fake_jax):
+    x = _x(17)
+    a = _FakeJaxArray(x, fake_jax.log)
+    q = gpuq.quantize(a, 0.25)
+    assert isinstance(q, _FakeJaxArray) and np.array_equal(np.asarray(q), gpuq.quantize(x, 0.25))
+    s, z = gpuq.choose_qparams(a, dtype="uint8")
+    assert isinstance(s, _FakeJaxArray) and isinstance(z, _FakeJaxArray)
