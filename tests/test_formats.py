@@ -360,3 +360,12 @@ def test_op_objects(backend):
     assert np.array_equal(_bytes(backend, q), _ref_fp8(x, 0.01, None, None, "float8_e4m3fn", False).reshape(-1))
     with pytest.raises(ValueError, match="saturate=False applies to fp8"):
         gpuq.Quantize(scales=[1.0], dtype="int4", saturate=False)
+
+
+def test_pack_unpack_on_every_backend(backend):
+    rng = np.random.default_rng(17)
+    for n in (1, 17, 1024):
+        c = rng.integers(-8, 8, n).astype(np.int8)
+        p = gpuq.pack(backend.put(c))
+        assert np.array_equal(backend.get(p.data), gpuq.pack(c).data)
+        assert np.array_equal(backend.get(gpuq.unpack(p)), c)
