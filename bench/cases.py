@@ -37,6 +37,15 @@ TOKEN_ROW = 4096
 DYNAMIC_OPS = ("dynamic", "qparams")
 #: Issue 5's targets: time of ``quantize_dynamic`` / time of a static quantize of the same tensor.
 DYNAMIC_TARGETS = {"tensor": 2.2, "row": 1.3}
+#: Issue 19's code types: packed int4/uint4 (two codes per byte) and fp8 (one byte, no zero point).
+INT4_TYPES = ("int4", "uint4")
+FP8_TYPES = ("float8_e4m3fn", "float8_e5m2")
+FORMAT_TYPES = INT4_TYPES + FP8_TYPES
+#: Short labels of the code types in case names.
+QLABELS = {"int8": "s8", "uint8": "u8", "int4": "s4", "uint4": "u4", "float8_e4m3fn": "e4m3",
+           "float8_e5m2": "e5m2"}
+#: The int4 g128 weight of issue 19: (4096, 4096) = 16M elements in the ``group`` scheme.
+WEIGHT_SIZE = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -65,7 +74,7 @@ class Case:
         if self.offset:
             sch += f"+{self.offset}"
         f = {"float32": "f32", "float16": "f16", "float64": "f64", "bfloat16": "bf16"}[self.fdtype]
-        q = {"int8": "s8", "uint8": "u8"}[self.qdtype]
+        q = QLABELS[self.qdtype]
         types = f"{f}>{q}" if self.op == "quantize" else f"{q}>{f}"
         tag = "zp" if self.zps else "sym"
         op = {"quantize": "q", "dequantize": "dq", "dynamic": "dyn", "qparams": "qp"}[self.op]
@@ -143,6 +152,16 @@ class Case:
     def numel(self) -> int:
         return math.prod(self.shape())
 
+    @property
+    def is_format(self) -> bool:
+        """Issue 19's code types (packed int4/uint4, fp8): outputs are compared bit for bit."""
+        return self.qdtype in FORMAT_TYPES
+
+    def code_nbytes(self) -> int:
+        """Bytes of the code tensor: one per code, int4/uint4 packed two per byte (ceil(n / 2))."""
+        n = self.numel()
+        return (n + 1) // 2 if self.qdtype in INT4_TYPES else n * np.dtype(self.qdtype).itemsize
+
     def param_count(self) -> int:
         """Number of scales (and of zps, where there are any)."""
         return math.prod(self.param_shape())
@@ -162,7 +181,7 @@ class Case:
         credited the same bytes (their GB/s is "quantize bytes per second").
         """
         n = self.numel()
-        moved = n * (self.float_dtype.itemsize + np.dtype(self.qdtype).itemsize)
+        moved = n * self.float_dtype.itemsize + self.code_nbytes()
         if self.op in DYNAMIC_OPS:
             moved += self.param_count() * (4 + (4 if self.has_zps() else 0))
         return moved
@@ -212,6 +231,30 @@ def dynamic_cases(size: int) -> list:
     ]
 
 
+def format_cases(size: int) -> list:
+    """Issue 19: int4 g128 weights and fp8 e4m3fn activations, quantize and dequantize.
+
+    * int4/uint4 per-group 128 along the last axis of ``(n / 4096, 4096)`` weights:
+      symmetric int4 (no zps) and uint4 with zps, at the ``(4096, 4096)`` weight
+      (``WEIGHT_SIZE``) and at ``size`` when that is larger (64M: ``(16384, 4096)``);
+    * fp8 e4m3fn (saturating, no zero point): per-tensor activations ``(n / 1024, 1024)``
+      and per-row = per-token ``(T, 4096)`` with ``axis=0``, at ``size``.
+
+    Peers: onnxruntime opset 21 (``block_size=128``; ``saturate=1``) on the CPU, ml_dtypes'
+    ``astype`` for fp8, naive NumPy + nibble packing for int4; torch on the GPU
+    (``bench.gpu_formats``).
+    """
+    cases = []
+    for n in sorted({WEIGHT_SIZE, max(size, WEIGHT_SIZE)}) if size >= WEIGHT_SIZE else [size]:
+        for op in ("quantize", "dequantize"):
+            cases.append(Case(op, "group", n, qdtype="int4", zps=False))
+            cases.append(Case(op, "group", n, qdtype="uint4", zps=True))
+    for op in ("quantize", "dequantize"):
+        cases.append(Case(op, "tensor", size, qdtype="float8_e4m3fn", zps=False))
+        cases.append(Case(op, "row", size, TOKEN_ROW, qdtype="float8_e4m3fn", zps=False))
+    return cases
+
+
 def full_cases(size: int) -> list:
     """The full set at one size (the GPU default): every scheme, all ops, both code types."""
     cases = []
@@ -234,8 +277,8 @@ def cpu_default_cases(size: int) -> list:
 
     Every scheme and every per-channel axis at C=64 (first, middle, last),
     plus the collapse-prone shapes (C=3 first and last, C=4096 last and middle),
-    uint8, symmetric, float16 and bfloat16 on per-tensor; both ops; and every
-    :func:`dynamic_cases` case. The bfloat16 rows sit beside the float32 rows of
+    uint8, symmetric, float16 and bfloat16 on per-tensor; both ops; every
+    :func:`dynamic_cases` case and every :func:`format_cases` case (issue 19). The bfloat16 rows sit beside the float32 rows of
     the same element count (``--cases f32>s8/zp,bf16>s8/zp``; target: bfloat16
     quantize within 1.2x of float32, bench/NOTES.md).
     """
@@ -258,7 +301,7 @@ def cpu_default_cases(size: int) -> list:
             Case(op, "axes", size),
             Case(op, "group", size),
         ]
-    return cases + dynamic_cases(size)
+    return cases + dynamic_cases(size) + format_cases(size)
 
 
 def latency_cases() -> list:
@@ -274,7 +317,7 @@ def latency_cases() -> list:
 
 def quick_cases() -> list:
     """A seconds-long smoke set (tests): a few schemes at 256K elements, one latency case,
-    and the three issue-5 schemes (dynamic; qparams alone on rows)."""
+    the three issue-5 schemes (dynamic; qparams alone on rows) and issue 19's formats."""
     n = 1 << 18
     return [
         Case("quantize", "tensor", n),
@@ -288,7 +331,7 @@ def quick_cases() -> list:
         Case("dynamic", "group", n),
         Case("qparams", "row", n, TOKEN_ROW),
         Case("quantize", "tensor", LATENCY_SIZE, latency=True),
-    ]
+    ] + format_cases(n)
 
 
 def with_size(cases, size):

@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from .cases import DYNAMIC_OPS
-from .data import as_parts, gpuq_fn, gpuq_kwargs, out_dtype
+from .data import as_parts, gpuq_fn, gpuq_kwargs, host_out, out_dtype
 
 
 @dataclass
@@ -80,7 +80,19 @@ class GpuqFresh:
             return Prepared(lambda i: fn(inputs[i % len(inputs)], **kw),
                             lambda r: as_parts(case, r, self.to_host))
         scales, zps, kw = _device_params(self.to_device, case, scales, zps, kw)
-        return Prepared(lambda i: fn(inputs[i % len(inputs)], scales, zps, **kw), self.to_host)
+        return Prepared(lambda i: fn(inputs[i % len(inputs)], scales, zps, **kw),
+                        lambda r: as_parts(case, r, self.to_host))
+
+
+def _format_out(case, empty):
+    """``out=`` of an issue-19 quantize on a device: a ``gpuq.Codes`` of uint8 bytes (CuPy has
+    neither int4 nor fp8), packed for int4/uint4, pre-faulted."""
+    import gpuq
+
+    size = (case.code_nbytes(),) if case.qdtype in ("int4", "uint4") else case.shape()
+    data = empty(size, np.uint8)
+    data[...] = 1
+    return gpuq.Codes(data, case.shape(), case.qdtype)
 
 
 class GpuqOut:
@@ -98,9 +110,15 @@ class GpuqOut:
         fn = gpuq_fn(case)
         kw = gpuq_kwargs(case)
         scales, zps, kw = _device_params(self.to_device, case, scales, zps, kw)
-        out = self.empty(inputs[0].shape, out_dtype(case))
-        out[...] = 1  # fault the pages in once: that is the point of out=
-        return Prepared(lambda i: fn(inputs[i % len(inputs)], scales, zps, out=out, **kw), self.to_host)
+        if case.is_format and self.empty is np.empty:
+            out = host_out(case, case.shape())  # a Codes for int4/uint4, an ml_dtypes array for fp8
+        elif case.is_format and case.op == "quantize":
+            out = _format_out(case, self.empty)
+        else:
+            out = self.empty(case.shape(), out_dtype(case))
+            out[...] = 1  # fault the pages in once: that is the point of out=
+        return Prepared(lambda i: fn(inputs[i % len(inputs)], scales, zps, out=out, **kw),
+                        lambda r: as_parts(case, r, self.to_host))
 
 
 class GpuqStatic:

@@ -3,12 +3,15 @@
 # 10-minute limit), writing what bench/results/ keeps: device, date, commit, pytest's
 # summary line, the benchmark JSON/PNG/table.
 #
-#   GPUQ_COMMIT=<sha> bash bench/gpu_session.sh tests|torch|quick|large|rest [OUTDIR]
+#   GPUQ_COMMIT=<sha> bash bench/gpu_session.sh tests|torch|quick|large|rest|formats [OUTDIR]
+#
+# formats (issue 19; written, never run): fp8 e4m3fn and int4/uint4 g128 on torch CUDA tensors,
+# gpuq against torch eager / torch.compile / torchao (bench/gpu_formats.py), 16M and 256M.
 #
 # OUTDIR defaults to $OUT (the device tool's folder that comes back), else bench/results.
 # The tree the device tool sends has no .git: GPUQ_COMMIT names the commit it was sent from.
 set -uo pipefail
-step=${1:?"step: tests, torch, quick, large or rest"}
+step=${1:?"step: tests, torch, quick, large, rest or formats"}
 out=${2:-${OUT:-bench/results}}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
@@ -24,5 +27,7 @@ case $step in
   quick) python3 -m bench --quick --out "$out" ;;  # seconds: every GPU contender once
   large) python3 -m bench --sizes 256M --no-latency --out "$out" ;;  # the >= 64M targets
   rest) python3 -m bench --sizes 1M,16M --out "$out" ;;  # the smaller sizes and the latency cases
-  *) echo "unknown step '$step': tests, torch, quick, large or rest" >&2; exit 2 ;;
+  formats) python3 -m bench.gpu_formats --quick --out "$out" --no-plot \
+             && python3 -m bench.gpu_formats --sizes 16M,256M --out "$out" ;;  # issue 19 (never run yet)
+  *) echo "unknown step '$step': tests, torch, quick, large, rest or formats" >&2; exit 2 ;;
 esac

@@ -1,4 +1,5 @@
-"""CPU peers: onnxruntime, PyTorch's quantized tensors, and the naive NumPy expression.
+"""CPU peers: onnxruntime, PyTorch's quantized tensors, the naive NumPy expression, and
+ml_dtypes' fp8 casts.
 
 Each is imported lazily and skipped (with the reason) where not installed.
 All get the run's thread count: ``torch.set_num_threads``, onnxruntime's
@@ -10,14 +11,29 @@ onnxruntime ``DynamicQuantizeLinear`` (uint8, per-tensor, asymmetric: the
 only form ONNX has), ``torch.quantize_per_tensor_dynamic`` (per-tensor,
 asymmetric), and the naive NumPy expression (``x.min``/``x.max`` per block,
 the formula of ``gpuq.choose_qparams`` written out, then the naive quantize).
+
+Issue-19 cases (int4/uint4 packed, fp8 e4m3fn/e5m2; ``Case.is_format``):
+onnxruntime QuantizeLinear/DequantizeLinear with int4/uint4/float8 types
+(``block_size`` for per-group, ``saturate=1`` for fp8), run through an
+IOBinding (its Python binding has no NumPy type for int4 and fp8: outputs are
+read as raw bytes from the ``OrtValue``, int4/fp8 inputs are ``OrtValue``s
+filled with the code bytes once); ml_dtypes ``(x / s).astype(float8)`` and
+``codes.astype(float32) * s`` (fp8 only; its int4 is unpacked, one byte per
+code: no peer for packed codes); naive NumPy with nibble packing
+(``(q[0::2] & 15) | (q[1::2] << 4)``) for int4. torch's quantized tensors have
+neither type (``n/a``); torch's fp8 casts are GPU rows (``bench.gpu_formats``).
+All their outputs are checked as bits (``data.as_bits``).
 """
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 
-from .cases import DYNAMIC_OPS, GROUP
+from .cases import DYNAMIC_OPS, FP8_TYPES, GROUP, INT4_TYPES
 from .contenders import NotApplicable, Prepared
+from .data import as_bits, fp8_dtype
 
 #: Smallest normal float32: gpuq.choose_qparams's default eps (a range-0 block's scale).
 EPS = float(np.finfo(np.float32).tiny)
@@ -106,6 +122,10 @@ class NaiveNumpy:
     def prepare(self, case, inputs, scales, zps):
         if case.op in DYNAMIC_OPS:
             return naive_dynamic(case, inputs, np, np.asarray)
+        if case.qdtype in FP8_TYPES:
+            raise NotApplicable("fp8: the naive expression is the ml_dtypes row")
+        if case.qdtype in INT4_TYPES:
+            return naive_int4(case, inputs, scales, zps)
         view = case.view_shape()
         s = scales.reshape(case.bcast_shape())
         z = None if zps is None else zps.astype(np.float32).reshape(case.bcast_shape())
@@ -131,6 +151,86 @@ class NaiveNumpy:
         return Prepared(run)
 
 
+def pack_nibbles(q: np.ndarray) -> np.ndarray:
+    """int8/uint8 codes in the int4/uint4 range -> ONNX's packed bytes (element 2k low nibble)."""
+    f = q.reshape(-1).view(np.uint8)
+    if f.size % 2:
+        f = np.concatenate([f, np.zeros(1, np.uint8)])
+    return (f[0::2] & 0x0F) | (f[1::2] << 4)
+
+
+def unpack_nibbles(packed: np.ndarray, n: int, signed: bool) -> np.ndarray:
+    """ONNX's packed bytes -> ``n`` int8 (int4, sign-extended) or uint8 (uint4) codes."""
+    out = np.empty(2 * packed.size, np.uint8)
+    out[0::2] = packed & 0x0F
+    out[1::2] = packed >> 4
+    out = out[:n]
+    return ((out.view(np.int8) ^ 8) - 8).astype(np.int8) if signed else out
+
+
+def naive_int4(case, inputs, scales, zps):
+    """``np.clip(np.rint(x / s) + zp, qmin, qmax)`` then nibble packing; unpack, ``(q - zp) * s``."""
+    view, shape, n = case.view_shape(), case.shape(), case.numel()
+    s = scales.reshape(case.bcast_shape())
+    z = None if zps is None else zps.astype(np.float32).reshape(case.bcast_shape())
+    signed = case.qdtype == "int4"
+    qmin, qmax = (-8, 7) if signed else (0, 15)
+    if case.op == "quantize":
+        xs = [x.reshape(view) for x in inputs]
+
+        def run(i):
+            t = np.rint(xs[i % len(xs)] / s)
+            if z is not None:
+                t = t + z
+            return pack_nibbles(np.clip(t, qmin, qmax).astype(np.int8 if signed else np.uint8))
+    else:
+        packed = [c.data for c in inputs]
+        fd = np.dtype(case.fdtype)
+
+        def run(i):
+            t = unpack_nibbles(packed[i % len(packed)], n, signed).reshape(view).astype(np.float32)
+            if z is not None:
+                t = t - z
+            return (t * s).astype(fd, copy=False).reshape(shape)
+    return Prepared(run, as_bits)
+
+
+class MlDtypes:
+    """ml_dtypes' fp8 casts: ``(x / s).astype(float8)`` and ``codes.astype(float32) * s``
+    (NumPy ufuncs, single-threaded; non-saturating, which the inputs never reach)."""
+
+    name = "ml_dtypes"
+    is_peer = True
+
+    def __init__(self, threads):
+        import ml_dtypes  # noqa: F401
+
+    def covers(self, case):
+        return case.is_format and case.op not in DYNAMIC_OPS
+
+    def prepare(self, case, inputs, scales, zps):
+        if case.qdtype not in FP8_TYPES:
+            raise NotApplicable("ml_dtypes' int4 is one byte per code (no packing); fp8 only"
+                                if case.qdtype in INT4_TYPES else "fp8 cases only")
+        if case.op in DYNAMIC_OPS:
+            raise NotApplicable("fp8 cases only")
+        view, shape = case.view_shape(), case.shape()
+        s = scales.reshape(case.bcast_shape())
+        xs = [x.reshape(view) for x in inputs]
+        if case.op == "quantize":
+            f8 = fp8_dtype(case.qdtype)
+            run = lambda i: (xs[i % len(xs)] / s).astype(f8).reshape(shape)  # noqa: E731
+        else:
+            fd = np.dtype(case.fdtype)
+            run = lambda i: (xs[i % len(xs)].astype(np.float32) * s).astype(fd, copy=False).reshape(shape)  # noqa: E731
+        return Prepared(run, as_bits)
+
+
+def _ort_bytes(value, nbytes) -> np.ndarray:
+    """The raw bytes of a CPU ``OrtValue`` (int4/fp8 outputs have no NumPy type), copied out."""
+    return np.frombuffer((ctypes.c_uint8 * nbytes).from_address(value.data_ptr()), np.uint8).copy()
+
+
 class OnnxRuntime:
     """onnxruntime QuantizeLinear / DequantizeLinear on a one-node model (opset 21)."""
 
@@ -152,7 +252,7 @@ class OnnxRuntime:
         if case.scheme == "axes":
             raise NotApplicable("ONNX has no multi-axis scale")
         attrs = {}
-        if case.scheme in ("first", "middle", "last"):
+        if case.scheme in ("first", "middle", "last", "row"):
             attrs["axis"] = case.axis() % len(case.shape())
         elif case.scheme == "group":
             attrs["axis"] = len(case.shape()) - 1
@@ -160,13 +260,26 @@ class OnnxRuntime:
         # ONNX: scale type = the float side's type (float16 input/output uses float16 scales).
         sdtype = np.dtype(case.fdtype)
         s = scales.astype(sdtype)
-        qd = np.dtype(case.qdtype)
-        z = _zps_or_zero(case, zps).astype(qd)
-        if case.scheme == "tensor":
-            s, z = s.reshape(()), z.reshape(())
-        inits = [numpy_helper.from_array(s, "scale"), numpy_helper.from_array(z, "zp")]
+        if case.is_format:
+            qtype = {"int4": onnx.TensorProto.INT4, "uint4": onnx.TensorProto.UINT4,
+                     "float8_e4m3fn": onnx.TensorProto.FLOAT8E4M3FN,
+                     "float8_e5m2": onnx.TensorProto.FLOAT8E5M2}[case.qdtype]
+            z = _zps_or_zero(case, zps)
+            if case.scheme == "tensor":
+                s = s.reshape(())
+            if case.qdtype in FP8_TYPES and case.op == "quantize":
+                attrs["saturate"] = 1  # ONNX's default, stated: gpuq's default too
+            zdims = list(s.shape)
+            zvals = z.reshape(-1).astype(np.float32 if case.qdtype in FP8_TYPES else np.int32).tolist()
+            inits = [numpy_helper.from_array(s, "scale"), helper.make_tensor("zp", qtype, zdims, zvals)]
+        else:
+            qd = np.dtype(case.qdtype)
+            z = _zps_or_zero(case, zps).astype(qd)
+            if case.scheme == "tensor":
+                s, z = s.reshape(()), z.reshape(())
+            inits = [numpy_helper.from_array(s, "scale"), numpy_helper.from_array(z, "zp")]
+            qtype = helper.np_dtype_to_tensor_dtype(qd)
         ftype = helper.np_dtype_to_tensor_dtype(np.dtype(case.fdtype))
-        qtype = helper.np_dtype_to_tensor_dtype(qd)
         shape = list(case.shape())
         if case.op == "quantize":
             node = helper.make_node("QuantizeLinear", ["x", "scale", "zp"], ["y"], **attrs)
@@ -209,13 +322,58 @@ class OnnxRuntime:
         so.execution_mode = self.ort.ExecutionMode.ORT_SEQUENTIAL
         try:
             sess = self.ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+            if case.is_format:
+                return self._prepare_format(case, sess, inputs)
             sess.run(None, {"x": inputs[0]})
+        except NotApplicable:
+            raise
         except Exception as exc:  # an opset/type the installed build lacks
             raise NotApplicable(f"onnxruntime refused the model: {str(exc).splitlines()[0][:120]}") from None
         if dynamic:
             return Prepared(lambda i: sess.run(None, {"x": inputs[i % len(inputs)]}),
                             lambda r: parts(case, r))
         return Prepared(lambda i: sess.run(None, {"x": inputs[i % len(inputs)]})[0])
+
+
+    def _prepare_format(self, case, sess, inputs):
+        """int4/fp8 through an IOBinding: the output bound to onnxruntime's CPU allocator (its
+        arena, as a plain ``run``'s output), read back as raw bytes; int4/fp8 inputs are
+        ``OrtValue``s filled with the code bytes once, before timing."""
+        from onnx import TensorProto
+
+        io = sess.io_binding()
+        shape = list(case.shape())
+        if case.op == "quantize":
+            xs = list(inputs)
+            nbytes = case.code_nbytes()
+
+            def bind(i):
+                io.bind_cpu_input("x", xs[i % len(xs)])
+
+            fetch = lambda v: _ort_bytes(v, nbytes)  # noqa: E731
+        else:
+            elem = {"int4": TensorProto.INT4, "uint4": TensorProto.UINT4,
+                    "float8_e4m3fn": TensorProto.FLOAT8E4M3FN, "float8_e5m2": TensorProto.FLOAT8E5M2}[case.qdtype]
+            values = []
+            for c in inputs:
+                raw = np.ascontiguousarray(as_bits(c)).reshape(-1)
+                v = self.ort.OrtValue.ortvalue_from_shape_and_type(shape, elem, "cpu", 0)
+                ctypes.memmove(v.data_ptr(), raw.ctypes.data, raw.nbytes)
+                values.append((v, raw))  # raw kept alive beside its copy (not needed, cheap)
+
+            def bind(i):
+                io.bind_ortvalue_input("x", values[i % len(values)][0])
+
+            fetch = lambda v: as_bits(v.numpy())  # noqa: E731
+
+        def run(i):
+            bind(i)
+            io.bind_output("y", "cpu")
+            sess.run_with_iobinding(io)
+            return io.get_outputs()[0]
+
+        run(0)
+        return Prepared(run, fetch)
 
 
 class TorchQuantized:
@@ -259,6 +417,8 @@ class TorchQuantized:
         torch = self.torch
         if case.op in DYNAMIC_OPS:
             return self._prepare_dynamic(case, inputs)
+        if case.is_format:
+            raise NotApplicable("torch's quantized tensors are int8/uint8 only (fp8 casts: GPU rows)")
         if case.scheme not in ("tensor", "first", "middle", "last"):
             raise NotApplicable("torch has no per-group or multi-axis quantized tensor")
         qdt = torch.qint8 if case.qdtype == "int8" else torch.quint8
@@ -298,7 +458,7 @@ class TorchQuantized:
 def cpu_peers(threads):
     """The CPU peers that import here, and ``(name, reason)`` for those that do not."""
     peers, missing = [], []
-    for cls in (OnnxRuntime, TorchQuantized, NaiveNumpy):
+    for cls in (OnnxRuntime, TorchQuantized, NaiveNumpy, MlDtypes):
         try:
             peers.append(cls(threads))
         except ImportError as exc:

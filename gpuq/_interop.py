@@ -210,6 +210,20 @@ def _plain(obj):
     return obj.detach() if torch is not None and obj.requires_grad else obj
 
 
+def _writable_view(out):
+    """``out`` as the backends write it: a CPU torch tensor (or Codes of one) as a zero-copy
+    NumPy view (the same memory, so the caller's object is what gets written); else as is."""
+    from ._codes import Codes
+
+    if isinstance(out, Codes):
+        data = _writable_view(out.data)
+        return out if data is out.data else Codes(data, out.shape, out.dtype)
+    torch = _torch_tensor(out)
+    if torch is not None and out.device.type == "cpu":
+        return _from_torch(out, torch).array
+    return out
+
+
 def _same_out(result, plain_out, caller_out):
     if isinstance(result, tuple):
         return tuple(_same_out(r, plain_out, caller_out) for r in result)
@@ -251,6 +265,8 @@ def callers_type(fn=None, *, arg=0):
         args = args[:arg] + tuple(_plain(a) for a in (adapted.array,) + args[arg + 1:])
         caller_out = kwargs.get("out")
         kwargs = {k: _plain(v) for k, v in kwargs.items()}
+        if kwargs.get("out") is not None:
+            kwargs["out"] = _writable_view(kwargs["out"])
         result = _call_on(fn, adapted, args, kwargs)
         if caller_out is not None and kwargs["out"] is not caller_out:
             return _same_out(result, kwargs["out"], caller_out)

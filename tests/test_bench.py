@@ -172,3 +172,72 @@ def test_gpu_modules_import_without_cupy():
     from bench import cases
 
     assert len(cases.full_cases(1 << 20)) > len(cases.cpu_default_cases(1 << 20))
+
+
+def test_format_rows(quick_run):
+    """Issue 19's cases (int4/uint4 g128, fp8 e4m3fn per-tensor and per-row): gpuq and every
+    peer that covers them agree bit for bit; bytes count packed int4 codes as half a byte."""
+    from bench import cases
+
+    rows = [r for r in _load(quick_run)["rows"] if r["qdtype"] in cases.FORMAT_TYPES]
+    names = {r["case"] for r in rows}
+    assert {n.split("/")[0] + "/" + n.split("/")[1] + "/" + n.split("/")[2] for n in names} == {
+        "q/group128/f32>s4", "q/group128/f32>u4", "dq/group128/s4>f32", "dq/group128/u4>f32",
+        "q/tensor/f32>e4m3", "q/row4096/f32>e4m3", "dq/tensor/e4m3>f32", "dq/row4096/e4m3>f32"}
+    ort = importlib.util.find_spec("onnxruntime") is not None
+    for name in names:
+        cs = {r["contender"]: r for r in rows if r["case"] == name}
+        for who in ("gpuq", "gpuq out=", "onnxruntime" if ort else "gpuq"):
+            assert cs[who]["status"] == "ok" and cs[who]["mismatches"] == 0, (name, cs[who])
+        g = cs["gpuq"]
+        n = g["numel"]
+        if "4>" in name or ">s4" in name or ">u4" in name:
+            assert g["bytes"] == n * 4 + (n + 1) // 2
+            assert cs["numpy naive"]["status"] == "ok" and cs["numpy naive"]["mismatches"] == 0
+            assert cs["ml_dtypes"]["status"].startswith("n/a")
+        else:
+            assert g["bytes"] == n * 5
+            assert cs["ml_dtypes"]["status"] == "ok" and cs["ml_dtypes"]["mismatches"] == 0
+            assert cs["numpy naive"]["status"].startswith("n/a")
+    # ml_dtypes appears only in the format cases (no n/a row in every int8 case).
+    assert not any(r["contender"] == "ml_dtypes" for r in _load(quick_run)["rows"]
+                   if r["qdtype"] not in cases.FORMAT_TYPES)
+
+
+def test_format_helpers():
+    """The peers' nibble packing is gpuq's (odd counts pad with 0); bit views catch -0.0."""
+    import gpuq
+    from bench import cases, data
+    from bench.peers_cpu import pack_nibbles, unpack_nibbles
+
+    q = np.array([-8, 7, -1, 0, 3], np.int8)
+    assert np.array_equal(pack_nibbles(q), gpuq.pack(q, dtype="int4").data)
+    assert np.array_equal(unpack_nibbles(pack_nibbles(q), 5, True), q)
+    u = np.array([15, 0, 8], np.uint8)
+    assert np.array_equal(pack_nibbles(u), gpuq.pack(u, dtype="uint4").data)
+    assert data.as_bits(np.array([-0.0], np.float32))[0] == 0x80000000
+    c = cases.Case("dequantize", "group", 1 << 14, qdtype="int4", zps=False)
+    x = data.host_input(c)
+    assert isinstance(x, gpuq.Codes) and x.shape == (4, 4096) and x.data.nbytes == c.code_nbytes()
+    f = data.host_input(cases.Case("dequantize", "row", 1 << 14, 4096, qdtype="float8_e4m3fn", zps=False))
+    assert not np.isnan(f.astype(np.float32)).any()
+    assert [c.size for c in cases.format_cases(1 << 26) if c.qdtype == "int4"] == [1 << 24] * 2 + [1 << 26] * 2
+    assert (4096, 4096) in [c.shape() for c in cases.format_cases(1 << 26)]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch not installed")
+def test_gpu_format_contenders_on_cpu_torch():
+    """bench.gpu_formats' torch expressions (eager) and gpuq on torch tensors, run here on CPU
+    tensors, equal gpuq's host result bit for bit: the GPU rows will report real differences only."""
+    import torch
+
+    from bench import cases, data, gpu_formats, runner
+
+    for case in cases.format_cases(1 << 14):
+        h = data.host_input(case)
+        s, z = data.host_params(case)
+        ref = data.reference(case, h, s, z)
+        xs = [gpu_formats.to_device(case, h, torch, torch.device("cpu"))]
+        for c in (gpu_formats.GpuqTorch(False), gpu_formats.TorchFormats(False)):
+            prep = c.prepare(case, xs, s, z)
+            assert runner.compare(ref, prep.fetch(prep.run(0)))["mismatches"] == 0, (case.name, c.name)

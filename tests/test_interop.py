@@ -428,3 +428,27 @@ def test_jax_host_arrays_come_back_as_jax(fake_jax):
     assert isinstance(q, _FakeJaxArray) and np.array_equal(np.asarray(q), gpuq.quantize(x, 0.25))
     s, z = gpuq.choose_qparams(a, dtype="uint8")
     assert isinstance(s, _FakeJaxArray) and isinstance(z, _FakeJaxArray)
+
+
+def test_cpu_torch_out_and_new_formats():
+    torch = pytest.importorskip("torch")
+    x = _x(1025)
+    t = torch.from_numpy(x.copy())
+    out = torch.empty(1025, dtype=torch.int8)
+    assert gpuq.quantize(t, 0.25, out=out) is out  # written in place through a NumPy view
+    assert np.array_equal(out.numpy(), gpuq.quantize(x, 0.25))
+    for name in ("float8_e4m3fn", "float8_e5m2"):
+        q = gpuq.quantize(t, 0.25, dtype=name)
+        assert q.dtype == getattr(torch, name)
+        host = gpuq.quantize(x, 0.25, dtype=name)
+        assert np.array_equal(q.view(torch.uint8).numpy(), host.view(np.uint8))
+        y = gpuq.dequantize(q, 0.25)
+        assert isinstance(y, torch.Tensor) and np.array_equal(y.numpy().view(np.uint32),
+                                                              gpuq.dequantize(host, 0.25).view(np.uint32))
+    c = gpuq.quantize(t, 0.25, dtype="int4")
+    assert isinstance(c.data, torch.Tensor) and c.data.dtype == torch.uint8
+    assert np.array_equal(c.data.numpy(), gpuq.quantize(x, 0.25, dtype="int4").data)
+    into = gpuq.Codes(torch.zeros(513, dtype=torch.uint8), (1025,), "int4")
+    assert gpuq.quantize(t, 0.25, dtype="int4", out=into) is into
+    assert np.array_equal(into.data.numpy(), c.data.numpy())
+    assert np.array_equal(gpuq.dequantize(into, 0.25).numpy(), gpuq.dequantize(gpuq.quantize(x, 0.25, dtype="int4"), 0.25))
