@@ -139,12 +139,12 @@ def _with_meta(src, dst, edit):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("version,message", [
-    (2, ("written in gpuq file format version 2, newer than this gpuq reads (version 1); "
+    (3, ("written in gpuq file format version 3, newer than this gpuq reads (version 2); "
          "upgrade gpuq")),
     (99, "format version 99, newer"),
-    ("1", "format_version is '1', expected 1"),
-    (0, "format_version is 0, expected 1"),
-    (None, "format_version is None, expected 1"),
+    ("1", "format_version is '1', expected 1 or 2"),
+    (0, "format_version is 0, expected 1 or 2"),
+    (None, "format_version is None, expected 1 or 2"),
 ])
 def test_unknown_version_is_refused(tmp_path, capsys, fmt, version, message):
     src = tmp_path / f"v.{fmt}"

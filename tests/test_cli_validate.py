@@ -128,7 +128,7 @@ CASES = [
     ("axis out of range", "asym_i8", _scheme(axis=2),
      "tensor 'w': the gpuq metadata says axis 2, but the codes have shape [48, 40]"),
     ("dtype int4", "asym_i8", _scheme(dtype="int4"),
-     "tensor 'w': dtype 'int4' is not one of int8, uint8"),
+     "tensor 'w': dtype 'int4' needs format version 2, but the file says version 1"),
     ("symmetric as text", "asym_i8", _scheme(symmetric="no"),
      "tensor 'w': symmetric is 'no', not true or false"),
     ("group size 0", "group", _scheme(group_size=0),

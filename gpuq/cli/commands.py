@@ -5,6 +5,9 @@
     gpuq example tiny.safetensors                       # a small bfloat16 checkpoint, offline
     gpuq quantize tiny.safetensors -o tiny-int8.safetensors
     gpuq quantize IN -o OUT --group-size 128 --symmetric --exclude 'lm_head.*' --json
+    gpuq quantize IN -o OUT --dtype int4 --group-size 128   # packed int4, one scale per 128 inputs
+    gpuq quantize IN -o OUT --dtype float8_e4m3fn           # fp8, one scale per row
+    gpuq compare IN                                         # int8 vs int4 g128 vs fp8: SQNR per tensor
     gpuq dequantize tiny-int8.safetensors -o tiny-f32.safetensors
     gpuq quantize llama/ -o llama-int8/                  # sharded: a folder or its *.index.json
     gpuq quantize llama/ -o llama-int8/ --workers 2      # its shards as tasks on a local Dask cluster
@@ -26,12 +29,13 @@ import os
 import sys
 
 from .files import CliError
+from .quantized import CODE_DTYPES, FP8_DTYPES
 from .selection import DEFAULT_MIN_SIZE
 
 __all__ = ["main", "build_parser"]
 
 _QUANTIZE_HELP = f"""\
-Quantize the floating tensors of a checkpoint to int8/uint8 codes.
+Quantize the floating tensors of a checkpoint to int8/uint8, int4/uint4 or fp8 codes.
 
 Selected: floating tensors (float16, bfloat16, float32, float64) of rank >= 2
 with at least --min-size elements (default {DEFAULT_MIN_SIZE}), filtered by
@@ -43,16 +47,26 @@ one scale per G consecutive elements along --axis (default -1 with a group
 size: the input dimension). Scales and zero points come from
 gpuq.choose_qparams on each tensor (min/max; --symmetric for zero point 0).
 
+Code types (--dtype): int8 (default), uint8; int4 and uint4 (ranges [-8, 7]
+and [0, 15], two codes per byte in ONNX's nibble order: the codes are a 1-D
+uint8 tensor of ceil(n/2) bytes and the metadata records the shape), usually
+with --group-size 128; float8_e4m3fn and float8_e5m2 (fp8: q = fp8(x / s),
+scales max|x| / 448 or / 57344, no zero points, --symmetric implied; stored
+as safetensors F8_E4M3/F8_E5M2, as uint8 bits in an .npz).
+
 Output (same format as IN; an .npz for a .npy IN, whose array is named
 arr_0): for each quantized tensor NAME, the codes under NAME, float32
-NAME.scales and NAME.zps in the code dtype (no NAME.zps for symmetric int8:
-zero point 0), and the scheme in the gpuq metadata. The report compares each tensor with
+NAME.scales and NAME.zps (int8 for int8/int4 codes, uint8 for uint8/uint4; none
+for symmetric int8/int4, zero point 0, nor for fp8), and the scheme in the gpuq
+metadata (file format version 1 for int8/uint8, readable by older gpuq;
+version 2 for int4/fp8). The report compares each tensor with
 its float32 dequantization: SQNR = 10 log10(sum x^2 / sum (x - x_hat)^2) in
 float64 (inf when exact) and the max abs error.
 
 NaN and +-Inf (--nonfinite): counted per tensor and reported. warn (default)
 and allow quantize such a tensor with scales and zero points from its finite
-values (NaN -> the zero point, +Inf -> qmax, -Inf -> qmin; SQNR and max error
+values (NaN -> the zero point, +Inf -> qmax, -Inf -> qmin; fp8: NaN stays NaN,
++-Inf -> +-max finite; SQNR and max error
 over the finite values), warn saying so on stderr; error stops with exit 2.
 
 The output is written tensor by tensor as the input is read: peak memory is
@@ -80,6 +94,22 @@ is installed and a GPU is visible). A task that fails is retried by Dask
 (twice; a dead worker's tasks are rescheduled); the index is written by the
 client once every shard has succeeded, and the result is the same bytes as a
 local run.
+"""
+
+
+_COMPARE_HELP = """\
+Quantize each selected tensor of IN in memory with several schemes and print
+the SQNR of each (dB, of the float32 dequantization, as gpuq quantize reports
+it) side by side, with the total SQNR and the bytes each scheme would store.
+Nothing is written. The selection is gpuq quantize's (floating, rank >= 2,
+--min-size, --include/--exclude).
+
+--scheme DTYPE[:OPTION]... (repeatable; default int8, int4:g128,
+float8_e4m3fn): DTYPE is int8, uint8, int4, uint4, float8_e4m3fn or
+float8_e5m2; options gG (groups of G, along the last axis unless axisK),
+axisK (per-channel; default 0, -1 with a group size), tensor (per-tensor),
+sym (zero point 0; implied for fp8). Examples: int8:sym, uint4:g64,
+float8_e5m2:tensor.
 """
 
 
@@ -111,10 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--per-tensor", action="store_true", help="one scale per tensor")
     q.add_argument("--group-size", type=int, metavar="G",
                    help="one scale per G elements along --axis")
-    q.add_argument("--dtype", choices=("int8", "uint8"), default="int8",
-                   help="code type (default int8)")
+    q.add_argument("--dtype", choices=CODE_DTYPES, default="int8",
+                   help="code type (default int8): int8, uint8; int4, uint4 (packed two per "
+                        "byte); float8_e4m3fn, float8_e5m2 (fp8, always symmetric)")
     q.add_argument("--symmetric", action="store_true",
-                   help="scale from max |x|, zero point 0 (128 for uint8)")
+                   help="scale from max |x|, zero point 0 (128 for uint8, 8 for uint4); "
+                        "implied for fp8")
     q.add_argument("--include", action="append", default=[], metavar="PATTERN",
                    help="quantize only tensors whose name matches this glob (repeatable)")
     q.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
@@ -155,6 +187,24 @@ def build_parser() -> argparse.ArgumentParser:
                         "IN, e.g. bfloat16 in, bfloat16 back; float32 where none is recorded)")
     _common(d, json_help="print the summary as JSON")
 
+    m = sub.add_parser("compare", help="SQNR per tensor of several code types side by side "
+                                        "(int8 vs int4 g128 vs fp8 by default)",
+                       description=_COMPARE_HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    m.add_argument("input", metavar="IN", help="a checkpoint file: .safetensors, .npz or .npy")
+    m.add_argument("--scheme", action="append", default=[], metavar="SPEC",
+                   help="DTYPE[:gG][:axisK][:tensor][:sym], repeatable (default: int8, "
+                        "int4:g128, float8_e4m3fn)")
+    m.add_argument("--include", action="append", default=[], metavar="PATTERN",
+                   help="compare only tensors whose name matches this glob (repeatable)")
+    m.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
+                   help="leave out tensors whose name matches this glob (repeatable)")
+    m.add_argument("--min-size", type=int, default=DEFAULT_MIN_SIZE, metavar="N",
+                   help=f"tensors of at least N elements (default {DEFAULT_MIN_SIZE})")
+    m.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where to compute (as for quantize)")
+    m.add_argument("--json", action="store_true", help="print the comparison as JSON")
+
     i = sub.add_parser("info", help="version, backend, GPU, CUDA/NVRTC, kernel compile check")
     i.add_argument("--json", action="store_true", help="print as JSON")
     i.add_argument("--no-compile-check", action="store_true",
@@ -193,8 +243,9 @@ def _plan(args):
         axis = args.axis
     else:
         axis = -1 if args.group_size is not None else 0
+    # fp8 has no zero point: always symmetric (scales max |x| / max_finite).
     return Plan(axis=axis, group_size=args.group_size, dtype=args.dtype,
-                symmetric=args.symmetric)
+                symmetric=args.symmetric or args.dtype in FP8_DTYPES)
 
 
 def _warn(text: str) -> None:
@@ -281,8 +332,25 @@ def _example(args) -> int:
     return 0
 
 
-_COMMANDS = {"quantize": _quantize, "dequantize": _dequantize, "info": _info,
-             "example": _example}
+def _compare(args) -> int:
+    from .compare import format_compare, run_compare
+    from .env import pick_device
+    from .report import to_json
+
+    if args.min_size < 0:
+        raise CliError(f"--min-size must be >= 0, got {args.min_size}")
+    from .compare import parse_scheme
+
+    for text in args.scheme:  # every spec checked before IN is opened
+        parse_scheme(text)
+    report = run_compare(args.input, args.scheme, include=args.include, exclude=args.exclude,
+                         min_size=args.min_size, device=pick_device(args.device))
+    print(to_json(report) if args.json else format_compare(report))
+    return 0
+
+
+_COMMANDS = {"quantize": _quantize, "dequantize": _dequantize, "compare": _compare,
+             "info": _info, "example": _example}
 
 
 def main(argv=None) -> int:

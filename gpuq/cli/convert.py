@@ -14,7 +14,8 @@ Non-finite inputs (``--nonfinite``): a tensor's NaN and +/-Inf values are
 counted before it is quantized. ``error`` refuses such a tensor; ``warn``
 (the default) and ``allow`` quantize it with parameters computed from its
 finite values, and the codes of the non-finite values then follow the
-library's contract (NaN -> the zero point, +Inf -> qmax, -Inf -> qmin);
+library's contract (NaN -> the zero point, +Inf -> qmax, -Inf -> qmin; fp8:
+NaN stays NaN, +-Inf -> +-max finite);
 ``warn`` says so on stderr. The report counts them per tensor, and its SQNR
 and max error are over the finite values.
 """
@@ -27,7 +28,9 @@ import sys
 import numpy as np
 
 from .files import Checkpoint, CliError, check_output, checkpoint_writer, file_format
-from .quantized import check_file, file_meta, has_zps, output_entries
+from .quantized import (FP8_DTYPES, INT4_RANGE, PACKED_DTYPES, check_file, check_values,
+                        codes_dtype, file_meta, has_zps, logical_shape, output_entries,
+                        zps_dtype)
 from .report import natural_key, nonfinite_text
 from .selection import check_names, describe, select
 
@@ -80,16 +83,22 @@ def row_blocks(shape: tuple, scheme: dict, target: int = _BLOCK):
 
     With groups along axis 0 a block starts at a multiple of the group size,
     so each block's scales are a slice of the tensor's (:func:`param_rows`).
+    For packed int4/uint4 codes a block starts at an even element, so its
+    codes are whole bytes of the packed ones (:func:`code_rows`).
 
     >>> list(row_blocks((10, 3), {"axis": 0, "group_size": 4}, target=6))
     [(0, 4), (4, 8), (8, 10)]
+    >>> list(row_blocks((5, 3), {"dtype": "int4", "axis": 1, "group_size": None}, target=3))
+    [(0, 2), (2, 4), (4, 5)]
     """
     rows = shape[0] if shape else 1
     per_row = math.prod(shape[1:]) if shape else 1
     step = max(1, target // max(per_row, 1))
     g = scheme.get("group_size")
-    if scheme.get("axis") == 0 and g is not None:
-        step = max(g, step // g * g)
+    mult = g if scheme.get("axis") == 0 and g is not None else 1
+    if scheme.get("dtype") in PACKED_DTYPES and per_row % 2:
+        mult = math.lcm(mult, 2)
+    step = max(mult, step // mult * mult)
     for r0 in range(0, rows, step):
         yield r0, min(rows, r0 + step)
 
@@ -108,6 +117,28 @@ def param_rows(p, scheme: dict, r0: int, r1: int):
     if axis == 0 and g is not None:
         return p[r0 // g: -(-r1 // g)]
     return p[r0:r1]  # per-channel along axis 0, or groups along another axis (dim 0 kept)
+
+
+def code_rows(q, r0: int, r1: int):
+    """Rows ``r0:r1`` (along axis 0) of codes ``q``: an array, or a :class:`gpuq.Codes`
+    (packed int4/uint4: the whole bytes of those rows, which :func:`row_blocks` makes
+    start at an even element; fp8 bits on a GPU).
+
+    >>> import gpuq
+    >>> c = gpuq.pack(np.arange(-6, 4, dtype=np.int8).reshape(5, 2))
+    >>> gpuq.unpack(code_rows(c, 2, 4)).tolist()
+    [[-2, -1], [0, 1]]
+    """
+    import gpuq
+
+    if not isinstance(q, gpuq.Codes):
+        return q[r0:r1]
+    rest = tuple(q.shape[1:])
+    if q.dtype in PACKED_DTYPES:
+        per_row = math.prod(rest)
+        a, b = r0 * per_row, r1 * per_row
+        return gpuq.Codes(q.data[a // 2:(b + 1) // 2], (r1 - r0, *rest), q.dtype)
+    return gpuq.Codes(q.data[r0:r1], (r1 - r0, *rest), q.dtype)
 
 
 def count_nonfinite(x: np.ndarray) -> dict:
@@ -152,7 +183,7 @@ def error_stats(x, q, scales, zps, scheme: dict, *, get=np.asarray,
     signal = error = max_err = 0.0
     compared = 0
     for r0, r1 in row_blocks(x.shape, scheme):
-        x_hat = get(gpuq.dequantize(q[r0:r1], param_rows(scales, scheme, r0, r1),
+        x_hat = get(gpuq.dequantize(code_rows(q, r0, r1), param_rows(scales, scheme, r0, r1),
                                     param_rows(zps, scheme, r0, r1), axis=axis, group_size=g,
                                     dtype="float32"))
         a = x[r0:r1].astype(np.float64).reshape(-1)
@@ -188,7 +219,11 @@ def sqnr_db(signal: float, error: float) -> float:
 
 
 def quantize_tensor(x, scheme: dict, device, *, name: str = "x", nonfinite: str = "warn"):
-    """Codes, scales, zps (host arrays; zps None for symmetric int8), error stats, counts.
+    """Codes, scales, zps (on the host; zps None where the scheme has none), error stats, counts.
+
+    The codes are what :func:`gpuq.quantize` returns, brought to the host: an
+    int8/uint8 array, an ml_dtypes fp8 array, or a :class:`gpuq.Codes` of
+    packed int4/uint4 bytes (:func:`stored_codes` gives what the file holds).
 
     ``x`` (float16, float32 or bfloat16: gpuq takes bfloat16 as it is, no float32
     copy of the tensor) is taken over. Parameters come from :func:`gpuq.choose_qparams`; for
@@ -225,23 +260,69 @@ def quantize_tensor(x, scheme: dict, device, *, name: str = "x", nonfinite: str 
     stats = error_stats(x, q, scales, zps, scheme, get=device.get, finite_only=bool(bad))
     scales = np.asarray(device.get(scales), np.float32)
     if zps is not None:
-        zps = _narrow(np.asarray(device.get(zps)), np.dtype(scheme["dtype"]), name)
-    return device.get(q), scales, zps, stats, counts
+        zps = _narrow(np.asarray(device.get(zps)), scheme["dtype"], name)
+    return host_codes(q, device), scales, zps, stats, counts
 
 
-def _narrow(zps, code_dtype, name):
-    """Zero points in the code dtype, as the file format stores them.
+def host_codes(q, device):
+    """Codes of :func:`gpuq.quantize` on the host: NumPy arrays (fp8: ml_dtypes'), or a
+    :class:`gpuq.Codes` with NumPy data for int4/uint4."""
+    import gpuq
+
+    if not isinstance(q, gpuq.Codes):
+        return device.get(q)
+    data = np.ascontiguousarray(device.get(q.data))
+    if q.dtype in FP8_DTYPES:  # fp8 bits from a GPU array library without an fp8 type
+        return data.view(codes_dtype(q.dtype, "safetensors")).reshape(q.shape)
+    return gpuq.Codes(data, q.shape, q.dtype)
+
+
+def stored_codes(q, scheme: dict, fmt: str):
+    """What the file holds for host codes ``q`` (see :mod:`gpuq.cli.quantized`): the packed
+    bytes of int4/uint4, the uint8 bits of fp8 in an .npz, else ``q`` itself.
+
+    >>> import gpuq
+    >>> stored_codes(gpuq.pack(np.array([1, -2, 3], np.int8)), {"dtype": "int4"}, "npz")
+    array([225,   3], dtype=uint8)
+    """
+    if scheme["dtype"] in PACKED_DTYPES:
+        return q.data
+    if scheme["dtype"] in FP8_DTYPES and fmt != "safetensors":
+        return q.view(np.uint8)
+    return q
+
+
+def api_codes(stored, scheme: dict, device):
+    """The codes to hand :func:`gpuq.dequantize` for a stored codes tensor, on ``device``."""
+    import gpuq
+
+    dtype = scheme["dtype"]
+    if dtype in PACKED_DTYPES:
+        return gpuq.Codes(device.put(stored), tuple(scheme["shape"]), dtype)
+    if dtype in FP8_DTYPES:
+        bits = stored.view(np.uint8)
+        if device.xp is np:
+            return bits.view(codes_dtype(dtype, "safetensors"))  # an ml_dtypes fp8 array
+        return gpuq.Codes(device.put(bits), tuple(bits.shape), dtype)
+    return device.put(stored)
+
+
+def _narrow(zps, code: str, name):
+    """Zero points in their stored dtype (int8 for int8/int4, uint8 for uint8/uint4).
 
     choose_qparams clamps zero points to the code range, so they always fit.
 
-    >>> _narrow(np.array([0, 255], np.int32), np.dtype(np.uint8), "w").dtype
+    >>> _narrow(np.array([0, 255], np.int32), "uint8", "w").dtype
     dtype('uint8')
+    >>> _narrow(np.array([-8, 7], np.int32), "int4", "w").dtype
+    dtype('int8')
     """
-    info = np.iinfo(code_dtype)
-    if zps.size and (int(zps.min()) < info.min or int(zps.max()) > info.max):
-        raise CliError(f"tensor {name!r}: zero points outside {code_dtype} "
+    dt = zps_dtype(code)
+    lo, hi = INT4_RANGE.get(code, (np.iinfo(dt).min, np.iinfo(dt).max))
+    if zps.size and (int(zps.min()) < lo or int(zps.max()) > hi):
+        raise CliError(f"tensor {name!r}: zero points outside {code} [{lo}, {hi}]: "
                        f"[{int(zps.min())}, {int(zps.max())}]")
-    return zps.astype(code_dtype)
+    return zps.astype(dt)
 
 
 def _out_format(in_fmt, out_path, *, npy_ok):
@@ -346,13 +427,15 @@ def _quantize_one(ckpt, name, scheme, row, out, device, nonfinite, warn) -> dict
     except (ValueError, TypeError) as exc:
         raise CliError(f"tensor {name!r}: {' '.join(str(exc).split())}") from exc
     if sum(counts.values()) and nonfinite == "warn" and warn is not None:
+        what = ("NaN -> NaN, +-Inf -> +-max finite" if scheme["dtype"] in FP8_DTYPES
+                else "NaN -> zero point, +-Inf -> saturated")
         warn(f"tensor {name!r} has {nonfinite_text(counts)}: quantized with parameters from "
-             f"its finite values (NaN -> zero point, +-Inf -> saturated); --nonfinite error "
-             f"refuses it, allow keeps quiet")
+             f"its finite values ({what}); --nonfinite error refuses it, allow keeps quiet")
     pshape = out.entries[name + ".scales"][0]  # (1,) for per-tensor in .safetensors
-    out.write(name, q)
+    codes = stored_codes(q, scheme, out.fmt)
+    out.write(name, codes)
     out.write(name + ".scales", scales.reshape(pshape))
-    after = q.nbytes + scales.nbytes
+    after = codes.nbytes + scales.nbytes
     if has_zps(scheme):
         out.write(name + ".zps", zps.reshape(pshape))
         after += zps.nbytes
@@ -454,13 +537,15 @@ def dequantize_file(ckpt, out_path, out_fmt, schemes, *, dtype, device, tick=Non
     import gpuq
 
     restored = restored_names(ckpt, schemes)
-    entries = {n: (ckpt.spec(n)[0], output_dtype(schemes[n], dtype) if n in schemes else ckpt.spec(n)[1])
-               for n in restored}
+    entries = {n: (logical_shape(n, schemes[n], ckpt), output_dtype(schemes[n], dtype))
+               if n in schemes else ckpt.spec(n) for n in restored}
     rows = []
     with checkpoint_writer(out_path, out_fmt, entries, None, ckpt.extra_metadata) as out:
         for name in restored:
             shape, in_dtype = ckpt.spec(name)
             row = {"name": name, "shape": list(shape), "dtype": in_dtype.name}
+            if name in schemes:  # packed int4: the tensor's shape, not the bytes'
+                row.update(shape=list(entries[name][0]), dtype=schemes[name]["dtype"])
             if name not in schemes:
                 out.write(name, ckpt.load(name))
                 rows.append({**row, "quantized": False, "bytes_before": ckpt.nbytes(name),
@@ -471,9 +556,11 @@ def dequantize_file(ckpt, out_path, out_fmt, schemes, *, dtype, device, tick=Non
                 zps = ckpt.load(name + ".zps") if has_zps(s) else None
                 before = (ckpt.nbytes(name) + ckpt.nbytes(name + ".scales")
                           + (ckpt.nbytes(name + ".zps") if zps is not None else 0))
+                stored = ckpt.load(name)
+                check_values(ckpt.path, name, s, stored, zps)
                 try:
                     # Host scales/zps with a device src are uploaded by the library.
-                    y = gpuq.dequantize(device.put(ckpt.load(name)), scales, zps,
+                    y = gpuq.dequantize(api_codes(stored, s, device), scales, zps,
                                         axis=s["axis"], group_size=s["group_size"],
                                         dtype=entries[name][1])
                 except (ValueError, TypeError) as exc:

@@ -587,6 +587,8 @@ class _Writer:
 
 
 class _SafetensorsWriter(_Writer):
+    fmt = "safetensors"
+
     def start(self):
         _check_little_endian(self.path, "OUT")
         # The library's layout: descending alignment, then name; so every offset is a
@@ -623,6 +625,8 @@ class _SafetensorsWriter(_Writer):
 
 
 class _NpzWriter(_Writer):
+    fmt = "npz"
+
     def start(self):
         # The file atomic_output created, opened for writing (its mode stays).
         self.zf = zipfile.ZipFile(self.tmp, "w", zipfile.ZIP_STORED, allowZip64=True)
@@ -652,6 +656,8 @@ def _write_member(zf, name, arr):
 
 
 class _NpyWriter(_Writer):
+    fmt = "npy"
+
     def start(self):
         self.fh = open(self.tmp, "r+b")
 

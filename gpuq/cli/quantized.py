@@ -1,48 +1,138 @@
 """The gpuq quantized-file format: what ``gpuq quantize`` writes and ``gpuq dequantize`` accepts.
 
-Format version 1 (every gpuq so far). For each quantized tensor ``NAME``:
+For each quantized tensor ``NAME``:
 
 ==================  ================================================================
 entry               contents
 ==================  ================================================================
-``NAME``            the int8/uint8 codes, same shape as the source tensor
+``NAME``            the codes (see "Code storage" below)
 ``NAME.scales``     float32 scales, shaped as :func:`gpuq.quantize` takes them
                     (per-tensor ``()`` in an .npz and ``(1,)`` in a .safetensors
                     file, as version 1 wrote them; per-channel ``(shape[k],)``;
                     per-group ``shape`` with dim k -> ceil(n / g))
-``NAME.zps``        zero points, same shape, in the code dtype (int8/uint8, as
-                    ONNX stores them); ABSENT for symmetric int8 (zero point
-                    0, the library's ``zps=None``) and present otherwise
+``NAME.zps``        zero points, same shape: int8 for int8/int4 codes, uint8 for
+                    uint8/uint4 codes (one per byte, not packed); ABSENT for
+                    symmetric int8/int4 (zero point 0, the library's
+                    ``zps=None``) and for fp8 (which has no zero point), present
+                    otherwise
 ==================  ================================================================
 
 plus the gpuq metadata (safetensors metadata key ``"gpuq"``, .npz member
 ``__gpuq__``), JSON::
 
-    {"format_version": 1, "source_format": "safetensors",
-     "tensors": {"NAME": {"dtype": "int8", "symmetric": false, "axis": 0,
-                          "group_size": null, "source_dtype": "bfloat16"}, ...}}
+    {"format_version": 2, "source_format": "safetensors",
+     "tensors": {"NAME": {"dtype": "int4", "symmetric": false, "axis": 1,
+                          "group_size": 128, "source_dtype": "bfloat16",
+                          "shape": [4096, 4096], "packing": "onnx_nibbles"}, ...}}
 
-Every other tensor is copied bit for bit. Nothing in a file is trusted:
-:func:`check_file` holds each quantized tensor and its companions to the
-metadata (code dtype, scales and zero-point dtypes and shapes for the recorded
-scheme, presence or absence of the zero points) and refuses a format version
-it does not know, before any output is written. ``tests/data/format_v1/`` holds
-files written by the first version; every later gpuq must read them with the
-same values.
+Code storage, by code dtype:
+
+=================  ======================================  ====================================
+``dtype``          ``NAME`` in a .safetensors file          ``NAME`` in an .npz
+=================  ======================================  ====================================
+int8, uint8        I8 / U8, the tensor's shape              int8 / uint8, the tensor's shape
+int4, uint4        U8, 1-D, ``ceil(n / 2)`` bytes           uint8, the same
+float8_e4m3fn      F8_E4M3, the tensor's shape              uint8 (the fp8 bits), the shape
+float8_e5m2        F8_E5M2, the tensor's shape              uint8 (the fp8 bits), the shape
+=================  ======================================  ====================================
+
+* int4/uint4 are packed two per byte in ONNX's order over the C-order
+  flattened tensor (``"packing": "onnx_nibbles"``, the one packing there is):
+  element ``2k`` in the low nibble of byte ``k``, ``2k + 1`` in the high
+  nibble, int4 as two's complement nibbles; an odd count pads the last high
+  nibble with 0. The bytes are :attr:`gpuq.Codes.data`. A 1-D byte string has
+  lost the tensor's shape, so the scheme records it (``"shape"``, required for
+  int4/uint4 and refused elsewhere). Their zero points lie in the code range
+  ([-8, 7] / [0, 15]) and the padding nibble is 0, both checked on reading.
+* fp8 is stored in safetensors' own float8 types (``F8_E4M3`` is
+  float8_e4m3fn, as torch and the safetensors library read it), so any
+  safetensors reader loads the codes as fp8; NumPy's .npy has no fp8 type (an
+  ml_dtypes array saves as raw ``V1`` bytes, its type lost), so an .npz holds
+  the uint8 bits and the dtype comes from the metadata. fp8 schemes are always
+  ``"symmetric": true`` and have no zero points.
+
+Versions. Version 1 (every gpuq before the int4/fp8 codes) knows int8/uint8
+only, with exactly the keys dtype, symmetric, axis, group_size, source_dtype.
+Version 2 adds int4, uint4, float8_e4m3fn and float8_e5m2. A file is written
+in the lowest version that holds it: int8/uint8 output stays version 1, the
+same bytes as before, so a gpuq from before version 2 still reads it; a file
+with any int4/fp8 tensor is version 2 (which such a gpuq refuses with
+"upgrade gpuq", instead of misreading packed bytes as int8). This gpuq reads
+both.
+
+Nothing in a file is trusted: :func:`check_file` holds each quantized tensor
+and its companions to the metadata (code dtype and the version that allows
+it, the storage dtype and shape, the packed length, scales and zero-point
+dtypes and shapes for the recorded scheme, presence or absence of the zero
+points) and refuses a format version it does not know, before any output is
+written; :func:`check_values` checks what needs the data (int4 zero points in
+range, the padding nibble) as each tensor is read, before it is used (the
+output is atomic: an error leaves no file). ``tests/data/format_v1/`` and
+``tests/data/format_v2/`` hold files written by each version; every later
+gpuq must read them with the same values.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from .files import CliError
+from .files import MAX_RANK, CliError
 
-#: The version this gpuq writes.
-FORMAT_VERSION = 1
+#: The newest version this gpuq writes (a file gets the lowest version that holds it:
+#: :func:`version_for`).
+FORMAT_VERSION = 2
 #: The versions this gpuq reads.
-KNOWN_VERSIONS = (1,)
-CODE_DTYPES = ("int8", "uint8")
+KNOWN_VERSIONS = (1, 2)
+#: Code dtypes by the first version that has them.
+V1_CODE_DTYPES = ("int8", "uint8")
+PACKED_DTYPES = ("int4", "uint4")
+FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+CODE_DTYPES = V1_CODE_DTYPES + PACKED_DTYPES + FP8_DTYPES
+#: The one packing of int4/uint4 codes (ONNX's nibble order, see the module docstring).
+PACKING = "onnx_nibbles"
+#: Code ranges of the 4-bit types (their zero points must lie in them too).
+INT4_RANGE = {"int4": (-8, 7), "uint4": (0, 15)}
 _SCHEME_KEYS = {"dtype", "symmetric", "axis", "group_size", "source_dtype"}
+_PACKED_KEYS = {"shape", "packing"}
+
+
+def min_version(dtype: str) -> int:
+    """The first format version that holds codes of ``dtype``.
+
+    >>> min_version("uint8"), min_version("int4"), min_version("float8_e5m2")
+    (1, 2, 2)
+    """
+    return 1 if dtype in V1_CODE_DTYPES else 2
+
+
+def version_for(schemes: dict) -> int:
+    """The version a file with these schemes is written in: the lowest that holds them all.
+
+    >>> version_for({"w": {"dtype": "int8"}}), version_for({}), version_for({"w": {"dtype": "int4"}})
+    (1, 1, 2)
+    """
+    return max([1] + [min_version(s["dtype"]) for s in schemes.values()])
+
+
+def scheme_for(dtype: str, symmetric: bool, axis, group_size, shape) -> dict:
+    """The scheme of one tensor of ``shape`` (``axis`` already in ``[0, rank)``).
+
+    fp8 is always symmetric (it has no zero point); int4/uint4 record the
+    logical shape and the packing, which the packed bytes cannot hold.
+
+    >>> scheme_for("int4", False, 1, 128, (4, 256))  # doctest: +NORMALIZE_WHITESPACE
+    {'dtype': 'int4', 'symmetric': False, 'axis': 1, 'group_size': 128, 'shape': [4, 256],
+     'packing': 'onnx_nibbles'}
+    >>> scheme_for("float8_e4m3fn", False, 0, None, (4, 256))["symmetric"]
+    True
+    """
+    scheme = {"dtype": dtype, "symmetric": bool(symmetric) or dtype in FP8_DTYPES,
+              "axis": axis, "group_size": group_size}
+    if dtype in PACKED_DTYPES:
+        scheme.update(shape=[int(d) for d in shape], packing=PACKING)
+    return scheme
 
 
 def param_shape(shape: tuple, axis, group_size) -> tuple:
@@ -59,40 +149,95 @@ def param_shape(shape: tuple, axis, group_size) -> tuple:
 
 
 def has_zps(scheme: dict) -> bool:
-    """Whether ``NAME.zps`` is stored: always, except for symmetric int8 (zero point 0).
+    """Whether ``NAME.zps`` is stored: not for symmetric int8/int4 (zero point 0) nor fp8.
 
     >>> has_zps({"dtype": "int8", "symmetric": True}), has_zps({"dtype": "uint8", "symmetric": True})
     (False, True)
+    >>> has_zps({"dtype": "int4", "symmetric": False}), has_zps({"dtype": "float8_e5m2", "symmetric": True})
+    (True, False)
     """
-    return not (scheme["symmetric"] and scheme["dtype"] == "int8")
+    if scheme["dtype"] in FP8_DTYPES:
+        return False
+    return not (scheme["symmetric"] and scheme["dtype"] in ("int8", "int4"))
+
+
+def zps_dtype(dtype: str) -> np.dtype:
+    """The stored dtype of the zero points of ``dtype`` codes (one per byte, never packed).
+
+    >>> zps_dtype("int4"), zps_dtype("uint4")
+    (dtype('int8'), dtype('uint8'))
+    """
+    return np.dtype({"int8": np.int8, "int4": np.int8, "uint8": np.uint8,
+                     "uint4": np.uint8}[dtype])
+
+
+def codes_dtype(dtype: str, fmt: str) -> np.dtype:
+    """The stored dtype of ``dtype`` codes in a file of format ``fmt``.
+
+    >>> codes_dtype("int4", "safetensors"), codes_dtype("float8_e4m3fn", "npz")
+    (dtype('uint8'), dtype('uint8'))
+    >>> codes_dtype("float8_e4m3fn", "safetensors").name
+    'float8_e4m3fn'
+    """
+    if dtype in V1_CODE_DTYPES:
+        return np.dtype(dtype)
+    if dtype in FP8_DTYPES and fmt == "safetensors":
+        import ml_dtypes
+
+        return np.dtype(getattr(ml_dtypes, dtype))
+    return np.dtype(np.uint8)
+
+
+def codes_shape(dtype: str, shape) -> tuple:
+    """The stored shape of the codes of a tensor of ``shape``: 1-D ``ceil(n / 2)`` bytes for
+    int4/uint4, the shape itself otherwise.
+
+    >>> codes_shape("int4", (3, 5)), codes_shape("int8", (3, 5))
+    ((8,), (3, 5))
+    """
+    if dtype in PACKED_DTYPES:
+        return ((math.prod(shape) + 1) // 2,)
+    return tuple(shape)
+
+
+def logical_shape(name: str, scheme: dict, ckpt) -> tuple:
+    """The shape of the tensor ``name`` stands for: the recorded one for packed codes."""
+    if scheme["dtype"] in PACKED_DTYPES:
+        return tuple(scheme["shape"])
+    return tuple(ckpt.spec(name)[0])
 
 
 def output_entries(name: str, shape: tuple, scheme: dict, fmt: str) -> dict:
-    """The entries (name -> (shape, dtype)) that quantizing tensor ``name`` writes in ``fmt``.
+    """The entries (name -> (shape, dtype)) that quantizing tensor ``name`` of ``shape`` writes
+    in ``fmt``.
 
     >>> output_entries("w", (4, 10), {"dtype": "uint8", "symmetric": False, "axis": 0,
     ...                               "group_size": None}, "npz")  # doctest: +NORMALIZE_WHITESPACE
     {'w': ((4, 10), dtype('uint8')), 'w.scales': ((4,), dtype('float32')),
      'w.zps': ((4,), dtype('uint8'))}
+    >>> output_entries("w", (3, 5), {"dtype": "int4", "symmetric": True, "axis": 1,
+    ...                              "group_size": 2}, "npz")  # doctest: +NORMALIZE_WHITESPACE
+    {'w': ((8,), dtype('uint8')), 'w.scales': ((3, 3), dtype('float32'))}
     """
-    code = np.dtype(scheme["dtype"])
+    dtype = scheme["dtype"]
     pshape = param_shape(shape, scheme["axis"], scheme["group_size"])
     if pshape == () and fmt == "safetensors":
         pshape = (1,)  # what version 1 wrote (its writer made 0-d arrays 1-d): same bytes
-    out = {name: (tuple(shape), code), name + ".scales": (pshape, np.dtype(np.float32))}
+    out = {name: (codes_shape(dtype, shape), codes_dtype(dtype, fmt)),
+           name + ".scales": (pshape, np.dtype(np.float32))}
     if has_zps(scheme):
-        out[name + ".zps"] = (pshape, code)
+        out[name + ".zps"] = (pshape, zps_dtype(dtype))
     return out
 
 
 def file_meta(schemes: dict, source_dtypes: dict, source_format: str) -> dict:
-    """The gpuq metadata of a quantized file (the current format version).
+    """The gpuq metadata of a quantized file, in the lowest version that holds ``schemes``.
 
     >>> file_meta({"w": {"dtype": "int8", "symmetric": True, "axis": 0, "group_size": None}},
     ...           {"w": "float32"}, "npz")["format_version"]
     1
     """
-    return {"format_version": FORMAT_VERSION, "source_format": source_format,
+    return {"format_version": version_for(schemes), "source_format": source_format,
             "tensors": {n: {**s, "source_dtype": source_dtypes[n]} for n, s in schemes.items()}}
 
 
@@ -100,9 +245,11 @@ def check_file(ckpt) -> dict:
     """Check a gpuq-quantized checkpoint against its metadata; return ``{name: scheme}``.
 
     Raises :class:`CliError` (one line, naming the file and the tensor) for a
-    format version this gpuq does not know, a malformed scheme, a missing or
-    mistyped tensor, scales or zero points of the wrong shape, or zero points
-    present where the scheme has none / absent where it needs them.
+    format version this gpuq does not know, a malformed scheme (a code dtype
+    the file's version does not have among them), a missing or mistyped
+    tensor, packed codes of the wrong length, scales or zero points of the
+    wrong shape, or zero points present where the scheme has none / absent
+    where it needs them.
     """
     path, meta = ckpt.path, ckpt.meta
 
@@ -112,20 +259,21 @@ def check_file(ckpt) -> dict:
     version = meta.get("format_version")
     if not _is_int(version) or version < 1:
         raise bad(f"its gpuq metadata is not valid: format_version is {version!r}, "
-                  f"expected {FORMAT_VERSION}")
+                  f"expected {' or '.join(map(str, KNOWN_VERSIONS))}")
     if version not in KNOWN_VERSIONS:
         raise bad(f"it was written in gpuq file format version {version}, newer than this "
                   f"gpuq reads (version {max(KNOWN_VERSIONS)}); upgrade gpuq to dequantize it")
     names = set(ckpt.names)
     schemes = {}
     for name, scheme in meta["tensors"].items():
-        scheme = _check_scheme(name, scheme, bad)
+        scheme = _check_scheme(name, scheme, version, bad)
         if name not in names:
             raise bad(f"tensor {name!r} is in the gpuq metadata but not in the file")
-        shape = ckpt.spec(name)[0]
+        shape = logical_shape(name, scheme, ckpt)
         if scheme["axis"] is not None and scheme["axis"] >= len(shape):
+            what = "the tensor has" if scheme["dtype"] in PACKED_DTYPES else "the codes have"
             raise bad(f"tensor {name!r}: the gpuq metadata says axis {scheme['axis']}, but "
-                      f"the codes have shape {list(shape)}")
+                      f"{what} shape {list(shape)}")
         wanted = output_entries(name, shape, scheme, ckpt.format)
         if scheme["axis"] is None and name + ".scales" in names:
             # Per-tensor: () or (1,) (version 1 wrote both), the zero points as the scales.
@@ -140,15 +288,23 @@ def check_file(ckpt) -> dict:
                           f"says {_describe(scheme)})")
             got_shape, got_dtype = ckpt.spec(entry)
             if got_dtype != want_dtype:
-                raise bad(f"tensor {name!r}: its {what} {entry!r} are {got_dtype}, but the gpuq "
-                          f"metadata says {_describe(scheme)}, which needs {want_dtype}")
+                raise bad(f"tensor {name!r}: its {what} {entry!r} are {_dtype_text(got_dtype)}, "
+                          f"but the gpuq metadata says {_describe(scheme)}, which needs "
+                          f"{_dtype_text(want_dtype)}{_storage_hint(scheme, entry == name)}")
             if tuple(got_shape) != want_shape:
+                if entry == name and scheme["dtype"] in PACKED_DTYPES:
+                    raise bad(f"tensor {name!r}: its packed codes {entry!r} have shape "
+                              f"{list(got_shape)}, but {scheme['dtype']} codes of shape "
+                              f"{list(shape)} pack into {want_shape[0]} bytes (1-D, "
+                              f"ceil({math.prod(shape)} / 2))")
                 raise bad(f"tensor {name!r}: its {what} {entry!r} have shape {list(got_shape)}, "
                           f"but {_describe(scheme)} of shape {list(shape)} needs "
                           f"{list(want_shape)}")
         if not has_zps(scheme) and name + ".zps" in names:
+            why = ("fp8 codes have no zero point" if scheme["dtype"] in FP8_DTYPES
+                   else "which has no zero points")
             raise bad(f"tensor {name!r}: the file has {name + '.zps'!r}, but the gpuq metadata "
-                      f"says {_describe(scheme)}, which has no zero points")
+                      f"says {_describe(scheme)}, {why}")
         schemes[name] = scheme
     companions = {n + s for n in schemes for s in (".scales", ".zps")}
     for name in schemes:
@@ -158,33 +314,92 @@ def check_file(ckpt) -> dict:
     return schemes
 
 
-def _check_scheme(name, scheme, bad) -> dict:
+def check_values(path: str, name: str, scheme: dict, codes, zps) -> None:
+    """What :func:`check_file` cannot see without the data, for one tensor as it is read:
+    int4/uint4 zero points in the code range, and the padding nibble of an odd count 0.
+
+    ``codes`` are the stored codes (host), ``zps`` the stored zero points or None.
+
+    >>> check_values("f", "w", {"dtype": "int4", "shape": [3]}, np.array([0x21, 0x13], np.uint8),
+    ...              None)
+    Traceback (most recent call last):
+    ...
+    gpuq.cli.files.CliError: cannot read IN 'f': tensor 'w': the high nibble of its last byte pads an odd count of int4 codes (3) and must be 0, but it is 1: damaged or not written by gpuq
+    """
+    dtype = scheme["dtype"]
+    if dtype not in PACKED_DTYPES:
+        return
+    lo, hi = INT4_RANGE[dtype]
+    if zps is not None and zps.size and (int(zps.min()) < lo or int(zps.max()) > hi):
+        raise CliError(f"cannot read IN {path!r}: tensor {name!r}: its zero points "
+                       f"{name + '.zps'!r} lie in [{int(zps.min())}, {int(zps.max())}], "
+                       f"outside the {dtype} range [{lo}, {hi}]")
+    n = math.prod(scheme["shape"])
+    if n % 2 and codes.size and int(codes[-1]) >> 4:
+        raise CliError(f"cannot read IN {path!r}: tensor {name!r}: the high nibble of its last "
+                       f"byte pads an odd count of {dtype} codes ({n}) and must be 0, but it is "
+                       f"{int(codes[-1]) >> 4}: damaged or not written by gpuq")
+
+
+def _check_scheme(name, scheme, version, bad) -> dict:
     def invalid(why):
         return bad(f"its gpuq metadata is not valid: tensor {name!r}: {why}")
 
     if not isinstance(scheme, dict):
         raise invalid(f"the scheme is {scheme!r}, not a table")
-    missing = _SCHEME_KEYS - {"source_dtype"} - set(scheme)
-    unknown = set(scheme) - _SCHEME_KEYS
-    if missing or unknown:
-        raise invalid(f"missing keys {sorted(missing)}, unknown keys {sorted(unknown)}")
-    dtype, symmetric = scheme["dtype"], scheme["symmetric"]
-    axis, group_size = scheme["axis"], scheme["group_size"]
-    if dtype not in CODE_DTYPES:
+    dtype = scheme.get("dtype")
+    if not isinstance(dtype, str) or dtype not in CODE_DTYPES:
         raise invalid(f"dtype {dtype!r} is not one of {', '.join(CODE_DTYPES)}")
+    if min_version(dtype) > version:
+        raise invalid(f"dtype {dtype!r} needs format version {min_version(dtype)}, but the "
+                      f"file says version {version} (whose code dtypes are "
+                      f"{', '.join(V1_CODE_DTYPES)})")
+    keys = _SCHEME_KEYS | (_PACKED_KEYS if dtype in PACKED_DTYPES else set())
+    missing = keys - {"source_dtype"} - set(scheme)
+    unknown = set(scheme) - keys
+    if missing or unknown:
+        raise invalid(f"missing keys {sorted(missing)}, unknown keys {sorted(unknown)} for "
+                      f"{dtype} codes")
+    symmetric = scheme["symmetric"]
+    axis, group_size = scheme["axis"], scheme["group_size"]
     if not isinstance(symmetric, bool):
         raise invalid(f"symmetric is {symmetric!r}, not true or false")
+    if dtype in FP8_DTYPES and not symmetric:
+        raise invalid(f"symmetric is false, but {dtype} codes have no zero point (always "
+                      f"symmetric)")
     if axis is not None and not (_is_int(axis) and axis >= 0):
         raise invalid(f"axis {axis!r} is not null or an integer >= 0")
     if group_size is not None and not (_is_int(group_size) and group_size >= 1 and axis is not None):
         raise invalid(f"group_size {group_size!r} is not null or an integer >= 1 with an axis")
     if "source_dtype" in scheme and not isinstance(scheme["source_dtype"], str):
         raise invalid(f"source_dtype {scheme['source_dtype']!r} is not a dtype name")
+    if dtype in PACKED_DTYPES:
+        shape = scheme["shape"]
+        if (not isinstance(shape, list) or len(shape) > MAX_RANK
+                or not all(_is_int(d) and 0 <= d < 2**63 for d in shape)):
+            raise invalid(f"shape {shape!r} is not a list of at most {MAX_RANK} sizes")
+        if scheme["packing"] != PACKING:
+            raise invalid(f"packing {scheme['packing']!r} is unknown (this gpuq reads "
+                          f"{PACKING!r}: ONNX's nibble order)")
     return dict(scheme)
 
 
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _dtype_text(dt) -> str:
+    return dt.name if isinstance(dt, np.dtype) else str(dt)
+
+
+def _storage_hint(scheme, is_codes) -> str:
+    if not is_codes:
+        return ""
+    if scheme["dtype"] in PACKED_DTYPES:
+        return " (packed bytes)"
+    if scheme["dtype"] in FP8_DTYPES:
+        return " (fp8: F8_* in .safetensors, the uint8 bits in .npz)"
+    return ""
 
 
 def _describe(scheme) -> str:
@@ -194,5 +409,6 @@ def _describe(scheme) -> str:
         where = f"axis {scheme['axis']}"
     else:
         where = f"axis {scheme['axis']}, group size {scheme['group_size']}"
+    if scheme["dtype"] in FP8_DTYPES:
+        return f"{scheme['dtype']} {where}"
     return f"{scheme['dtype']} {'symmetric' if scheme['symmetric'] else 'asymmetric'} {where}"
-

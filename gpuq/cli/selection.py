@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .files import CliError
+from .quantized import FP8_DTYPES, scheme_for
 
 DEFAULT_MIN_SIZE = 1024
 _FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
@@ -42,6 +43,9 @@ class Plan:
 
         >>> Plan(-1, 128, "int8", True).for_shape("w", (4, 256))
         {'dtype': 'int8', 'symmetric': True, 'axis': 1, 'group_size': 128}
+
+        int4/uint4 schemes also record the shape and packing, fp8 ones are
+        symmetric (:func:`gpuq.cli.quantized.scheme_for`).
         """
         axis = self.axis
         if axis is not None:
@@ -52,8 +56,7 @@ class Plan:
                     f"(rank {rank}); exclude it or pick an axis every selected tensor has"
                 )
             axis %= rank
-        return {"dtype": self.dtype, "symmetric": self.symmetric, "axis": axis,
-                "group_size": self.group_size}
+        return scheme_for(self.dtype, self.symmetric, axis, self.group_size, shape)
 
 
 def describe(scheme: dict) -> str:
@@ -63,8 +66,12 @@ def describe(scheme: dict) -> str:
     'int8 asym axis=1 g=128'
     >>> describe({"dtype": "uint8", "symmetric": True, "axis": None, "group_size": None})
     'uint8 sym per-tensor'
+    >>> describe({"dtype": "float8_e4m3fn", "symmetric": True, "axis": 0, "group_size": None})
+    'float8_e4m3fn axis=0'
     """
-    parts = [scheme["dtype"], "sym" if scheme["symmetric"] else "asym"]
+    parts = [scheme["dtype"]]
+    if scheme["dtype"] not in FP8_DTYPES:  # fp8 is always symmetric: no word for it
+        parts.append("sym" if scheme["symmetric"] else "asym")
     if scheme["axis"] is None:
         parts.append("per-tensor")
     else:

@@ -1,0 +1,165 @@
+"""``gpuq compare``: several code types side by side on one checkpoint, SQNR per tensor.
+
+Each selected tensor (the same selection as ``gpuq quantize``: floating, rank
+>= 2, ``--min-size``, ``--include``/``--exclude``) is quantized in memory with
+every ``--scheme`` in turn, exactly as ``gpuq quantize`` would with those
+options (:func:`gpuq.cli.convert.quantize_tensor`), and compared with its
+float32 dequantization; nothing is written. The default schemes are the
+three of issue 19: int8 per-channel (the ``gpuq quantize`` default), int4 with
+groups of 128 along the input dimension, fp8 e4m3fn per row.
+
+A scheme is ``DTYPE[:OPTION]...`` with the options ``gG`` (one scale per G
+elements; along the last axis unless ``axisK`` says otherwise), ``axisK``
+(per-channel along K; default 0, or -1 with a group size), ``tensor`` (one
+scale per tensor) and ``sym`` (zero point 0; implied for fp8)::
+
+    int8                  int8 asymmetric, one scale per output row (axis 0)
+    int4:g128             int4 asymmetric, groups of 128 along the inputs
+    uint4:g64:sym         uint4 symmetric (zero point 8), groups of 64
+    float8_e4m3fn         fp8, one scale per row
+    float8_e5m2:tensor    fp8 e5m2, one scale per tensor
+"""
+
+from __future__ import annotations
+
+import math
+
+from .files import Checkpoint, CliError
+from .quantized import CODE_DTYPES, FP8_DTYPES, codes_shape, has_zps, param_shape, zps_dtype
+from .report import _db, human_bytes, natural_key
+from .selection import Plan, describe, select
+
+DEFAULT_SCHEMES = ("int8", "int4:g128", "float8_e4m3fn")
+
+
+def parse_scheme(text: str) -> Plan:
+    """A :class:`~gpuq.cli.selection.Plan` from ``DTYPE[:OPTION]...`` (see the module docstring).
+
+    >>> parse_scheme("int4:g128")
+    Plan(axis=-1, group_size=128, dtype='int4', symmetric=False)
+    >>> parse_scheme("float8_e5m2:tensor")
+    Plan(axis=None, group_size=None, dtype='float8_e5m2', symmetric=True)
+    >>> parse_scheme("int3")
+    Traceback (most recent call last):
+    ...
+    gpuq.cli.files.CliError: --scheme 'int3': the code type 'int3' is not one of int8, uint8, int4, uint4, float8_e4m3fn, float8_e5m2
+    """
+    dtype, *options = text.split(":")
+    if dtype not in CODE_DTYPES:
+        raise CliError(f"--scheme {text!r}: the code type {dtype!r} is not one of "
+                       f"{', '.join(CODE_DTYPES)}")
+    axis = group = None
+    per_tensor = symmetric = False
+    for opt in options:
+        try:
+            if opt == "sym":
+                symmetric = True
+            elif opt == "tensor":
+                per_tensor = True
+            elif opt.startswith("axis"):
+                axis = int(opt[4:])
+            elif opt.startswith("g"):
+                group = int(opt[1:])
+                if group < 1:
+                    raise ValueError
+            else:
+                raise ValueError
+        except ValueError:
+            raise CliError(f"--scheme {text!r}: {opt!r} is not an option (gG, axisK, tensor, "
+                           f"sym)") from None
+    if per_tensor and (axis is not None or group is not None):
+        raise CliError(f"--scheme {text!r}: 'tensor' takes no axis or group size")
+    if not per_tensor and axis is None:
+        axis = -1 if group is not None else 0
+    return Plan(axis=None if per_tensor else axis, group_size=group, dtype=dtype,
+                symmetric=symmetric or dtype in FP8_DTYPES)
+
+
+def _stored_bytes(shape, scheme) -> int:
+    """Bytes ``gpuq quantize`` stores for one tensor: codes, scales, zero points."""
+    codes = math.prod(codes_shape(scheme["dtype"], shape))  # one byte per code, or packed
+    params = math.prod(param_shape(tuple(shape), scheme["axis"], scheme["group_size"]))
+    zps = params * zps_dtype(scheme["dtype"]).itemsize if has_zps(scheme) else 0
+    return codes + 4 * params + zps
+
+
+def run_compare(in_path, scheme_texts, *, include=(), exclude=(), min_size, device) -> dict:
+    """SQNR of every selected tensor of one checkpoint file under each scheme; the report."""
+    from .convert import quantize_tensor, sqnr_db
+
+    plans = [parse_scheme(t) for t in (scheme_texts or DEFAULT_SCHEMES)]
+    columns = list(scheme_texts or DEFAULT_SCHEMES)
+    with Checkpoint(in_path) as ckpt:
+        if ckpt.meta is not None:
+            raise CliError(f"IN {in_path!r} is already quantized by gpuq; compare its source")
+        specs = {n: ckpt.spec(n) for n in ckpt.names}
+        chosen = select(specs, include=include, exclude=exclude, min_size=min_size)
+        schemes = {n: [p.for_shape(n, specs[n][0]) for p in plans] for n in chosen}
+        rows, totals = [], [{"signal": 0.0, "error": 0.0, "bytes": 0} for _ in plans]
+        before = 0
+        for name in chosen:
+            shape, dtype = specs[name]
+            x = ckpt.load(name)
+            before += x.nbytes
+            row = {"name": name, "shape": list(shape), "dtype": dtype.name, "sqnr_db": []}
+            for k, scheme in enumerate(schemes[name]):
+                try:
+                    _, _, _, stats, _ = quantize_tensor(x, scheme, device, name=name,
+                                                        nonfinite="allow")
+                except (ValueError, TypeError) as exc:
+                    raise CliError(f"tensor {name!r}, --scheme {columns[k]!r}: "
+                                   f"{' '.join(str(exc).split())}") from exc
+                row["sqnr_db"].append(sqnr_db(stats["signal"], stats["error"]))
+                tot = totals[k]
+                if not math.isnan(stats["signal"]):
+                    tot["signal"] += stats["signal"]
+                    tot["error"] += stats["error"]
+                tot["bytes"] += _stored_bytes(shape, scheme)
+            rows.append(row)
+            del x
+    rows.sort(key=lambda r: natural_key(r["name"]))
+    return {
+        "command": "compare", "input": in_path, "device": device.name,
+        "schemes": [{"scheme": t, "text": _column(plans[k], schemes, k)}
+                    for k, t in enumerate(columns)],
+        "tensors": rows,
+        "total": {"quantized": len(rows), "bytes_before": before,
+                  "sqnr_db": [sqnr_db(t["signal"], t["error"]) for t in totals],
+                  "bytes_after": [t["bytes"] for t in totals]},
+    }
+
+
+def _column(plan, schemes, k) -> str:
+    """The column title: the scheme as the quantize report words it (axis as given)."""
+    if not schemes:
+        return plan.dtype
+    any_scheme = next(iter(schemes.values()))[k]
+    text = describe(any_scheme)
+    if plan.axis is not None and plan.axis < 0:  # per tensor the axis differs with the rank
+        text = text.replace(f"axis={any_scheme['axis']}", f"axis={plan.axis}")
+    return text
+
+
+def format_compare(report: dict) -> str:
+    """The comparison as a table: one SQNR column per scheme, totals and sizes below."""
+    titles = [s["text"] for s in report["schemes"]]
+    header = ["tensor", "shape"] + titles
+    rows = [[r["name"], "x".join(map(str, r["shape"]))] + [_db(v) for v in r["sqnr_db"]]
+            for r in report["tensors"]]
+    tot = report["total"]
+    total = [f"total: {tot['quantized']} tensors", "SQNR dB"] + [_db(v) for v in tot["sqnr_db"]]
+    size = [f"stored (from {human_bytes(tot['bytes_before'])})", "bytes"] + [
+        f"{human_bytes(b)} ({b / tot['bytes_before']:.0%})" if tot["bytes_before"] else "0 B"
+        for b in tot["bytes_after"]]
+    table = [header] + rows + [total, size]
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+
+    def line(r):
+        return "  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    title = (f"gpuq compare: {report['input']} (device: {report['device']}), SQNR dB of the "
+             f"float32 dequantization")
+    return "\n".join([title, "", line(header), rule] + [line(r) for r in rows]
+                     + [rule, line(total), line(size)])
