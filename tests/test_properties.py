@@ -450,7 +450,7 @@ _QDTYPES = {"int8": np.int8, "u8": np.uint8, "s8": np.int8, np.uint8: np.uint8, 
 _FDTYPES = {"float32": np.float32, "f16": np.float16, "f64": np.float64, np.float64: np.float64,
             "float16": np.float16}
 _BAD_DTYPES = ["s32", "float32", ">f4", np.int16, int, float, "nope", 3, object(), np.dtype("V3"), "bf16",
-               "int8", "u8", "f4", ""]
+               "int8", "u8", "f4", "", "s4", "uint4", "float8_e4m3fn", "f8_e5m2"]
 _BAD_QTYPES = ["per_row", None, "PER_TENSOR", 1, "per_group"]
 
 
@@ -599,14 +599,18 @@ def check_fuzz(drawn):
     first = result[0] if fn == "quantize_dynamic" else result
     if out is not None:
         assert result is out
+    elif isinstance(first, gpuq.Codes):  # int4/uint4 codes: packed bytes with their shape
+        assert first.dtype in ("int4", "uint4") and type(first.data) is np.ndarray
+        assert first.shape == np.shape(kw["src"])
+        return
     else:
         assert type(first) is np.ndarray, type(first)
     assert np.shape(first) == np.shape(kw["src"])
     dt = np.asarray(first).dtype
     if fn in ("quantize", "quantize_dynamic", "Quantize", "DynamicQuantize"):
-        assert dt in (np.int8, np.uint8), dt
+        assert dt in (np.int8, np.uint8) or dt.name in ("float8_e4m3fn", "float8_e5m2"), dt
     else:
-        assert dt.kind == "f", dt
+        assert dt.kind == "f" or dt.name == "bfloat16", dt
 
 
 def test_bad_arguments_raise_only_documented_errors(host_loops):

@@ -37,6 +37,7 @@ import math
 import numpy as np
 
 from . import backend as _b
+from . import blocks, choice
 from .blocks import BLOCK
 
 _U8 = np.dtype(np.uint8)
@@ -151,14 +152,78 @@ def _dequantize_fp8_block(qb, ob, params, scratch, *, fmt, ct):
     _b.scaled_out(t, params[0], ob, scratch)
 
 
+@functools.cache
+def fp8_consts(fmt: str, saturate: bool) -> tuple:
+    """:func:`fp8_bits`' constants as the compiled kernel takes them (``loops.fp8_one``)."""
+    mbits, bias, min_normal, max_bits, max_code, over, over_code, inclusive, nan_code = _FP8[fmt]
+    shift = 23 - mbits
+    u = np.uint32
+    if saturate:
+        limit, code = max_bits, max_code
+    else:
+        limit, code = (over - 1 if inclusive else over), over_code
+    return (u(shift), u((1 << (shift - 1)) - 1), u((127 - bias) << mbits), u(min_normal),
+            np.float32(2.0 ** (bias - 1 + mbits)), u(limit), u(code), u(nan_code))
+
+
+def _quantize_fp8_block_compiled(xb, ob, params, scratch, *, kernels, fmt, saturate):
+    flat = _b._kernel_form(xb, ob, params)
+    if flat is None:  # a strided or multi-axis block: the ufunc loop, the same bits
+        _quantize_fp8_block(xb, ob, params, scratch, fmt=fmt, saturate=saturate)
+        return
+    x, o, (run, (s,)) = flat
+    x, table = _kernel_input(x)
+    kernels.quantize_fp8(x, table, o.view(_U8), run, s, fp8_consts(fmt, saturate))
+
+
+def _dequantize_fp8_block_compiled(qb, ob, params, scratch, *, kernels, fmt, ct):
+    flat = _b._kernel_form(qb, ob, params)
+    if flat is None:
+        _dequantize_fp8_block(qb, ob, params, scratch, fmt=fmt, ct=ct)
+        return
+    q, o, (run, (s,)) = flat
+    kernels.dequantize_fp8(q, fp8_table(fmt, ct), _kernel_output(o), run, s)
+
+
+def _kernel_input(x):
+    """``(x, table)`` as the compiled kernels read floats: float16 as uint16 bits and the
+    widening table, bfloat16 as int16 bits (``loops.load``), others as they are."""
+    if x.dtype == np.float16:
+        return x.view(np.uint16), _b._float16_table()
+    if _b.is_bfloat16(x.dtype):
+        return x.view(np.int16), None
+    return x, None
+
+
+def _kernel_output(o):
+    """``o`` as the compiled kernels write it (``loops.store``): float16 as uint16 bits,
+    bfloat16 as int16 bits."""
+    if o.dtype == np.float16:
+        return o.view(np.uint16)
+    if _b.is_bfloat16(o.dtype):
+        return o.view(np.int16)
+    return o
+
+
 def quantize_fp8(src, scheme, scales, out_bits, fmt, saturate) -> None:
     """fp8 codes of host ``src`` into ``out_bits`` (uint8 view of the fp8 result, src's shape)."""
+    kernels = choice.kernels()
+    if kernels is not None:
+        fn = functools.partial(_quantize_fp8_block_compiled, kernels=kernels, fmt=fmt,
+                               saturate=bool(saturate))
+        _b._run(_b._plans(src, out_bits, scheme, [scales], expand=False), fn)
+        return
     fn = functools.partial(_quantize_fp8_block, fmt=fmt, saturate=bool(saturate))
     _b._run(_b._plans(src, out_bits, scheme, [scales]), fn)
 
 
 def dequantize_fp8(bits, scheme, scales, out, fmt) -> None:
     """``out = widen(bits) * s`` for fp8 bits ``bits`` (uint8, out's shape)."""
+    kernels = choice.kernels()
+    if kernels is not None:
+        fn = functools.partial(_dequantize_fp8_block_compiled, kernels=kernels, fmt=fmt, ct=scales.dtype)
+        _b._run(_b._plans(bits, out, scheme, [scales], expand=False), fn)
+        return
     fn = functools.partial(_dequantize_fp8_block, fmt=fmt, ct=scales.dtype)
     _b._run(_b._plans(bits, out, scheme, [scales]), fn)
 
@@ -237,12 +302,56 @@ def _unpack_into(src, n, signed, dst) -> None:
         np.subtract(dst, 8, out=dst)
 
 
+def int4_map(scheme, n):
+    """``(T, C, gs, G, P, cons)``: the parameter of flat element ``i = (o * C + c) * T + t``
+    is ``((o % P) * G + c // gs) * T + t`` where ``cons``, else ``(o % P) * G + c // gs``
+    (``loops.quantize_int4``); None for the maps it does not cover (strided, expand).
+
+    >>> from gpuq._scheme import Scheme
+    >>> int4_map(Scheme.build((2, 5), axis=1, group_size=2), 10)
+    (1, 5, 2, 3, 10, False)
+    """
+    name, m0, m1, m2, _ = scheme.index_map
+    big = max(n, 1)
+    if name == "tensor":
+        return big, 1, 1, 1, 1, False
+    if name == "channel":
+        return m1, m0, 1, 1, 1, False
+    if name == "group":
+        return m1, m0, m2, -(-m0 // m2), big, m1 > 1
+    return None
+
+
+def _int4_kernel_args(src_or_out, scheme, zps, ct):
+    """``(kernels, map)`` where the compiled int4 kernels serve this call, else None."""
+    kernels = choice.kernels()
+    if kernels is None or _b._wide(zps, ct):
+        return None
+    m = int4_map(scheme, src_or_out.size)
+    if m is None:
+        return None
+    return kernels, m
+
+
 def quantize_int4(src, scheme, scales, zps, packed, signed) -> None:
     """Packed int4/uint4 codes of host ``src`` into ``packed`` (1-D uint8, ceil(n/2))."""
     qmin, qmax = (-8, 7) if signed else (0, 15)
     ct = scales.dtype
-    wide = _b._wide(zps, ct)
     read = _flat_reader(src)
+    compiled = _int4_kernel_args(src, scheme, zps, ct)
+    if compiled is not None:
+        kernels, (T, C, gs, G, P, cons) = compiled
+        s = scales.reshape(-1)
+        z = None if zps is None else zps.reshape(-1).astype(ct)
+
+        def kchunk(a, b, _, scratch):
+            x, table = _kernel_input(read(a, b))
+            kernels.quantize_int4(x, table, packed[a // 2:(b + 1) // 2], a, T, C, gs, G, P, cons,
+                                  s, z, qmin, qmax)
+
+        _b._run([_FlatChunks(src.size)], kchunk)
+        return
+    wide = _b._wide(zps, ct)
     if zps is None:
         params = [scales]
     elif wide:
@@ -263,9 +372,24 @@ def quantize_int4(src, scheme, scales, zps, packed, signed) -> None:
 def dequantize_int4(packed, scheme, scales, zps, out, signed) -> None:
     """``out = (q - zp) * s`` for the packed int4/uint4 codes ``packed`` (out's shape)."""
     ct = scales.dtype
-    wide = _b._wide(zps, ct)
     target = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
     flat_out = target.reshape(-1)
+    compiled = _int4_kernel_args(out, scheme, zps, ct)
+    if compiled is not None:
+        kernels, (T, C, gs, G, P, cons) = compiled
+        s = scales.reshape(-1)
+        z = None if zps is None else zps.reshape(-1).astype(ct)
+        kout = _kernel_output(flat_out)
+
+        def kchunk(a, b, _, scratch):
+            kernels.dequantize_int4(packed[a // 2:(b + 1) // 2], kout[a:b], a, T, C, gs, G, P, cons,
+                                    bool(signed), s, z)
+
+        _b._run([_FlatChunks(out.size)], kchunk)
+        if target is not out:
+            np.copyto(out, target)
+        return
+    wide = _b._wide(zps, ct)
     params = [scales] if zps is None else [scales, zps.astype(_I64 if wide else ct)]
 
     def chunk(a, b, _, scratch):

@@ -327,3 +327,257 @@ def quantize_dynamic_rows(x, table, bits, run, out, scales, zps, qmin, qmax, sym
         for j in range(run):
             out[base + j] = quantize_one(load(x, base + j, table), s, z, lo_q, hi_q)
     return -1
+
+
+# --- fp8 and packed int4 (issue 19; the NumPy twins are in ``formats``) ---------------------------
+
+@njit(inline="always")
+def fp8_one(t, f):
+    """The fp8 bits (uint8) of float32 ``t``, rounded to nearest even: ``formats.fp8_bits`` for
+    one element, the same bit operations (that docstring says why they round correctly).
+
+    ``f`` is ``formats.fp8_consts``: ``(shift, half - 1, rebase, min_normal, sub_mul,
+    limit, limit_code, nan_code)``, uint32 except ``sub_mul`` (float32); magnitudes
+    above ``limit`` give ``limit_code`` (``max_bits`` and ``max_code`` saturating, else the
+    overflow threshold, minus 1 where it is inclusive). Every branch is a select, and
+    there is no runtime flag: the loop vectorizes.
+    """
+    shift, half_m1, rebase, min_normal, sub_mul, limit, limit_code, nan_code = f
+    u = np.float32(t).view(np.uint32)
+    a = u & np.uint32(0x7FFFFFFF)
+    r = ((a + ((a >> shift) & np.uint32(1)) + half_m1) >> shift) - rebase
+    v = abs(np.float32(t)) * sub_mul
+    v = v if v < np.float32(16) else np.float32(16)  # the small ones only (NaN, huge: unused)
+    sub = np.uint32(np.int32(np.rint(v)))
+    r = sub if a < min_normal else r
+    r = limit_code if a > limit else r
+    r = nan_code if a > np.uint32(0x7F800000) else r
+    return np.uint8(r | ((u >> np.uint32(24)) & np.uint32(0x80)))
+
+
+@njit(inline="always")
+def fp8_of(v, s, f):
+    """fp8 bits of ``v / s``: one division in the compute type, a float64 quotient rounded to
+    float32 once first (as ``formats._quantize_fp8_block``)."""
+    return fp8_one(np.float32(v / s), f)
+
+
+@njit(**_JIT)
+def quantize_fp8(x, table, out, run, scales, f):
+    """fp8 bits of flat ``x / s`` into ``out`` (uint8); parameters as :func:`quantize`."""
+    nparams = scales.size
+    if run == 1:
+        for k in range(0, x.size, nparams):
+            xk, outk = x[k:k + nparams], out[k:k + nparams]
+            for j in range(xk.size):
+                outk[j] = fp8_of(load(xk, j, table), scales[j], f)
+        return
+    p = 0
+    for r in range(-(-x.size // run)):
+        s = scales[p]
+        p = p + 1 if p + 1 < nparams else 0
+        base = r * run
+        if base + run <= x.size:
+            for j in range(run):
+                out[base + j] = fp8_of(load(x, base + j, table), s, f)
+        else:
+            for j in range(x.size - base):
+                out[base + j] = fp8_of(load(x, base + j, table), s, f)
+
+
+@njit(**_JIT)
+def dequantize_fp8(q, values, out, run, scales):
+    """``values[q] * s`` of flat fp8 bits ``q`` into ``out``; ``values`` is ``formats.fp8_table``
+    in the compute type; parameters as :func:`dequantize`."""
+    nparams = scales.size
+    if run == 1:
+        for k in range(0, q.size, nparams):
+            qk, outk = q[k:k + nparams], out[k:k + nparams]
+            for j in range(qk.size):
+                store(outk, j, values[qk[j]] * scales[j])
+        return
+    p = 0
+    for r in range(-(-q.size // run)):
+        s = scales[p]
+        p = p + 1 if p + 1 < nparams else 0
+        base = r * run
+        if base + run <= q.size:
+            for j in range(run):
+                store(out, base + j, values[q[base + j]] * s)
+        else:
+            for j in range(q.size - base):
+                store(out, base + j, values[q[base + j]] * s)
+
+
+#: Elements per sub-range of the int4 kernels: codes go through an L1-sized buffer.
+INT4_SUB = 4096
+
+
+@njit(inline="always")
+def _walk(begin, T, C, gs, P):
+    """The walk's state at flat element ``begin = (o * C + c) * T + t``: ``(ob, c, t, g, gend)``
+    with ``ob = o % P``, ``g = c // gs`` and ``gend`` the end of group ``g`` (``<= C``)."""
+    o, rem = divmod(begin, C * T)
+    c, t = divmod(rem, T)
+    g = c // gs
+    return o % P, c, t, g, min((g + 1) * gs, C)
+
+
+@njit(inline="always")
+def _next_row(ob, c, g, gend, C, gs, P):
+    """The state after row ``c`` ends (``t`` back to 0): no division."""
+    c += 1
+    if c == gend:
+        g += 1
+        gend = min(gend + gs, C)
+    if c == C:
+        c, g, gend = 0, 0, min(gs, C)
+        ob = ob + 1 if ob + 1 < P else 0
+    return ob, c, g, gend
+
+
+@njit(inline="always")
+def _segment(state, T, C, gs, G, P, cons, left):
+    """``(p, length, state)``: the first parameter and the length (at most ``left``) of the
+    segment at ``state`` (:func:`_walk`), and the state after it. An element's parameter is
+    ``(ob * G + g) * T + t`` where ``cons`` (consecutive over a row), else ``ob * G + g``
+    (constant to the end of the group). ``cons`` must be a compile-time constant here (the
+    kernels are split on it): a runtime branch between the two kept the inner loops from
+    vectorizing (g128 quantize 2.7x slower, measured)."""
+    ob, c, t, g, gend = state
+    row = ob * G + g
+    if cons:
+        first = row * T + t
+        length = min(T - t, left)
+        t += length
+        if t == T:
+            t = 0
+            ob, c, g, gend = _next_row(ob, c, g, gend, C, gs, P)
+        return first, length, (ob, c, t, g, gend)
+    full = (gend - c) * T - t
+    if full <= left:
+        c, t = gend - 1, 0
+        ob, c, g, gend = _next_row(ob, c, g, gend, C, gs, P)
+        return row, full, (ob, c, t, g, gend)
+    # Stops inside the group's rows (the end of a sub-range): one division.
+    t += left
+    c += t // T
+    t = t % T
+    return row, left, (ob, c, t, g, gend)
+
+
+@njit(inline="always")
+def _pack(buf, m, packed, s0):
+    """Pack codes ``buf[:m]`` into ``packed`` from byte ``s0 // 2`` (ONNX order: element 2j
+    in the low nibble), as uint16 pairs (little-endian: element 2j is the low byte)."""
+    if m & 1:
+        buf[m] = 0
+    pairs = buf.view(np.uint16)
+    out = packed[s0 // 2:s0 // 2 + (m + 1) // 2]
+    for j in range(out.size):
+        w = pairs[j]
+        out[j] = np.uint8((w & np.uint16(0x0F)) | ((w >> np.uint16(4)) & np.uint16(0xF0)))
+
+
+@njit(inline="always")
+def _unpack(packed, m, buf, s0, signed):
+    """``buf[:m]`` = the int8 codes of ``packed`` from byte ``s0 // 2`` (int4 sign-extended)."""
+    pairs = buf.view(np.uint16)
+    src = packed[s0 // 2:s0 // 2 + (m + 1) // 2]
+    for j in range(src.size):
+        b = np.uint16(src[j])
+        pairs[j] = (b & np.uint16(0x0F)) | ((b & np.uint16(0xF0)) << np.uint16(4))
+    if signed:  # (v ^ 8) - 8
+        for j in range(m):
+            buf[j] = np.int8((np.int32(buf[j]) ^ 8) - 8)
+
+
+@njit(inline="always")
+def _q4(x, table, packed, begin, T, C, gs, G, P, cons, scales, zps, qmin, qmax):
+    zero, lo, hi = to_compute(0, scales[0]), to_compute(qmin, scales[0]), to_compute(qmax, scales[0])
+    n = x.size
+    buf = np.empty(INT4_SUB, np.int8)
+    state = _walk(begin, T, C, gs, P)
+    for s0 in range(0, n, INT4_SUB):
+        m = min(INT4_SUB, n - s0)
+        k = 0
+        while k < m:
+            p, length, state = _segment(state, T, C, gs, G, P, cons, m - k)
+            xs, bs = x[s0 + k:s0 + k + length], buf[k:k + length]
+            if cons:
+                sc = scales[p:p + length]
+                if zps is None:
+                    for j in range(length):
+                        bs[j] = quantize_one(load(xs, j, table), sc[j], zero, lo, hi)
+                else:
+                    zc = zps[p:p + length]
+                    for j in range(length):
+                        bs[j] = quantize_one(load(xs, j, table), sc[j], zc[j], lo, hi)
+            else:
+                s, zp = scales[p], param(zps, p, zero)
+                for j in range(length):
+                    bs[j] = quantize_one(load(xs, j, table), s, zp, lo, hi)
+            k += length
+        _pack(buf, m, packed, s0)
+
+
+@njit(inline="always")
+def _dq4(packed, out, begin, T, C, gs, G, P, cons, signed, scales, zps):
+    zero = to_compute(0, scales[0])
+    n = out.size
+    buf = np.empty(INT4_SUB, np.int8)
+    state = _walk(begin, T, C, gs, P)
+    for s0 in range(0, n, INT4_SUB):
+        m = min(INT4_SUB, n - s0)
+        _unpack(packed, m, buf, s0, signed)
+        k = 0
+        while k < m:
+            p, length, state = _segment(state, T, C, gs, G, P, cons, m - k)
+            os_, bs = out[s0 + k:s0 + k + length], buf[k:k + length]
+            if cons:
+                sc = scales[p:p + length]
+                if zps is None:
+                    for j in range(length):
+                        store(os_, j, to_compute(bs[j], zero) * sc[j])
+                else:
+                    zc = zps[p:p + length]
+                    for j in range(length):
+                        store(os_, j, (to_compute(bs[j], zero) - zc[j]) * sc[j])
+            else:
+                s = scales[p]
+                if zps is None:
+                    for j in range(length):
+                        store(os_, j, to_compute(bs[j], zero) * s)
+                else:
+                    zp = zps[p]
+                    for j in range(length):
+                        store(os_, j, (to_compute(bs[j], zero) - zp) * s)
+            k += length
+
+
+@njit(**_JIT)
+def quantize_int4(x, table, packed, begin, T, C, gs, G, P, cons, scales, zps, qmin, qmax):
+    """Packed int4/uint4 codes of flat ``x`` (elements ``begin ..`` of the tensor, ``begin``
+    even) into ``packed`` (``ceil(x.size / 2)`` bytes, ONNX nibble order).
+
+    Parameter of element ``i`` (absolute): see :func:`_segment` with
+    ``i = (o * C + c) * T + t``, ``ob = o % P``, ``g = c // gs`` (``formats.int4_map``: per-tensor, per-channel and
+    per-group maps). Codes go through an L1 buffer of :data:`INT4_SUB`, segment by
+    segment (long inner loops with one parameter, or consecutive ones), then are packed
+    as uint16 pairs: memory is read and written once.
+    """
+    if cons:
+        _q4(x, table, packed, begin, T, C, gs, G, P, True, scales, zps, qmin, qmax)
+    else:
+        _q4(x, table, packed, begin, T, C, gs, G, P, False, scales, zps, qmin, qmax)
+
+
+@njit(**_JIT)
+def dequantize_int4(packed, out, begin, T, C, gs, G, P, cons, signed, scales, zps):
+    """``(q - zp) * s`` of the packed int4/uint4 codes of elements ``begin .. begin + out.size``
+    (``begin`` even; ``packed`` starts at element ``begin``) into flat ``out``; parameters
+    as :func:`quantize_int4`."""
+    if cons:
+        _dq4(packed, out, begin, T, C, gs, G, P, True, signed, scales, zps)
+    else:
+        _dq4(packed, out, begin, T, C, gs, G, P, False, signed, scales, zps)
