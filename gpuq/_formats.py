@@ -28,13 +28,15 @@ _U8 = np.dtype(np.uint8)
 
 
 def _impl(backend):
-    """What runs the formats: the host backend's ``formats`` module (it sits above the
-    block machinery it reuses), or the CUDA backend itself."""
+    """What runs the formats: each backend's ``formats`` module (it sits above the
+    machinery of its backend that it reuses)."""
     if backend.name == "numpy":
         from .backends.host import formats
 
         return formats
-    return backend
+    from .backends.cuda import formats
+
+    return formats
 
 
 def source_format(src):

@@ -8,7 +8,8 @@
 //   asymmetric:  lo' = min(lo, 0), hi' = max(hi, 0)
 //                scale = max((hi' - lo') / (qmax - qmin), eps)
 //                zp = clamp(qmin - rint(lo' / scale), qmin, qmax)
-//   symmetric:   scale = max(max(|lo|, |hi|) / 127, eps), zp = 0 (int8) or 128 (uint8)
+//   symmetric:   scale = max(max(|lo|, |hi|) / ((qmax - qmin) / 2), eps): / 127 for 8-bit
+//                codes, / 7 for 4-bit, / max_finite for fp8; zp = 0 (signed) or (qmax + 1) / 2
 //
 // NaN is skipped by the reductions (PTX min/max return the other operand), a
 // block with no number keeps (+inf, -inf) and comes out as an all-zero block,
@@ -237,8 +238,9 @@ __device__ __forceinline__ QParams finalize_one(float lo, float hi, int qmin, in
     q.inf = __float_as_uint(lo) == kBitsNegInf || __float_as_uint(hi) == kBitsPosInf;
     if (symmetric) {
         const float amax = max_keep(max_keep(hi, neg(lo)), 0.0f);
-        q.scale = max_keep(div_rn(amax, 127.0f), eps);
-        q.zp = qmin < 0 ? 0 : 128;
+        // Half the code range: 127 (8-bit codes), 7 (4-bit), max_finite (fp8: qmin = -qmax).
+        q.scale = max_keep(div_rn(amax, static_cast<float>((qmax - qmin) / 2)), eps);
+        q.zp = qmin < 0 ? 0 : (qmax + 1) / 2;
         return q;
     }
     const float lo0 = min_keep(lo, 0.0f), hi0 = max_keep(hi, 0.0f);

@@ -73,8 +73,17 @@ class _FakeTorchTensor:
         cai.pop("stream", None)
         return cai
 
+    @property
+    def shape(self):
+        return self._arr.shape
+
+    def is_contiguous(self):
+        return bool(self._arr.flags.c_contiguous)
+
     def detach(self):
-        return _FakeTorchTensor(self._arr, self._torch)
+        t = _FakeTorchTensor(self._arr, self._torch)
+        t.dtype = self.dtype
+        return t
 
     def view(self, dtype):
         """torch's same-size reinterpretation: fp8 dtypes are names here, their storage uint8."""

@@ -142,27 +142,34 @@ def _by_value(scales, zps):
     return scales.view(_BITS[scales.dtype]).item(), 0 if zps is None else zps.item()
 
 
-def _launch(op, src, out, scheme, scales, zps):
-    """One launch of the ``op`` kernel for contiguous ``src``/``out`` on src's device."""
+def map_args(src, scheme, scales, zps):
+    """``(map_name, (m0, m1, m2), dims_arg, scales, zps)``: the index map a launch over
+    contiguous ``src`` takes, and its parameters as device pointers (or, under the value
+    map, any pointer: they are not read)."""
     cupy = _cupy()
-    n = src.size
-    has_zp = zps is not None
     value = _by_value(scales, zps)
     if value is not None:
-        map_name, (m0, m1), m2, dims = "value", value, 0, None
-        scales = zps = src  # never read under the value map: any device pointer will do
-    else:
-        # A host value paired with a device one (to_param keeps one host value on the host).
-        scales, zps = (cupy.asarray(p) if isinstance(p, np.ndarray) else p for p in (scales, zps))
-        map_name, m0, m1, m2, dims = scheme.index_map
+        return "value", (*value, 0), src, src, None if zps is None else src
+    # A host value paired with a device one (to_param keeps one host value on the host).
+    scales, zps = (cupy.asarray(p) if isinstance(p, np.ndarray) else p for p in (scales, zps))
+    map_name, m0, m1, m2, dims = scheme.index_map
     if map_name == "expand":
         # Rare: parameters broadcast to full size (n elements each), then p = i.
         view = tuple(d if i in scheme.axes else 1 for i, d in enumerate(scheme.shape))
         scales = cupy.ascontiguousarray(cupy.broadcast_to(scales.reshape(view), scheme.shape))
         if zps is not None:
             zps = cupy.ascontiguousarray(cupy.broadcast_to(zps.reshape(view), scheme.shape))
-        map_name, m0, m1 = "channel", n, 1
+        map_name, m0, m1 = "channel", src.size, 1
     dims_arg = scales if dims is None else _dims_array(_device_id(src), dims)
+    return map_name, (m0, m1, m2), dims_arg, scales, zps
+
+
+def _launch(op, src, out, scheme, scales, zps):
+    """One launch of the ``op`` kernel for contiguous ``src``/``out`` on src's device."""
+    cupy = _cupy()
+    n = src.size
+    has_zp = zps is not None
+    map_name, (m0, m1, m2), dims_arg, scales, zps = map_args(src, scheme, scales, zps)
     if op == "quantize":
         float_arr, code_arr, a, b = src, out, src.dtype, out.dtype
     else:

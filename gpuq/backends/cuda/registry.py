@@ -187,10 +187,66 @@ def qparams_names() -> list:
     return names
 
 
+# --- formats.cu: fp8 and packed int4 (gpuq.backends.cuda.formats launches these) ------------------
+
+#: The kernels' FMT template argument of each fp8 code dtype (kernels/formats.cu, Fp8<FMT>).
+FP8_FMT = {"float8_e4m3fn": 0, "float8_e5m2": 1}
+
+
+def quantize_fp8_name(src_dtype, code: str, saturate: bool, map_name: str) -> str:
+    """>>> quantize_fp8_name("float32", "float8_e4m3fn", True, "channel")
+    'gpuq::quantize_fp8<float, 0, true, float, 1>'
+    """
+    return (f"gpuq::quantize_fp8<{_c(src_dtype)}, {FP8_FMT[code]}, {_flag(saturate)}, "
+            f"{_c(compute_dtype(src_dtype))}, {MAPS[map_name]}>")
+
+
+def dequantize_fp8_name(code: str, out_dtype, map_name: str) -> str:
+    return (f"gpuq::dequantize_fp8<{FP8_FMT[code]}, {_c(out_dtype)}, "
+            f"{_c(compute_dtype(out_dtype))}, {MAPS[map_name]}>")
+
+
+def quantize_int4_name(src_dtype, signed: bool, has_zp: bool, map_name: str) -> str:
+    return (f"gpuq::quantize_int4<{_c(src_dtype)}, {_flag(signed)}, {_c(compute_dtype(src_dtype))}, "
+            f"{_flag(has_zp)}, {MAPS[map_name]}>")
+
+
+def dequantize_int4_name(signed: bool, out_dtype, has_zp: bool, map_name: str) -> str:
+    return (f"gpuq::dequantize_int4<{_flag(signed)}, {_c(out_dtype)}, {_c(compute_dtype(out_dtype))}, "
+            f"{_flag(has_zp)}, {MAPS[map_name]}>")
+
+
+@functools.cache
+def formats_group(kind: str, float_dtype, code: str) -> tuple:
+    """The names compiled together for one (float dtype, code dtype) pair of ``kind``
+    (``"quantize"``/``"dequantize"``): saturate or zp x map."""
+    fdt = dtype_name(float_dtype)
+    if code in FP8_FMT:
+        if kind == "quantize":
+            return tuple(quantize_fp8_name(fdt, code, sat, m) for sat in (True, False) for m in MAPS)
+        return tuple(dequantize_fp8_name(code, fdt, m) for m in MAPS)
+    signed = code == "int4"
+    if kind == "quantize":
+        return tuple(quantize_int4_name(fdt, signed, z, m) for z in (False, True) for m in MAPS)
+    return tuple(dequantize_int4_name(signed, fdt, z, m) for z in (False, True) for m in MAPS)
+
+
+def formats_names() -> list:
+    """Every name expression of ``formats.cu``.
+
+    >>> len(formats_names())
+    280
+    """
+    codes = (*FP8_FMT, "int4", "uint4")
+    return [n for kind in ("quantize", "dequantize") for f in _FLOATS for c in codes
+            for n in formats_group(kind, f, c)]
+
+
 #: Source file -> function returning every name expression the dispatcher can
 #: request from it. The NVRTC check compiles all of them.
 SOURCES = {
     "quantize.cu": quantize_names,
     "dequantize.cu": dequantize_names,
     "qparams.cu": qparams_names,
+    "formats.cu": formats_names,
 }

@@ -1,0 +1,121 @@
+"""fp8 and packed int4/uint4 on the GPU: launches of kernels/formats.cu.
+
+The same interface as the host's :mod:`gpuq.backends.host.formats` (the API's
+``gpuq._formats`` calls whichever serves src). Parameters, index maps, streams
+and devices follow the int8 kernels (:mod:`gpuq.backends.cuda.backend`): one
+launch per call, a single host parameter passed by value, non-contiguous src
+copied once, a non-contiguous out written through a contiguous temporary.
+
+* fp8 runs the int8 kernels' traversal (16-element units after a scalar head
+  that aligns the float side): codes are one byte each.
+* int4 units are 16 elements from an even element, 8 whole packed bytes: no
+  head (it could be odd), 16-byte vectors on the float side where src is
+  aligned, 8-byte words on the packed side where the bytes are.
+
+>>> import cupy, gpuq                                    # doctest: +SKIP
+>>> gpuq.quantize(cupy.asarray([1.0, -2.0, 3.0], cupy.float32), 1.0, dtype="int4").data  # doctest: +SKIP
+array([225,   3], dtype=uint8)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import registry
+from .backend import THREADS, _alignment, _cupy, _grid, get_function, map_args
+
+_SOURCE = "formats.cu"
+
+
+def _fmt_code(fmt: str) -> str:
+    return {"e4m3fn": "float8_e4m3fn", "e5m2": "float8_e5m2"}[fmt]
+
+
+def _contiguous(src, out, launch):
+    """``launch(x, y)`` on contiguous forms of src/out under src's device (out copied back)."""
+    cupy = _cupy()
+    with src.device:
+        x = src if src.flags.c_contiguous else cupy.ascontiguousarray(src)
+        y = out if out.flags.c_contiguous else cupy.empty(out.shape, out.dtype)
+        launch(x, y)
+        if y is not out:
+            out[...] = y
+
+
+def _launch_elementwise(name, group, src, out, float_arr, code_arr, scheme, scales):
+    cupy = _cupy()
+    n = src.size
+    map_name, (m0, m1, m2), dims_arg, s, _ = map_args(src, scheme, scales, None)
+    fn = get_function(_SOURCE, group, name(map_name))
+    head, vec = _alignment(float_arr, code_arr, n)
+    units = 1 + -(-(n - head) // 16)
+    args = (src, out, s, s, np.int64(n), np.int64(head), np.int32(vec), np.int64(m0), np.int64(m1),
+            np.int64(m2), dims_arg)
+    fn((_grid(units),), (THREADS,), args, stream=cupy.cuda.get_current_stream())
+
+
+def quantize_fp8(src, scheme, scales, out_bits, fmt, saturate) -> None:
+    """fp8 bits of device ``src`` into ``out_bits`` (uint8, src's shape)."""
+    code = _fmt_code(fmt)
+    group = registry.formats_group("quantize", src.dtype, code)
+
+    def launch(x, y):
+        _launch_elementwise(lambda m: registry.quantize_fp8_name(x.dtype, code, saturate, m), group,
+                            x, y, x, y, scheme, scales)
+
+    _contiguous(src, out_bits, launch)
+
+
+def dequantize_fp8(bits, scheme, scales, out, fmt) -> None:
+    """``out = widen(bits) * s`` for fp8 bits (uint8, out's shape)."""
+    code = _fmt_code(fmt)
+    group = registry.formats_group("dequantize", out.dtype, code)
+
+    def launch(q, y):
+        _launch_elementwise(lambda m: registry.dequantize_fp8_name(code, y.dtype, m), group,
+                            q, y, y, q, scheme, scales)
+
+    _contiguous(bits, out, launch)
+
+
+def _int4_vec(float_arr, packed) -> int:
+    vec = 1 if float_arr.data.ptr % 16 == 0 else 0  # kVecFloat: every unit starts 16 elements on
+    if packed.data.ptr % 8 == 0:
+        vec |= 2  # kVecPacked: 8 bytes per unit
+    return vec
+
+
+def _launch_int4(name, group, src, out, float_arr, packed, scheme, scales, zps):
+    cupy = _cupy()
+    n = float_arr.size
+    has_zp = zps is not None
+    map_name, (m0, m1, m2), dims_arg, s, z = map_args(float_arr, scheme, scales, zps)
+    fn = get_function(_SOURCE, group, name(has_zp, map_name))
+    units = -(-n // 16)
+    args = (src, out, s, z if has_zp else s, np.int64(n), np.int32(_int4_vec(float_arr, packed)),
+            np.int64(m0), np.int64(m1), np.int64(m2), dims_arg)
+    fn((_grid(units),), (THREADS,), args, stream=cupy.cuda.get_current_stream())
+
+
+def quantize_int4(src, scheme, scales, zps, packed, signed) -> None:
+    """Packed int4/uint4 codes of device ``src`` into ``packed`` (1-D uint8, ceil(n/2))."""
+    code = "int4" if signed else "uint4"
+    cupy = _cupy()
+    with src.device:
+        x = src if src.flags.c_contiguous else cupy.ascontiguousarray(src)
+        group = registry.formats_group("quantize", x.dtype, code)
+        _launch_int4(lambda z, m: registry.quantize_int4_name(x.dtype, signed, z, m), group,
+                     x, packed, x, packed, scheme, scales, zps)
+
+
+def dequantize_int4(packed, scheme, scales, zps, out, signed) -> None:
+    """``out = (q - zp) * s`` for the packed int4/uint4 codes ``packed`` (out's shape)."""
+    code = "int4" if signed else "uint4"
+    cupy = _cupy()
+    with out.device:
+        y = out if out.flags.c_contiguous else cupy.empty(out.shape, out.dtype)
+        group = registry.formats_group("dequantize", y.dtype, code)
+        _launch_int4(lambda z, m: registry.dequantize_int4_name(signed, y.dtype, z, m), group,
+                     packed, y, y, packed, scheme, scales, zps)
+        if y is not out:
+            out[...] = y
