@@ -23,6 +23,12 @@
 #include "contract.cuh"
 #include "elementwise.cuh"
 
+// The CPU execution of the kernels (tests/cudasim) defines this hook to check that no
+// two threads of a launch write the same packed byte; on a GPU it is nothing.
+#ifndef GPUQ_RECORD_STORE
+#define GPUQ_RECORD_STORE(ptr, nbytes)
+#endif
+
 namespace gpuq {
 
 // ---------------------------------------------------------------------------
@@ -281,6 +287,7 @@ __device__ __forceinline__ void for_each_packed_unit(const TIn* __restrict__ in,
             }
         }
         unsigned char* dst = out + begin / 2;
+        GPUQ_RECORD_STORE(dst, (len + 1) / 2);
         if (len == kUnit && (vec & kVecPacked)) {
             unsigned long long word;
             memcpy(&word, bytes, sizeof(word));

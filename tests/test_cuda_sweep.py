@@ -63,6 +63,8 @@ class Case:
     block_cap: bool = False  # cap the grid at two blocks (several pieces per block)
     shape: tuple = ()
     axis: object = None
+    code: str = ""  # the code format of formats.cu ("int4", "float8_e4m3fn", ...); "" for int8/uint8
+    saturate: bool = True
 
 
 def _cases() -> dict:
@@ -84,6 +86,21 @@ def _cases() -> dict:
                                                           shape=(5, 33), axis=0)
             cases[registry.fused_name(f, q, False)] = Case("quantize_dynamic", f, q, block_cap=True,
                                                            shape=(5, 1100), axis=0)
+    # formats.cu: fp8 and packed int4, through the same public calls with dtype=<code>.
+    i8 = np.dtype(np.int8)
+    for f in FLOAT_DTYPES:
+        for m in registry.MAPS:
+            for code in registry.FP8_FMT:
+                for sat in (True, False):
+                    cases[registry.quantize_fp8_name(f, code, sat, m)] = Case(
+                        "quantize", f, i8, False, m, code=code, saturate=sat)
+                cases[registry.dequantize_fp8_name(code, f, m)] = Case("dequantize", f, i8, False, m, code=code)
+            for code in ("int4", "uint4"):
+                for zp in (False, True):
+                    cases[registry.quantize_int4_name(f, code == "int4", zp, m)] = Case(
+                        "quantize", f, i8, zp, m, code=code)
+                    cases[registry.dequantize_int4_name(code == "int4", f, zp, m)] = Case(
+                        "dequantize", f, i8, zp, m, code=code)
     cases.setdefault(registry.FINALIZE, Case("choose_qparams", np.dtype(np.float32), np.dtype(np.int8),
                                              shape=(4097,)))
     return cases
@@ -169,6 +186,8 @@ def _elementwise(cp, case, seed):
     else:
         s_dev, z_dev = cp.asarray(s), (None if z is None else cp.asarray(z))
     kw = dict(axis=axis, group_size=group)
+    if case.code:
+        return _formats(cp, case, shape, s, z, s_dev, z_dev, kw, rng, seed)
     if case.op == "quantize":
         x = _data(shape, case.fdtype, seed)
         host = gpuq.quantize(x, s, z, dtype=case.qdtype, **kw)
@@ -179,6 +198,51 @@ def _elementwise(cp, case, seed):
         q.reshape(-1)[:2] = (lo, hi)
         host = gpuq.dequantize(q, s, z, dtype=case.fdtype, **kw)
         dev = gpuq.dequantize(_offset_view(cp, q), s_dev, z_dev, dtype=case.fdtype, **kw)
+    return [(host, dev)]
+
+
+def _code_bytes(result):
+    """The stored bytes of a new-format result on the host: Codes' data, or an fp8 array's bits."""
+    if isinstance(result, gpuq.Codes):
+        data = result.data
+        return data if isinstance(data, np.ndarray) else cp_asnumpy(data)
+    return np.ascontiguousarray(result).view(np.uint8)
+
+
+def cp_asnumpy(a):
+    import cupy
+
+    return cupy.asnumpy(a)
+
+
+def _formats(cp, case, shape, s, z, s_dev, z_dev, kw, rng, seed):
+    """fp8 / int4 cases: host and device calls with dtype=<code>, compared as stored bytes."""
+    fp8 = case.code in registry.FP8_FMT
+    if case.op == "quantize":
+        x = _data(shape, case.fdtype, seed)
+        x.reshape(-1)[-3:] = x.reshape(-1)[:3]  # the tail unit holds specials too
+        zs = (None, None) if fp8 else (z, z_dev)
+        extra = dict(saturate=case.saturate) if fp8 else {}
+        host = gpuq.quantize(x, s, zs[0], dtype=case.code, **kw, **extra)
+        dev = gpuq.quantize(_offset_view(cp, x), s_dev, zs[1], dtype=case.code, **kw, **extra)
+        return [(_code_bytes(host), _code_bytes(dev))]
+    n = int(np.prod(shape))
+    if fp8:
+        import ml_dtypes
+
+        bits = rng.integers(0, 256, n).astype(np.uint8)
+        bits[:4] = (0x7F, 0xFF, 0x7C, 0x01)  # NaN of both signs, e5m2's Inf, a subnormal
+        src_h = bits.reshape(shape).view(getattr(ml_dtypes, case.code))
+        src_d = gpuq.Codes(_offset_view(cp, bits.reshape(shape)), shape, case.code)
+        host = gpuq.dequantize(src_h, s, dtype=case.fdtype, **kw)
+        dev = gpuq.dequantize(src_d, s_dev, dtype=case.fdtype, **kw)
+    else:
+        packed = rng.integers(0, 256, (n + 1) // 2).astype(np.uint8)
+        if n % 2:
+            packed[-1] &= 0x0F  # the padding nibble is 0
+        host = gpuq.dequantize(gpuq.Codes(packed, shape, case.code), s, z, dtype=case.fdtype, **kw)
+        dev = gpuq.dequantize(gpuq.Codes(_offset_view(cp, packed), shape, case.code), s_dev, z_dev,
+                              dtype=case.fdtype, **kw)
     return [(host, dev)]
 
 

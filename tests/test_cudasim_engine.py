@@ -461,6 +461,12 @@ __global__ void copy_uint4(const unsigned* p, int offset, unsigned* out) {
     const uint4 v = *reinterpret_cast<const uint4*>(p + offset);
     out[0] = v.w;
 }
+__global__ void packed_stores(unsigned char* p, int shared) {
+    // Thread t writes byte t / 2 when `shared` (two writers per byte), else byte t.
+    unsigned char* dst = p + (shared ? threadIdx.x / 2 : threadIdx.x);
+    GPUQ_RECORD_STORE(dst, 1);
+    *dst = static_cast<unsigned char>(threadIdx.x);
+}
 __global__ void partial_barrier(int* p) {
     if (threadIdx.x < 100) __syncthreads();
     p[threadIdx.x] = 1;
@@ -505,7 +511,8 @@ ENGINE_NAMES = ["reverse_block", "block_sum<true>", "block_sum<false>", "segment
                 "shuffles", "votes", "atomics", "indices", "barrier_count", "dynamic_shared", "subnormals",
                 "store_uint4", "load_uint4", "copy_uint4", "partial_barrier", "split_barrier", "shuffle_exited_lane",
                 "shuffle_vs_barrier", "shuffle_partial_warp", "shuffle_not_in_mask", "device_assert", "wild_store",
-                "divide", "recurse", "small_bounds", "takes_long", "math_overloads", "atomic_misaligned"]
+                "divide", "recurse", "small_bounds", "takes_long", "math_overloads", "atomic_misaligned",
+                "packed_stores"]
 
 
 @pytest.fixture(scope="module")
@@ -689,6 +696,16 @@ def test_misaligned_16_byte_vector_accesses_fault(engine):
         engine.kernel("load_uint4").launch((1,), (1,), [ptr(buf), i32(off + 2), ptr(out)])
     with pytest.raises(KernelFault, match="misaligned 16-byte vector load of uint4"):
         engine.kernel("copy_uint4").launch((1,), (1,), [ptr(buf), i32(off + 3), ptr(out)])
+
+
+def test_a_byte_written_by_two_threads_faults(engine):
+    """GPUQ_RECORD_STORE (kernels/formats.cu's packed int4 bytes): one writer per byte and launch."""
+    buf = np.zeros(64, np.uint8)
+    engine.kernel("packed_stores").launch((1,), (32,), [ptr(buf), i32(0)])
+    assert list(buf[:32]) == list(range(32))
+    engine.kernel("packed_stores").launch((1,), (32,), [ptr(buf), i32(0)])  # a new launch: new owners
+    with pytest.raises(KernelFault, match=r"written by two threads of one launch \(global thread 0, then 1\)"):
+        engine.kernel("packed_stores").launch((1,), (32,), [ptr(buf), i32(1)])
 
 
 @pytest.mark.parametrize("name, block, match", [

@@ -40,7 +40,12 @@
 
 namespace cudasim {
 [[noreturn]] void fault(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+void record_store(const void* p, std::size_t nbytes);
 }
+
+// The kernels' store hook (kernels/formats.cu: packed int4 bytes): each byte of a launch
+// may be written by one thread only; a second writer is a fault (empty on a GPU).
+#define GPUQ_RECORD_STORE(p, nbytes) ::cudasim::record_store((p), (nbytes))
 
 // A failed device assert traps the kernel on a GPU: here it is a KernelFault.
 #undef assert

@@ -34,6 +34,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -216,6 +217,7 @@ struct LaunchState {
     unsigned live = 0, exited = 0;
     std::array<unsigned, 32> warp_arrived{};  // lanes waiting at a collective, per warp
     bool faulted = false;
+    std::unordered_map<std::uintptr_t, unsigned long long> store_owner;  // byte -> writer (record_store)
     char msg[2048];
 #ifdef CUDASIM_USE_UCONTEXT
     ucontext_t sched_uc;
@@ -256,6 +258,25 @@ inline void record_fault(const char* fmt, ...) {
     va_start(ap, fmt);
     record_fault_v(fmt, ap);
     va_end(ap);
+}
+
+// GPUQ_RECORD_STORE: remember which thread of the launch wrote each byte; a byte
+// written by two threads is a fault naming both (the result would depend on the order).
+inline void record_store(const void* p, std::size_t nbytes) {
+    if (g_cur == nullptr) return;
+    LaunchState& L = g_launch;
+    const unsigned long long block = (static_cast<unsigned long long>(g_block_idx.z) * g_grid_dim.y + g_block_idx.y) *
+                                         g_grid_dim.x + g_block_idx.x;
+    const unsigned long long me =
+        block * 1024ull + (g_cur->tid.z * g_block_dim.y + g_cur->tid.y) * g_block_dim.x + g_cur->tid.x;
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    for (std::size_t k = 0; k < nbytes; ++k) {
+        auto [it, fresh] = L.store_owner.emplace(a + k, me);
+        if (!fresh && it->second != me) {
+            fault("byte %p written by two threads of one launch (global thread %llu, then %llu)",
+                  reinterpret_cast<void*>(a + k), it->second, me);
+        }
+    }
 }
 
 // From a fiber: back to the scheduler. Returns when the scheduler resumes it.
@@ -713,6 +734,7 @@ inline int launch(const EntryDesc* entry, const unsigned* grid, const unsigned* 
     L.nthreads = static_cast<unsigned>(threads);
     L.fibers.assign(L.nthreads, Fiber{});
     L.faulted = false;
+    L.store_owner.clear();
     L.msg[0] = 0;
     L.thread = pthread_self();
     make_order(L, L.nthreads, schedule);
