@@ -190,8 +190,9 @@ def dequantize(src, scales, zps=None, *, axis=None, group_size=None, dtype=None,
     ----------
     src : int8/uint8 array (NumPy, or a CUDA array), an fp8 array or a :class:`gpuq.Codes`
         Not modified. fp8 codes (ml_dtypes' on the host, torch's) are widened
-        exactly (a NaN code gives NaN, e5m2's Inf gives Inf); Codes carry
-        their shape (packed int4/uint4, CuPy fp8 bits).
+        exactly; a NaN code gives the output type's default quiet NaN with the
+        code's sign (the same bits on both backends), e5m2's Inf gives Inf.
+        Codes carry their shape (packed int4/uint4, CuPy fp8 bits).
     scales, zps, axis, group_size, out, check_values
         As in :func:`quantize`; scales are float64 for float64 output.
     dtype : ``"float32"`` (default), ``"float16"``, ``"float64"``, ``"bfloat16"`` (or ``f32``, ``bf16``...)

@@ -1,7 +1,7 @@
 // The code formats beyond int8/uint8 (../shared/DESIGN.md section 1): fp8 (e4m3fn, e5m2)
 // and packed int4/uint4, quantize and dequantize, every scheme in one launch.
 //
-//   fp8:   q = fp8(x / s)          round to nearest even; saturating (SAT) or ONNX's
+//   fp8:   q = fp8(x / s)          round to nearest even; saturating or ONNX's
 //                                  non-saturating cast; NaN -> NaN; float64: the float64
 //                                  quotient rounded to float32 once, then to fp8
 //          y = widen(q) * s        exact widening, one multiplication
@@ -18,7 +18,7 @@
 // the kernels checks that (tests/cudasim, store records).
 //
 // Instantiated by name from Python (gpuq/backends/cuda/registry.py), e.g.
-//   gpuq::quantize_fp8<float, 0, true, float, 1>     e4m3fn, saturating, per-channel
+//   gpuq::quantize_fp8<float, 0, float, 1>           e4m3fn, per-channel
 //   gpuq::quantize_int4<__half, true, float, true, 2> int4 with zero points, per-group
 #include "contract.cuh"
 #include "elementwise.cuh"
@@ -148,14 +148,16 @@ template <> __device__ __forceinline__ __half narrow_nan_kept<__half>(float y) {
     return h;
 }
 
-template <typename TIn, int FMT, bool SAT, typename TS>
+template <typename TIn, int FMT, typename TS>
 struct QuantizeFp8Op : ParamCursor<TS, false> {
     using ParamCursor<TS, false>::s;
+    bool saturate;  // uniform over the launch: a branch, not a second instantiation
     __device__ unsigned char operator()(TIn x) const {
         const TS w = widen<TS>(x);
         // A NaN keeps its sign (the host's division does; the GPU's gives its canonical NaN).
         if (is_nan(w)) return static_cast<unsigned char>(Fp8<FMT>::nan_code | (sign_bit(x) ? 0x80u : 0u));
-        return f32_to_fp8<FMT, SAT>(to_f32_rn(div_rn(w, s)));
+        const float t = to_f32_rn(div_rn(w, s));
+        return saturate ? f32_to_fp8<FMT, true>(t) : f32_to_fp8<FMT, false>(t);
     }
 };
 
@@ -173,13 +175,14 @@ struct DequantizeFp8Op : ParamCursor<TS, false> {
 };
 
 // x: n contiguous inputs; q: n contiguous fp8 codes (bits); the rest as gpuq::quantize
-// (quantize.cu): head/vec, the map arguments, scales in the compute type TS.
-template <typename TIn, int FMT, bool SAT, typename TS, int MAP>
+// (quantize.cu): head/vec, the map arguments, scales in the compute type TS; saturate:
+// 1 for ONNX's saturate=True, 0 for the non-saturating cast.
+template <typename TIn, int FMT, typename TS, int MAP>
 __global__ void __launch_bounds__(256)
 quantize_fp8(const TIn* __restrict__ x, unsigned char* __restrict__ q, const TS* __restrict__ scales,
              const int* __restrict__ zps, long long n, long long head, int vec, long long m0, long long m1,
-             long long m2, const long long* __restrict__ dims) {
-    QuantizeFp8Op<TIn, FMT, SAT, TS> op{{scales, zps, TS(0), 0}};
+             long long m2, const long long* __restrict__ dims, int saturate) {
+    QuantizeFp8Op<TIn, FMT, TS> op{{scales, zps, TS(0), 0}, saturate != 0};
     if constexpr (MAP == kMapValue) op.assign(scale_from_bits<TS>(m0), 0);
     for_each_unit<typename MapOf<MAP>::type, TIn, unsigned char, true>(x, q, n, head, vec, m0, m1, m2, dims, op);
 }

@@ -42,7 +42,7 @@ def _contiguous(src, out, launch):
             out[...] = y
 
 
-def _launch_elementwise(name, group, src, out, float_arr, code_arr, scheme, scales):
+def _launch_elementwise(name, group, src, out, float_arr, code_arr, scheme, scales, *extra):
     cupy = _cupy()
     n = src.size
     map_name, (m0, m1, m2), dims_arg, s, _ = map_args(src, scheme, scales, None)
@@ -50,7 +50,7 @@ def _launch_elementwise(name, group, src, out, float_arr, code_arr, scheme, scal
     head, vec = _alignment(float_arr, code_arr, n)
     units = 1 + -(-(n - head) // 16)
     args = (src, out, s, s, np.int64(n), np.int64(head), np.int32(vec), np.int64(m0), np.int64(m1),
-            np.int64(m2), dims_arg)
+            np.int64(m2), dims_arg, *extra)
     fn((_grid(units),), (THREADS,), args, stream=cupy.cuda.get_current_stream())
 
 
@@ -60,8 +60,8 @@ def quantize_fp8(src, scheme, scales, out_bits, fmt, saturate) -> None:
     group = registry.formats_group("quantize", src.dtype, code)
 
     def launch(x, y):
-        _launch_elementwise(lambda m: registry.quantize_fp8_name(x.dtype, code, saturate, m), group,
-                            x, y, x, y, scheme, scales)
+        _launch_elementwise(lambda m: registry.quantize_fp8_name(x.dtype, code, m), group,
+                            x, y, x, y, scheme, scales, np.int32(bool(saturate)))
 
     _contiguous(src, out_bits, launch)
 

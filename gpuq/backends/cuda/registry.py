@@ -193,11 +193,13 @@ def qparams_names() -> list:
 FP8_FMT = {"float8_e4m3fn": 0, "float8_e5m2": 1}
 
 
-def quantize_fp8_name(src_dtype, code: str, saturate: bool, map_name: str) -> str:
-    """>>> quantize_fp8_name("float32", "float8_e4m3fn", True, "channel")
-    'gpuq::quantize_fp8<float, 0, true, float, 1>'
+def quantize_fp8_name(src_dtype, code: str, map_name: str) -> str:
+    """The name expression of one fp8 quantize kernel (saturate is a launch argument).
+
+    >>> quantize_fp8_name("float32", "float8_e4m3fn", "channel")
+    'gpuq::quantize_fp8<float, 0, float, 1>'
     """
-    return (f"gpuq::quantize_fp8<{_c(src_dtype)}, {FP8_FMT[code]}, {_flag(saturate)}, "
+    return (f"gpuq::quantize_fp8<{_c(src_dtype)}, {FP8_FMT[code]}, "
             f"{_c(compute_dtype(src_dtype))}, {MAPS[map_name]}>")
 
 
@@ -219,11 +221,11 @@ def dequantize_int4_name(signed: bool, out_dtype, has_zp: bool, map_name: str) -
 @functools.cache
 def formats_group(kind: str, float_dtype, code: str) -> tuple:
     """The names compiled together for one (float dtype, code dtype) pair of ``kind``
-    (``"quantize"``/``"dequantize"``): saturate or zp x map."""
+    (``"quantize"``/``"dequantize"``): the maps (x zp for int4)."""
     fdt = dtype_name(float_dtype)
     if code in FP8_FMT:
         if kind == "quantize":
-            return tuple(quantize_fp8_name(fdt, code, sat, m) for sat in (True, False) for m in MAPS)
+            return tuple(quantize_fp8_name(fdt, code, m) for m in MAPS)
         return tuple(dequantize_fp8_name(code, fdt, m) for m in MAPS)
     signed = code == "int4"
     if kind == "quantize":
@@ -235,7 +237,7 @@ def formats_names() -> list:
     """Every name expression of ``formats.cu``.
 
     >>> len(formats_names())
-    280
+    240
     """
     codes = (*FP8_FMT, "int4", "uint4")
     return [n for kind in ("quantize", "dequantize") for f in _FLOATS for c in codes
