@@ -3,7 +3,7 @@
 # 10-minute limit), writing what bench/results/ keeps: device, date, commit, pytest's
 # summary line, the benchmark JSON/PNG/table.
 #
-#   GPUQ_COMMIT=<sha> bash bench/gpu_session.sh tests|torch|quick|large|rest|formats [OUTDIR]
+#   GPUQ_COMMIT=<sha> bash bench/gpu_session.sh tests|torch|quick|large|rest|formats|bf16 [OUTDIR]
 #
 # formats (issue 19; written, never run): fp8 e4m3fn and int4/uint4 g128 on torch CUDA tensors,
 # gpuq against torch eager / torch.compile / torchao (bench/gpu_formats.py), 16M and 256M.
@@ -11,7 +11,9 @@
 # OUTDIR defaults to $OUT (the device tool's folder that comes back), else bench/results.
 # The tree the device tool sends has no .git: GPUQ_COMMIT names the commit it was sent from.
 set -uo pipefail
-step=${1:?"step: tests, torch, quick, large, rest or formats"}
+# bf16 (issue 16 section 4; written, never run): torch bfloat16 input, per-tensor / per-row /
+# group 128, gpuq against torch eager and torch.compile (bench/gpu_bf16.py), 16M and 64M.
+step=${1:?"step: tests, torch, quick, large, rest, formats or bf16"}
 out=${2:-${OUT:-bench/results}}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
@@ -29,5 +31,7 @@ case $step in
   rest) python3 -m bench --sizes 1M,16M --out "$out" ;;  # the smaller sizes and the latency cases
   formats) python3 -m bench.gpu_formats --quick --out "$out" --no-plot \
              && python3 -m bench.gpu_formats --sizes 16M,256M --out "$out" ;;  # issue 19 (never run yet)
-  *) echo "unknown step '$step': tests, torch, quick, large, rest or formats" >&2; exit 2 ;;
+  bf16) python3 -m bench.gpu_bf16 --quick --out "$out" \
+          && python3 -m bench.gpu_bf16 --out "$out" ;;  # issue 16 section 4 (never run yet)
+  *) echo "unknown step '$step': tests, torch, quick, large, rest, formats or bf16" >&2; exit 2 ;;
 esac

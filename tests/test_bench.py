@@ -241,3 +241,12 @@ def test_gpu_format_contenders_on_cpu_torch():
         for c in (gpu_formats.GpuqTorch(False), gpu_formats.TorchFormats(False)):
             prep = c.prepare(case, xs, s, z)
             assert runner.compare(ref, prep.fetch(prep.run(0)))["mismatches"] == 0, (case.name, c.name)
+
+
+def test_gpu_bf16_expressions_agree_with_gpuq_on_cpu_tensors(tmp_path):
+    """bench/gpu_bf16.py (issue 16, GPU only) on CPU torch tensors: every contender's bits equal gpuq's."""
+    pytest.importorskip("torch")
+    from bench import gpu_bf16
+
+    rows = gpu_bf16.run("cpu", (1 << 13,), 1, str(tmp_path))
+    assert rows and all(r.get("mismatches") == 0 for r in rows if r["contender"] != "torch compile"), rows
