@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import textwrap
@@ -34,17 +35,48 @@ def nvrtc():
     return nvrtc_check.Nvrtc(_LIB)
 
 
+def _build(job):
+    """One NVRTC job in a worker process (its own libnvrtc handle): ``("target", source,
+    target)``, ``("cupy", source, arch)`` or ``("ftz", source, None)`` (the compute_80 build
+    and the -ftz=true comparison against it)."""
+    kind, source, arg = job
+    nv = nvrtc_check.Nvrtc(nvrtc_check.find_libnvrtc())
+    if kind == "target":
+        return nvrtc_check.compile_source(nv, source, arg)
+    if kind == "cupy":
+        return nvrtc_check.compile_as_cupy(nv, source, arg)
+    base = nvrtc_check.compile_source(nv, source, "compute_80")
+    return base, nvrtc_check.ftz_independent(nv, source, base)
+
+
 @pytest.fixture(scope="module")
-def compiled(nvrtc):
-    """(source, target) -> Result, each compiled once per test session."""
-    cache = {}
+def builds():
+    """Every NVRTC build of this module, made once, side by side in worker processes (formats.cu
+    alone takes ~30 s a build on a 2-vCPU machine; the builds are independent)."""
+    import concurrent.futures
+    import multiprocessing
 
-    def get(source, target):
-        if (source, target) not in cache:
-            cache[source, target] = nvrtc_check.compile_source(nvrtc, source, target)
-        return cache[source, target]
+    jobs = [("ftz", s, None) for s in registry.SOURCES]
+    jobs += [("target", s, t) for s in registry.SOURCES for t in _SUITE_TARGETS if t != "compute_80"]
+    jobs += [("cupy", s, a) for s in registry.SOURCES for a in _CUPY_ARCHS]
+    jobs.sort(key=lambda j: j[1] != "formats.cu")  # the longest first
+    workers = max(1, min(len(os.sched_getaffinity(0)), 4))
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process that holds threads
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        done = dict(zip(jobs, pool.map(_build, jobs)))
+    results = {}
+    for (kind, source, arg), res in done.items():
+        if kind == "ftz":
+            results["target", source, "compute_80"], results["ftz", source, None] = res
+        else:
+            results[kind, source, arg] = res
+    return results
 
-    return get
+
+@pytest.fixture(scope="module")
+def compiled(builds):
+    """(source, target) -> Result."""
+    return lambda source, target: builds["target", source, target]
 
 
 #: The PTX target with gpuq's own options; the machine code for sm_80 and sm_90 is built by
@@ -65,13 +97,16 @@ def test_every_instantiation_compiles_cleanly(compiled, source, target):
     assert res.code
 
 
+_CUPY_ARCHS = ("80", "90")
+
+
 @needs_nvrtc
-@pytest.mark.parametrize("arch", ["80", "90"])
+@pytest.mark.parametrize("arch", _CUPY_ARCHS)
 @pytest.mark.parametrize("source", sorted(registry.SOURCES))
-def test_compiles_with_cupys_real_option_list(nvrtc, source, arch):
+def test_compiles_with_cupys_real_option_list(builds, source, arch):
     """CuPy 14 appends -ftz=true, -arch=sm_XX and --device-as-default-execution-space after
     gpuq's options: every kernel still compiles, with no warning but the known -ftz override."""
-    res = nvrtc_check.compile_as_cupy(nvrtc, source, arch)
+    res = builds["cupy", source, arch]
     assert res.options[-3:] == ("-ftz=true", f"-arch=sm_{arch}", "--device-as-default-execution-space")
     assert res.ok, res.describe()
     assert res.overridden, "NVRTC no longer reports the -ftz override: check CuPy's option list"
@@ -87,8 +122,8 @@ def test_only_the_ftz_override_is_tolerated():
 
 @needs_nvrtc
 @pytest.mark.parametrize("source", sorted(registry.SOURCES))
-def test_ptx_does_not_depend_on_ftz(nvrtc, compiled, source):
-    res = nvrtc_check.ftz_independent(nvrtc, source, compiled(source, "compute_80"))
+def test_ptx_does_not_depend_on_ftz(builds, source):
+    res = builds["ftz", source, None]
     assert res.ok, res.describe()
 
 
