@@ -69,6 +69,20 @@ def main() -> int:
         assert np.array_equal(y.cpu().view(torch.int16).numpy(), want.view(np.int16))
 
     @check
+    def fp8_tensors_in_and_out():
+        xs = x[:1001]
+        want = gpuq.quantize(xs.cpu().numpy(), 0.25, dtype="float8_e4m3fn")
+        q = gpuq.quantize(xs, 0.25, dtype="float8_e4m3fn")
+        assert isinstance(q, torch.Tensor) and q.dtype == torch.float8_e4m3fn and q.device == xs.device
+        assert np.array_equal(q.cpu().view(torch.uint8).numpy(), want.view(np.uint8))
+        out = torch.empty(1001, dtype=torch.float8_e4m3fn, device=dev)  # out= of torch's fp8 type
+        assert gpuq.quantize(xs, 0.25, out=out) is out
+        assert np.array_equal(out.cpu().view(torch.uint8).numpy(), want.view(np.uint8))
+        y = gpuq.dequantize(out, 0.25)
+        assert isinstance(y, torch.Tensor) and y.dtype == torch.float32
+        assert np.array_equal(y.cpu().numpy(), gpuq.dequantize(want, 0.25))
+
+    @check
     def runs_on_torchs_current_stream():
         side = torch.cuda.Stream(device=dev)
         want = gpuq.quantize(x.cpu().numpy() * 2, 0.25)

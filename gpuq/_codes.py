@@ -46,10 +46,13 @@ class Codes:
     __slots__ = ("data", "shape", "dtype")
 
     def __init__(self, data, shape, dtype):
-        fmt = code_format(dtype) if isinstance(dtype, str) else None
+        fmt = code_format(dtype)  # a name, or ml_dtypes' type/dtype of the same name
         if fmt is None:
-            raise ValueError(f"dtype must be one of {', '.join(CODE_FORMATS)}, got {dtype!r}")
+            exc = ValueError if isinstance(dtype, str) else TypeError
+            raise exc(f"dtype must be one of {', '.join(CODE_FORMATS)}, got {dtype!r}")
         try:
+            if any(isinstance(d, (bool, np.bool_)) for d in shape):
+                raise TypeError
             shape = tuple(operator.index(d) for d in shape)
         except TypeError:
             raise TypeError(f"shape must be a tuple of non-negative ints, got {shape!r}") from None
@@ -65,7 +68,8 @@ class Codes:
             raise ValueError(f"data must hold {what} for {fmt.name} codes of shape {shape}: "
                              f"expected data.shape {want}, got {tuple(data.shape)}")
         if fmt.kind == "int4" and not _c_contiguous(data):
-            raise ValueError("data of int4/uint4 codes must be C-contiguous (the bytes are packed)")
+            raise ValueError("data of int4/uint4 codes must be C-contiguous (the bytes are packed), "
+                             f"got a strided view (strides {getattr(data, 'strides', None)})")
         object.__setattr__(self, "data", data)
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "dtype", fmt.name)
@@ -107,20 +111,33 @@ def _xp(a):
     return np
 
 
-def pack(codes, dtype="int4") -> Codes:
+def _ml_int4(name):
+    """ml_dtypes' dtype ``name`` ("int4"/"uint4") where ml_dtypes is loaded, else None."""
+    ml_dtypes = sys.modules.get("ml_dtypes")
+    return None if ml_dtypes is None else np.dtype(getattr(ml_dtypes, name))
+
+
+def pack(codes, dtype=None) -> Codes:
     """Pack int8 (int4) or uint8 (uint4) codes two per byte into :class:`Codes`.
 
-    The values must lie in the code range ([-8, 7] or [0, 15]): ``ValueError``
-    otherwise. NumPy or CuPy arrays; the result's ``data`` is the same kind.
+    ``dtype``: "int4" or "uint4"; by default the type of an ml_dtypes int4/uint4
+    array (which ``pack`` also takes), else "int4". The values must lie in the
+    code range ([-8, 7] or [0, 15]): ``ValueError`` otherwise. NumPy or CuPy
+    arrays; the result's ``data`` is the same kind.
 
     >>> import numpy as np, gpuq
     >>> gpuq.pack(np.array([[1, -2, 3]], np.int8)).data
     array([225,   3], dtype=uint8)
     """
+    if dtype is None:
+        named = getattr(getattr(codes, "dtype", None), "name", None)
+        dtype = named if named in ("int4", "uint4") else "int4"
     fmt = code_format(dtype) if isinstance(dtype, str) else None
     if fmt is None or fmt.kind != "int4":
         raise ValueError(f"dtype must be 'int4' or 'uint4', got {dtype!r}")
     want = np.int8 if fmt.signed else np.uint8
+    if getattr(codes, "dtype", None) == _ml_int4(fmt.name):
+        codes = codes.astype(want)  # one nibble per byte, upper bits 0: widened, not viewed
     if getattr(codes, "dtype", None) != want:
         raise TypeError(f"codes must be a {np.dtype(want).name} array for {fmt.name}, "
                         f"got {type(codes).__qualname__} of dtype {getattr(codes, 'dtype', None)}")

@@ -20,7 +20,7 @@ import math
 import numpy as np
 
 from ._codes import Codes
-from ._dispatch import backend_for
+from ._dispatch import backend_for, is_device_array
 from ._dtypes import code_format, fp8_dtype, native
 from ._params import out_array, zps_param
 
@@ -39,13 +39,23 @@ def _impl(backend):
     return formats
 
 
-def source_format(src):
+def source_format(src, argname="src"):
     """The :class:`~gpuq._dtypes.CodeFormat` of codes ``src`` (a Codes, or an array of an fp8
-    dtype, ml_dtypes' on the host), or None for int8/uint8 and anything else."""
+    dtype, ml_dtypes' on the host), or None for int8/uint8 and anything else.
+
+    An array of ml_dtypes' int4/uint4 (one code per byte) is a ``TypeError``: gpuq's int4
+    codes are packed, and reading such an array's bytes as packed nibbles would be wrong.
+    """
     if isinstance(src, Codes):
         return code_format(src.dtype)
     dt = getattr(src, "dtype", None)
-    return code_format(dt) if isinstance(dt, np.dtype) else None
+    code = code_format(dt) if isinstance(dt, np.dtype) else None
+    if code is not None and code.kind == "int4":
+        how = ("gpuq.pack(src) packs it" if argname == "src" else
+               f"pass out=gpuq.Codes(<uint8 array of ceil(n / 2) bytes>, shape, {code.name!r})")
+        raise TypeError(f"{argname} must be a gpuq.Codes for {code.name} codes (packed two per byte), "
+                        f"got an unpacked ml_dtypes {dt} array: {how}")
+    return code
 
 
 def fp8_zps(zps, scheme, backend, src, check_values):
@@ -53,10 +63,21 @@ def fp8_zps(zps, scheme, backend, src, check_values):
     z = zps_param(zps, scheme, backend, src, check_values=check_values)
     if z is None or not z.size:
         return
-    if backend.name == "numpy" or check_values:
-        if bool((z != 0).any()):
-            raise ValueError("zps must be None or all 0 for fp8 codes (ONNX: fp8 has no zero "
-                             f"point), got a non-zero zero point")
+    # Values given on the host are always checked (no device round trip); device zps
+    # only with check_values, which costs a reduction and a synchronisation.
+    if not is_device_array(zps):
+        check_fp8_zps(np.asarray(zps))
+    elif backend.name == "numpy" or check_values:
+        check_fp8_zps(z)
+
+
+def check_fp8_zps(z):
+    """``ValueError`` unless every zero point in ``z`` (NumPy or CuPy) is 0."""
+    bad = z != 0
+    if bool(bad.any()):
+        v = int(z.reshape(-1)[int(bad.reshape(-1).argmax())])
+        raise ValueError("zps must be None or all 0 for fp8 codes (ONNX: fp8 has no zero "
+                         f"point), got a zero point of {v}")
 
 
 def quantize(code, backend, src, scheme, s, zps, out, saturate, check_values):
@@ -76,18 +97,18 @@ def quantize(code, backend, src, scheme, s, zps, out, saturate, check_values):
 
 
 def _fp8_out(code, backend, src, out):
-    """``(result, bits)``: what quantize returns, and the uint8 bits the backend writes."""
+    """``(result, bits)``: what quantize returns, and the uint8 bits the backend writes.
+
+    ``out`` may be the Codes of fp8 bits on either backend, or on the host an ml_dtypes
+    fp8 array (1 byte: always native, never copied back)."""
     shape = tuple(src.shape)
-    if backend.name == "numpy":
-        dt = fp8_dtype(code.name)
-        if isinstance(out, Codes):
-            raise TypeError(f"out must be a NumPy {code.name} array for a NumPy src, got a gpuq.Codes")
-        result, _ = out_array(out, src, dt, backend)
+    if backend.name == "numpy" and not isinstance(out, Codes):
+        result, _ = out_array(out, src, fp8_dtype(code.name), backend)
         return (out if out is not None else result), result.view(_U8)
     if out is None:
         bits = backend.empty(src, shape, _U8)
         return Codes(bits, shape, code.name), bits
-    _check_codes_out(out, code, shape)
+    _check_codes_out(out, code, shape)  # CuPy has no fp8 dtype: Codes only
     bits, _ = out_array(out.data, src, _U8, backend)
     return out, bits
 

@@ -212,7 +212,8 @@ def _plain(obj):
 
 def _writable_view(out):
     """``out`` as the backends write it: a CPU torch tensor (or Codes of one) as a zero-copy
-    NumPy view (the same memory, so the caller's object is what gets written); else as is."""
+    NumPy view, a GPU torch fp8 tensor as the Codes of its bits (the same memory either way,
+    so the caller's object is what gets written); else as is."""
     from ._codes import Codes
 
     if isinstance(out, Codes):
@@ -221,6 +222,9 @@ def _writable_view(out):
     torch = _torch_tensor(out)
     if torch is not None and out.device.type == "cpu":
         return _from_torch(out, torch).array
+    fp8 = None if torch is None else _torch_fp8_name(out, torch)
+    if fp8 is not None:  # a GPU fp8 tensor: CuPy has no fp8, its bits are the Codes written
+        return Codes(out.view(torch.uint8), tuple(out.shape), fp8)
     return out
 
 

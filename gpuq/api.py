@@ -54,7 +54,7 @@ def _code_target(dtype, out):
     """The CodeFormat quantize writes (fp8, int4), or None for int8/uint8 (and bad names,
     which ``_result_dtype`` reports)."""
     if dtype is None:
-        return _formats.source_format(out) if out is not None else None
+        return _formats.source_format(out, "out") if out is not None else None
     return code_format(dtype)
 
 

@@ -14,7 +14,8 @@ import numpy as np
 from ._dispatch import backend_for, host_base
 from ._interop import callers_type
 from ._codes import Codes
-from ._dtypes import FLOAT_DTYPES, CodeFormat, as_code_dtype, as_dtype, compute_dtype, native
+from . import _formats
+from ._dtypes import FLOAT_DTYPES, CodeFormat, as_code_dtype, as_dtype, code_format, compute_dtype, native
 from ._params import scales_param, zps_param
 from ._scheme import Scheme
 from .api import dequantize, quantize
@@ -96,6 +97,11 @@ class _Static:
             self._device_params[key] = params
         return self._device_params[key]
 
+    def _check_fp8_zps(self, code):
+        # Calls pass check_values=False with the uploaded zps: the host copy is checked here.
+        if code is not None and code.kind == "fp8" and self._zps is not None:
+            _formats.check_fp8_zps(self._zps)
+
     def _reshaped(self, params):
         # per_tensor takes one element of any shape; per-channel a 1-D list.
         scales, zps = params
@@ -121,6 +127,7 @@ class Quantize(_Static):
     def __init__(self, scales, zps=None, qtype="per_tensor", axis=1, dtype="int8", saturate=True):
         super().__init__(scales, zps, qtype, axis, np.dtype(np.float64))
         self.dtype, self.saturate = _code_attrs(dtype, saturate)
+        self._check_fp8_zps(code_format(self.dtype))
 
     @callers_type(arg=1)
     def __call__(self, src, *, out=None):
@@ -171,6 +178,7 @@ class Dequantize(_Static):
 
     @callers_type(arg=1)
     def __call__(self, src, *, out=None):
+        self._check_fp8_zps(_formats.source_format(src))
         scales, zps = self._reshaped(self._params(src, compute_dtype(self.dtype)))
         return dequantize(src, scales, zps, axis=self._axis, dtype=self.dtype, out=out,
                           check_values=False)

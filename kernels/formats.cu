@@ -292,9 +292,12 @@ __device__ __forceinline__ void for_each_packed_unit(const TIn* __restrict__ in,
         unsigned char* dst = out + begin / 2;
         GPUQ_RECORD_STORE(dst, (len + 1) / 2);
         if (len == kUnit && (vec & kVecPacked)) {
-            unsigned long long word;
-            memcpy(&word, bytes, sizeof(word));
-            *reinterpret_cast<unsigned long long*>(dst) = word;
+            // A vector type, not a plain 8-byte integer: the CPU execution of the kernels
+            // checks a vector store's alignment as a GPU enforces it (kVecPacked's promise).
+            unsigned lo, hi;
+            memcpy(&lo, bytes, 4);
+            memcpy(&hi, bytes + 4, 4);
+            *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
         } else {
             const int nbytes = (len + 1) / 2;
 #pragma unroll

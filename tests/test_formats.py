@@ -226,9 +226,55 @@ def test_out_codes_is_written_and_returned(backend):
     got = gpuq.quantize(backend.put(x), 0.5, dtype="int4", out=out)
     assert got is out
     assert np.array_equal(backend.get(out.data), _ref_int4(x, 0.5, None, None, None, "int4")[0])
-    y = np.empty((3, 7), np.float32)
-    if backend.name != "cuda":
-        assert gpuq.dequantize(out, 0.5, out=y) is y
+    y = backend.put(np.empty((3, 7), np.float32))
+    assert gpuq.dequantize(out, 0.5, out=y) is y
+    assert np.array_equal(backend.get(y), gpuq.dequantize(gpuq.unpack(gpuq.Codes(backend.get(out.data), (3, 7),
+                                                                              "int4")), 0.5))
+
+
+@pytest.mark.parametrize("offset", [0, 1, 4, 8])
+@pytest.mark.parametrize("n", [165, 1025])
+def test_packed_bytes_at_any_address(backend, offset, n):
+    """Packed codes read and written at addresses 1, 4 and 8 bytes into an allocation: the
+    kernels' 8-byte packed access is for 8-byte aligned data only (the CPU execution
+    faults on a misaligned vector access as a GPU does)."""
+    x = _data((n,), seed=18)
+    nbytes = (n + 1) // 2
+    buf = backend.put(np.full(nbytes + 16, 0xAA, np.uint8))
+    out = gpuq.Codes(buf[offset:offset + nbytes], (n,), "int4")
+    gpuq.quantize(backend.put(x), 0.25, 1, dtype="int4", out=out)
+    got = backend.get(buf)
+    assert np.array_equal(got[offset:offset + nbytes], _ref_int4(x, 0.25, 1, None, None, "int4")[0])
+    assert (got[:offset] == 0xAA).all() and (got[offset + nbytes:] == 0xAA).all()  # nothing outside
+    y = gpuq.dequantize(out, 0.25, 1)
+    assert np.array_equal(backend.get(y), gpuq.dequantize(gpuq.Codes(got[offset:offset + nbytes], (n,), "int4"),
+                                                          0.25, 1))
+
+
+def test_out_fp8_codes(backend):
+    """fp8 codes written into a given Codes of uint8 bits, on every backend (the host too)."""
+    x = _data((4, 5), seed=19)
+    out = gpuq.Codes(backend.put(np.zeros((4, 5), np.uint8)), (4, 5), "float8_e4m3fn")
+    assert gpuq.quantize(backend.put(x), 0.5, out=out) is out
+    assert np.array_equal(backend.get(out.data).reshape(-1), _ref_fp8(x, 0.5, None, None, "float8_e4m3fn", True).reshape(-1))
+    with pytest.raises(ValueError, match="out must be Codes of dtype float8_e5m2"):
+        gpuq.quantize(backend.put(x), 0.5, dtype="float8_e5m2", out=out)
+
+
+def test_ml_dtypes_int4_arrays_are_packed_not_misread():
+    """ml_dtypes' int4 holds one nibble per byte: dequantize refuses it (its bytes are not
+    packed codes) and points at gpuq.pack, which takes it."""
+    codes = np.array([[1, -2, 3], [-8, 7, 0]], np.int8)
+    ml = codes.astype(ml_dtypes.int4)
+    with pytest.raises(TypeError, match=r"src must be a gpuq.Codes for int4.*gpuq.pack\(src\)"):
+        gpuq.dequantize(ml, 0.5)
+    with pytest.raises(TypeError, match="out must be a gpuq.Codes for uint4"):
+        gpuq.quantize(np.ones((2, 3), np.float32), 0.5, out=np.zeros((2, 3), ml_dtypes.uint4))
+    packed = gpuq.pack(ml)
+    assert packed.dtype == "int4" and np.array_equal(packed.data, gpuq.pack(codes).data)
+    assert np.array_equal(gpuq.dequantize(packed, 0.5), codes * np.float32(0.5))
+    u = np.array([0, 15, 9], np.uint8)
+    assert np.array_equal(gpuq.pack(u.astype(ml_dtypes.uint4)).data, gpuq.pack(u, "uint4").data)
 
 
 def test_out_fp8_host():
@@ -279,6 +325,27 @@ def test_errors(call, exc, match):
         call(x)
 
 
+def test_fp8_nonzero_zps_refused_without_value_checks(backend):
+    """Host-given zps are looked at even with check_values=False (no device round trip);
+    the static op objects check theirs at construction or at the call."""
+    x = backend.put(_data((4, 6), seed=20))
+    with pytest.raises(ValueError, match="got a zero point of 5"):
+        gpuq.quantize(x, [1.0] * 4, [0, 5, 0, 0], axis=0, dtype="float8_e4m3fn", check_values=False)
+    q = gpuq.quantize(x, [1.0] * 4, axis=0, dtype="float8_e5m2")
+    with pytest.raises(ValueError, match="got a zero point of -1"):
+        gpuq.dequantize(q, [1.0] * 4, np.array([0, 0, -1, 0], np.int8), axis=0, check_values=False)
+    with pytest.raises(ValueError, match="zps must be None or all 0 for fp8"):
+        gpuq.Quantize(scales=[1.0, 2.0], zps=[0, 3], qtype="per_channel", axis=0, dtype="float8_e4m3fn")
+    op = gpuq.Dequantize(scales=[1.0] * 4, zps=[0, 0, 0, 2], qtype="per_channel", axis=0)
+    with pytest.raises(ValueError, match="got a zero point of 2"):
+        op(q)
+    zero = gpuq.Quantize(scales=[1.0] * 4, zps=[0] * 4, qtype="per_channel", axis=0, dtype="float8_e5m2")
+    assert np.array_equal(_bytes(backend, zero(x)), _bytes(backend, q))
+    if backend.name == "cuda":  # device zps: checked with check_values (the default) only
+        with pytest.raises(ValueError, match="got a zero point of 7"):
+            gpuq.quantize(x, 1.0, backend.put(np.array(7, np.int32)), dtype="float8_e4m3fn")
+
+
 def test_zero_zps_are_accepted_for_fp8():
     x = _data((4, 6), seed=12)
     a = gpuq.quantize(x, [1.0, 2.0, 3.0, 4.0], [0, 0, 0, 0], axis=0, dtype="float8_e4m3fn")
@@ -292,6 +359,9 @@ def test_zero_zps_are_accepted_for_fp8():
     ((np.zeros(2, np.int8), (3,), "int4"), TypeError, "data must be a uint8 array"),
     ((np.zeros((2, 2), np.uint8)[:, 0], (3,), "int4"), ValueError, "C-contiguous"),
     ((np.zeros(2, np.uint8), (-3,), "int4"), ValueError, "non-negative"),
+    ((np.zeros(2, np.uint8), (True, 3), "int4"), TypeError, r"shape must be a tuple of non-negative ints, got \(True"),
+    ((np.zeros(2, np.uint8), (3,), np.dtype(np.int8)), TypeError, "dtype must be one of int4.*got dtype"),
+    ((np.zeros((2, 4), np.uint8)[:, 0], (3,), "int4"), ValueError, r"got a strided view \(strides \(4,\)"),
     ((np.zeros(2, np.uint8), (2,), "float8_e4m3fn"), None, None),
 ])
 def test_codes_validation(args, exc, match):
