@@ -258,3 +258,36 @@ def test_threaded_scheduler_many_chunks(host_loops):
     got = dask.compute(q, s, z, scheduler="threads", num_workers=8)
     for g, w in zip(got, gpuq.quantize_dynamic(x, axis=1)):
         _same(g, w)
+
+
+def test_large_chunk_outputs_in_their_own_mappings(host_loops):
+    """Chunk outputs of >= HUGE_OUT_MIN bytes are written into fresh anonymous mappings (not
+    malloc's heap pages) with the in-memory bits; smaller ones are gpuq's own allocation."""
+    import mmap
+
+    from gpuq import _dask
+
+    rows = _dask.HUGE_OUT_MIN // 1024 + 3  # int8 codes of one chunk: just over the threshold
+    x = _data((rows, 1024), seed=5)
+    s = np.random.default_rng(6).uniform(0.01, 0.1, rows).astype(np.float32)
+    big = gpuq.quantize(da.from_array(x, chunks=(rows, 1024)), s, axis=0)
+    block = _first_block(big)
+    assert np.array_equal(block, gpuq.quantize(x, s, axis=0))
+    if _dask._MMAP is not None:  # Linux
+        assert isinstance(_memory_owner(block), mmap.mmap)
+    small = gpuq.quantize(da.from_array(x[:5], chunks=(5, 1024)), s[:5], axis=0)
+    block = _first_block(small)
+    assert not isinstance(_memory_owner(block), mmap.mmap)
+    assert np.array_equal(block, gpuq.quantize(x[:5], s[:5], axis=0))
+
+
+def _first_block(x):
+    """The first chunk as its task returns it (``compute`` may copy it while assembling)."""
+    return dask.get(dict(x.__dask_graph__()), x.__dask_keys__()[0][0])
+
+
+def _memory_owner(a):
+    """The object at the end of an array's base chain (through a memoryview's ``obj``)."""
+    while isinstance(a, np.ndarray) and a.base is not None:
+        a = a.base
+    return a.obj if isinstance(a, memoryview) else a
