@@ -136,7 +136,8 @@ def pack(codes, dtype=None) -> Codes:
     if fmt is None or fmt.kind != "int4":
         raise ValueError(f"dtype must be 'int4' or 'uint4', got {dtype!r}")
     want = np.int8 if fmt.signed else np.uint8
-    if getattr(codes, "dtype", None) == _ml_int4(fmt.name):
+    ml = _ml_int4(fmt.name)
+    if ml is not None and getattr(codes, "dtype", None) == ml:  # (np.dtype(...) == None is float64)
         codes = codes.astype(want)  # one nibble per byte, upper bits 0: widened, not viewed
     if getattr(codes, "dtype", None) != want:
         raise TypeError(f"codes must be a {np.dtype(want).name} array for {fmt.name}, "

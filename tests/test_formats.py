@@ -9,6 +9,8 @@ onnx.reference are in test_formats_oracle.py.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -370,6 +372,18 @@ def test_codes_validation(args, exc, match):
         return
     with pytest.raises(exc, match=match):
         gpuq.Codes(*args)
+
+
+@pytest.mark.parametrize("ml_dtypes_loaded", [True, False])
+def test_pack_refuses_floats_and_lists(monkeypatch, ml_dtypes_loaded):
+    """Floats are never truncated into codes, whether or not ml_dtypes is imported."""
+    if not ml_dtypes_loaded:
+        monkeypatch.delitem(sys.modules, "ml_dtypes")
+    for bad in (np.array([0.4, 7.9]), [1, -2, 3]):
+        with pytest.raises(TypeError, match="codes must be a int8 array for int4"):
+            gpuq.pack(bad)
+    with pytest.raises(TypeError, match="codes must be a uint8 array for uint4"):
+        gpuq.pack(np.array([1.7, 3.2]), "uint4")
 
 
 def test_pack_refuses_out_of_range():
