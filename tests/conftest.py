@@ -17,6 +17,7 @@ import contextlib
 import numpy as np
 import pytest
 
+import _background
 from cudasim.install import install as _install_cupy
 
 #: "real" (CuPy with a GPU) or "sim" (the CPU execution of the kernels), decided once, here.
@@ -24,7 +25,7 @@ CUDA_MODE = _install_cupy()
 
 # The CPU execution's own package (its tests are tests/test_cudasim_*.py) and the planted-bug
 # runner are tools, not test modules: --doctest-modules must not import them a second time.
-collect_ignore = ["cudasim", "planted_bugs.py"]
+collect_ignore = ["cudasim", "planted_bugs.py", "_background.py"]
 
 
 def pytest_configure(config):
@@ -39,6 +40,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "real_cupy" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_collection_finish(session):
+    # The long CPU-bound checks run beside the suite (tests/_background.py).
+    _background.start(session.items, CUDA_MODE)
+
+
+def pytest_sessionfinish(session):
+    _background.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -300,14 +300,47 @@ def test_qparams_instantiation_every_schedule(cp, name, schedule, monkeypatch):
     _run_case(cp, name, schedule, monkeypatch)
 
 
+_SANITIZED_RUN = os.environ.get("GPUQ_SIM_SANITIZE") == "1"
+_ubsan_child = None
+
+
+def _start_ubsan_child():
+    """The sanitized sweep: this file again in a child pytest (UBSan halts the process at the
+    first report: a child keeps this session alive), output to files (no pipe to fill)."""
+    import tempfile
+
+    import _background
+
+    env = dict(os.environ, GPUQ_SIM_SANITIZE="1", UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1")
+    log = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
+                            env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    _background.on_exit(proc.kill)
+    return proc, log
+
+
+def start_background(items):
+    """Started at collection (tests/_background.py): the child runs beside the suite."""
+    global _ubsan_child
+    if _SIM and not _SANITIZED_RUN and _REASON is None and any(
+            item.name == "test_sweep_under_ubsan" for item in items):
+        _ubsan_child = _start_ubsan_child()
+
+
 @pytest.mark.skipif(not _SIM, reason="the sanitizer build exists only on the CPU execution of the kernels")
-@pytest.mark.skipif(os.environ.get("GPUQ_SIM_SANITIZE") == "1", reason="already the sanitized run")
+@pytest.mark.skipif(_SANITIZED_RUN, reason="already the sanitized run")
 def test_sweep_under_ubsan():
     """The whole sweep again, every kernel built with -fsanitize=undefined, in a child process
-    (UBSan halts the process at the first report: a child keeps this session alive)."""
-    env = dict(os.environ, GPUQ_SIM_SANITIZE="1", UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1")
-    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
-                         env=env, capture_output=True, text=True, timeout=900)
-    tail = (res.stdout[-3000:] + res.stderr[-3000:]).strip()
-    assert res.returncode == 0, tail
-    assert "runtime error" not in tail and f"{len(ALL_NAMES) + 2 * len(QPARAMS_NAMES) + 1} passed" in tail, tail
+    (started at collection where this test is selected, else here)."""
+    global _ubsan_child
+    proc, log = _ubsan_child or _start_ubsan_child()
+    _ubsan_child = None
+    try:
+        proc.wait(timeout=900)
+    finally:
+        proc.kill()
+    log.seek(0)
+    out = log.read()
+    tail = out[-6000:].strip()
+    assert proc.returncode == 0, tail
+    assert "runtime error" not in out and f"{len(ALL_NAMES) + 2 * len(QPARAMS_NAMES) + 1} passed" in tail, tail

@@ -49,12 +49,14 @@ def _build(job):
     return base, nvrtc_check.ftz_independent(nv, source, base)
 
 
-@pytest.fixture(scope="module")
-def builds():
-    """Every NVRTC build of this module, made once, side by side in worker processes (formats.cu
-    alone takes ~30 s a build on a 2-vCPU machine; the builds are independent)."""
+def _start_builds():
+    """Submit every NVRTC build of this module to worker processes; returns what waits for
+    them (formats.cu alone takes ~30 s a build on a 2-vCPU machine; the builds are
+    independent)."""
     import concurrent.futures
     import multiprocessing
+
+    import _background
 
     jobs = [("ftz", s, None) for s in registry.SOURCES]
     jobs += [("target", s, t) for s in registry.SOURCES for t in _SUITE_TARGETS if t != "compute_80"]
@@ -62,15 +64,40 @@ def builds():
     jobs.sort(key=lambda j: j[1] != "formats.cu")  # the longest first
     workers = max(1, min(len(os.sched_getaffinity(0)), 4))
     ctx = multiprocessing.get_context("spawn")  # no fork of a process that holds threads
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-        done = dict(zip(jobs, pool.map(_build, jobs)))
-    results = {}
-    for (kind, source, arg), res in done.items():
-        if kind == "ftz":
-            results["target", source, "compute_80"], results["ftz", source, None] = res
-        else:
-            results[kind, source, arg] = res
+    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx)
+    futures = {job: pool.submit(_build, job) for job in jobs}
+    pool.shutdown(wait=False)
+    _background.on_exit(lambda: pool.shutdown(wait=False, cancel_futures=True))
+
+    def results():
+        out = {}
+        for (kind, source, arg), future in futures.items():
+            res = future.result()
+            if kind == "ftz":
+                out["target", source, "compute_80"], out["ftz", source, None] = res
+            else:
+                out[kind, source, arg] = res
+        return out
+
     return results
+
+
+_pending_builds = None
+
+
+def start_background(items):
+    """Started at collection (tests/_background.py) where a test of this module needs them."""
+    global _pending_builds
+    if _LIB is not None and any("builds" in getattr(item, "fixturenames", ()) for item in items):
+        _pending_builds = _start_builds()
+
+
+@pytest.fixture(scope="module")
+def builds():
+    """Every NVRTC build of this module, made once (started at collection, else here)."""
+    global _pending_builds
+    pending, _pending_builds = _pending_builds or _start_builds(), None
+    return pending()
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +152,17 @@ def test_only_the_ftz_override_is_tolerated():
 def test_ptx_does_not_depend_on_ftz(builds, source):
     res = builds["ftz", source, None]
     assert res.ok, res.describe()
+
+
+def test_compile_units_are_every_name_once():
+    """The modules a warm-up (and the test session's prebuild) compiles hold every name
+    expression of every source exactly once."""
+    by_source = {}
+    for source, names in registry.compile_units():
+        by_source.setdefault(source, []).extend(names)
+    assert by_source.keys() == registry.SOURCES.keys()
+    for source, names in by_source.items():
+        assert sorted(names) == sorted(registry.SOURCES[source]()) and len(set(names)) == len(names)
 
 
 def test_registry_covers_every_dtype_combination():

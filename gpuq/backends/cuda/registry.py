@@ -244,6 +244,22 @@ def formats_names() -> list:
             for n in formats_group(kind, f, c)]
 
 
+def compile_units() -> list:
+    """Every ``(source, name_expressions)`` the CUDA backend compiles as one module, exactly
+    as it asks for them (the same groups, the same order): what a warm-up compiles ahead.
+
+    >>> len(compile_units()), compile_units()[0][0]
+    (49, 'quantize.cu')
+    """
+    units = [("quantize.cu", quantize_group(f, q)) for f in _FLOATS for q in _QUANT_DTYPES]
+    units += [("dequantize.cu", dequantize_group(q, f)) for q in _QUANT_DTYPES for f in _FLOATS]
+    units.append(("qparams.cu", tuple(qparams_names())))
+    codes = (*FP8_FMT, "int4", "uint4")
+    units += [("formats.cu", formats_group(kind, f, c)) for kind in ("quantize", "dequantize")
+              for f in _FLOATS for c in codes]
+    return units
+
+
 #: Source file -> function returning every name expression the dispatcher can
 #: request from it. The NVRTC check compiles all of them.
 SOURCES = {

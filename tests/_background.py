@@ -1,0 +1,70 @@
+"""Long CPU-bound work started once the session's tests are known, run beside them.
+
+Most of the suite is single-threaded Python, so on a 2-core CI machine one core
+idles while it runs, and three long jobs used to run each at its own test, in
+series: the host builds of the kernels for the CPU execution (49 g++ modules,
+~110 s of one core cold), the UBSan sweep in its child process (the same builds
+sanitized, then the sweep), and the NVRTC builds of every instantiation (~4 min
+of one core). Here they start at the end of collection and run beside the
+suite; their tests wait for the results they would otherwise have made, and
+check them exactly as before. A session that selects none of their tests
+starts nothing (``pytest tests/test_cli.py``).
+
+A test module takes part by defining ``start_background(items)`` (its selected
+items); :func:`on_exit` registers what stops its work if the session ends first.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+
+_stoppers = []
+
+
+def on_exit(stop) -> None:
+    """Call ``stop()`` when the session ends (work not waited for is abandoned)."""
+    _stoppers.append(stop)
+
+
+def start(items, cuda_mode: str) -> None:
+    """Start the background work of the selected ``items`` (from ``pytest_collection_finish``)."""
+    if cuda_mode == "sim" and any("cuda" in item.nodeid for item in items):
+        _prebuild_kernels()
+    by_module = {}
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is not None and hasattr(module, "start_background"):
+            by_module.setdefault(module, []).append(item)
+    for module, selected in by_module.items():
+        module.start_background(selected)
+
+
+def stop() -> None:
+    """End the background work (from ``pytest_sessionfinish``)."""
+    while _stoppers:
+        try:
+            _stoppers.pop()()
+        except Exception:  # noqa: BLE001 - best effort at the end of the session
+            pass
+
+
+def _prebuild_kernels() -> None:
+    """Every module the CUDA backend can ask the CPU execution for, built on background
+    threads (each build is a g++ process), longest first; as the backend would build them
+    (same source text, names and sanitizer setting), so its requests find them built, or
+    wait on the build in progress. A failed build is left for the test that needs it to
+    report."""
+    import cupy
+    from cudasim import hostbuild
+
+    from gpuq.backends.cuda import registry
+
+    sanitize = cupy._sim.sanitize()
+    units = sorted(registry.compile_units(), key=lambda u: u[0] != "formats.cu")
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1,
+                                                 thread_name_prefix="gpuq-prebuild")
+    for source, names in units:
+        pool.submit(hostbuild.build, registry.source_text(source), list(names), sanitize=sanitize)
+    pool.shutdown(wait=False)
+    on_exit(lambda: pool.shutdown(wait=False, cancel_futures=True))
