@@ -19,6 +19,7 @@ outputs are dicts of parts (codes, scales, zps) compared part by part.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import sys
@@ -152,6 +153,19 @@ def _progress(row):
             f"{row['gbps']:7.2f} GB/s  mism={row['mismatches']}{extra}")
 
 
+@contextlib.contextmanager
+def _caller_heap_set_aside():
+    """The ``gc.collect()`` between contenders is for what the runs leave behind; objects
+    that existed before the bench started (a test session's heap: thousands of them, 50 ms a
+    collection) are set aside with ``gc.freeze`` for its duration, then handed back."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def run_cpu(cases, peers, threads, copy_gbps, *, reps=5, latency_inner=200, log=print):
     """All cases on host arrays; every contender at ``threads`` threads.
 
@@ -166,18 +180,19 @@ def run_cpu(cases, peers, threads, copy_gbps, *, reps=5, latency_inner=200, log=
         own.extra.append(GpuqUfuncs(own.out, "gpuq ufuncs out="))
         own.extra_dynamic.append(GpuqUfuncs(own.fresh, "gpuq ufuncs"))
     rows = []
-    for case in cases:
-        contenders = contenders_for(case, own, peers)
-        x = data.host_input(case)
-        scales, zps = data.host_params_for(case)
-        ref = data.reference(case, x, scales, zps)
-        if case.latency:
-            timer = lambda c, run: time_cpu(run, reps=reps * 3, warmup=20, inner=latency_inner)  # noqa: E731
-        else:
-            timer = lambda c, run: time_cpu(run, reps=reps, warmup=1)  # noqa: E731
-        rows += run_case(case, contenders, [x], scales, zps, ref, timer, copy_gbps, log)
-        del x, ref
-        gc.collect()
+    with _caller_heap_set_aside():
+        for case in cases:
+            contenders = contenders_for(case, own, peers)
+            x = data.host_input(case)
+            scales, zps = data.host_params_for(case)
+            ref = data.reference(case, x, scales, zps)
+            if case.latency:
+                timer = lambda c, run: time_cpu(run, reps=reps * 3, warmup=20, inner=latency_inner)  # noqa: E731
+            else:
+                timer = lambda c, run: time_cpu(run, reps=reps, warmup=1)  # noqa: E731
+            rows += run_case(case, contenders, [x], scales, zps, ref, timer, copy_gbps, log)
+            del x, ref
+            gc.collect()
     return rows
 
 
