@@ -62,6 +62,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import mmap
 import sys
 import uuid
 
@@ -283,13 +284,9 @@ def _host_out(block, dtype):
     quantizing 29 chunks of 64 MiB and holding the outputs took 86-88 ms against 63-66 ms
     for the whole call, and 74-76 ms with outputs in such mappings (bench/NOTES.md). The
     mapping is unmapped when the array is freed; the bits are the same either way."""
-    if not isinstance(block, np.ndarray) or _MMAP is None:
-        return None
     n = block.size * dtype.itemsize
-    if n < HUGE_OUT_MIN:
+    if not _HUGE_PAGES or not isinstance(block, np.ndarray) or n < HUGE_OUT_MIN:
         return None
-    import mmap
-
     m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     try:
         m.madvise(mmap.MADV_HUGEPAGE)
@@ -298,17 +295,8 @@ def _host_out(block, dtype):
     return np.frombuffer(m, dtype, count=block.size).reshape(block.shape)
 
 
-def _mmap_ok():
-    try:
-        import mmap
-    except ImportError:  # pragma: no cover
-        return None
-    if not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return None
-    return mmap
-
-
-_MMAP = _mmap_ok()
+#: Whether this system can advise a mapping for transparent huge pages (Linux).
+_HUGE_PAGES = sys.platform.startswith("linux") and hasattr(mmap, "MADV_HUGEPAGE")
 
 
 def _param(obj, argname, scheme, ct, kind, pchunks, check_values):

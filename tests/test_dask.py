@@ -273,7 +273,7 @@ def test_large_chunk_outputs_in_their_own_mappings(host_loops):
     big = gpuq.quantize(da.from_array(x, chunks=(rows, 1024)), s, axis=0)
     block = _first_block(big)
     assert np.array_equal(block, gpuq.quantize(x, s, axis=0))
-    if _dask._MMAP is not None:  # Linux
+    if _dask._HUGE_PAGES:  # Linux
         assert isinstance(_memory_owner(block), mmap.mmap)
     small = gpuq.quantize(da.from_array(x[:5], chunks=(5, 1024)), s[:5], axis=0)
     block = _first_block(small)

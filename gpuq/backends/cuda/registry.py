@@ -239,9 +239,12 @@ def formats_names() -> list:
     >>> len(formats_names())
     240
     """
+    return [n for group in _formats_groups() for n in group]
+
+
+def _formats_groups() -> list:
     codes = (*FP8_FMT, "int4", "uint4")
-    return [n for kind in ("quantize", "dequantize") for f in _FLOATS for c in codes
-            for n in formats_group(kind, f, c)]
+    return [formats_group(kind, f, c) for kind in ("quantize", "dequantize") for f in _FLOATS for c in codes]
 
 
 def compile_units() -> list:
@@ -254,9 +257,7 @@ def compile_units() -> list:
     units = [("quantize.cu", quantize_group(f, q)) for f in _FLOATS for q in _QUANT_DTYPES]
     units += [("dequantize.cu", dequantize_group(q, f)) for q in _QUANT_DTYPES for f in _FLOATS]
     units.append(("qparams.cu", tuple(qparams_names())))
-    codes = (*FP8_FMT, "int4", "uint4")
-    units += [("formats.cu", formats_group(kind, f, c)) for kind in ("quantize", "dequantize")
-              for f in _FLOATS for c in codes]
+    units += [("formats.cu", group) for group in _formats_groups()]
     return units
 
 
