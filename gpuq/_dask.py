@@ -49,8 +49,11 @@ workers' memory, take **two passes** instead, holding nothing::
 
 Both give the same bits. Chunk functions run under the chunk's device and on
 CuPy's current stream there (a multi-GPU worker may hold chunks of several
-devices). The op objects (``gpuq.Quantize(...)(x)``...) take in-memory arrays
-only: with a Dask array they raise ``TypeError`` pointing at the functions.
+devices). The op objects (``gpuq.Quantize(...)(x)``...) take Dask arrays too:
+each is the functional call it stands for (``gpuq.ops``), so the same rules hold.
+
+Threads. Dask runs as many chunk tasks at once as a worker has threads; each
+chunk's host call takes its share of gpuq's threads (:func:`_threads_shared`).
 
 May import: dask (inside functions only: ``import gpuq`` never imports it),
 gpuq._dispatch, gpuq._params, gpuq._scheme, gpuq._dtypes and
@@ -59,11 +62,13 @@ the backends (their min/max reductions).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import math
 import mmap
 import sys
+import threading
 import uuid
 
 import numpy as np
@@ -93,11 +98,12 @@ def call(public, fn, arg, args, kwargs):
     array([-127,  -91,  -54,  -18,   18,   54,   91,  127], dtype=int8)
     """
     name = fn.__name__
+    if fn.__module__ == "gpuq.ops" and name == "__call__":
+        # An op object: the functional call it stands for, whose src is this Dask array.
+        op, *rest = args
+        return op._on_dask(*rest, **kwargs)
     if fn.__module__ not in ("gpuq.api", "gpuq.qparams") or name not in _ELEMENTWISE + _QPARAMS:
-        raise TypeError(
-            f"{fn.__qualname__} takes NumPy or CUDA arrays, not Dask arrays: call gpuq.quantize / "
-            f"gpuq.dequantize with the op's scales, zps and axis, which take Dask arrays"
-        )
+        raise TypeError(f"{fn.__qualname__} takes NumPy or CUDA arrays, not Dask arrays")
     bound = inspect.signature(fn).bind(*args, **kwargs)  # a bad call: Python's TypeError, now
     bound.apply_defaults()
     a = dict(bound.arguments)
@@ -265,8 +271,58 @@ def _elementwise(public, name, src, a):
 
 
 def _apply(public, block, scales, zps, **kwargs):
-    out = _host_out(block, kwargs["dtype"])
-    return public(block, scales, zps, out=out, **kwargs)
+    with _threads_shared():
+        out = _host_out(block, kwargs["dtype"])
+        return public(block, scales, zps, out=out, **kwargs)
+
+
+_running = 0
+_running_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _threads_shared():
+    """Run one chunk with its share of gpuq's host threads: the process's threads
+    (``gpuq.get_num_threads()``; in a ``distributed`` worker, at most the worker's
+    threads) divided by the gpuq chunk tasks running when this one starts.
+
+    Why: Dask runs a worker's tasks on threads of its own, as many at once as the
+    worker has threads (one per core by default). If each task's call also started
+    all of gpuq's threads, N tasks would run N x N threads on N cores: on 2 cores,
+    64 MiB chunks took 1.29x the in-memory call that way against 1.04x with one
+    thread each (bench/NOTES.md). A worker's threads are the cores Dask gave it
+    (2 workers of 1 thread on 2 cores: 1 each), as Dask's nanny sets
+    ``OMP_NUM_THREADS=1`` for other libraries. A task that runs alone (the
+    synchronous scheduler, the last chunks) keeps all of them. The bits do not
+    depend on the thread count.
+    """
+    global _running
+    from .backends.host.backend import get_num_threads, thread_share
+
+    total = get_num_threads()
+    worker = _worker_threads()
+    if worker:
+        total = min(total, worker)
+    with _running_lock:
+        _running += 1
+        share = total // _running
+    try:
+        with thread_share(max(1, share)):
+            yield
+    finally:
+        with _running_lock:
+            _running -= 1
+
+
+def _worker_threads():
+    """The thread count of the ``distributed`` worker running this task, or None outside one."""
+    distributed = sys.modules.get("distributed")
+    if distributed is None:
+        return None
+    try:
+        return distributed.get_worker().state.nthreads
+    except ValueError:  # not in a worker's task
+        return None
 
 
 #: NumPy chunk outputs at least this large get their own huge-page-advised mapping (:func:`_host_out`).
@@ -407,7 +463,8 @@ def _qparams(public, name, x, a):
 
 
 def _call_tuple(public, kwargs, block):
-    return tuple(public(block, **kwargs))
+    with _threads_shared():
+        return tuple(public(block, **kwargs))
 
 
 def _pick(inter, inter_ind, i, out_ind, adjust, dtype, kind):
@@ -449,7 +506,8 @@ def _partial(block, axis, dtype):
         from .backends.host import qparams as host_qparams
 
         b = host_native(host_base(block, "x"))
-        lo, hi = host_qparams.minmax(b, scheme)
+        with _threads_shared():
+            lo, hi = host_qparams.minmax(b, scheme)
         lo, hi = lo.astype(dtype), hi.astype(dtype)  # float16/bfloat16 widen exactly
         out = np.empty((2,) + keep, dtype)
         out[0] = np.where(np.isnan(lo), np.inf, lo).reshape(keep)  # a slot with no number
@@ -544,5 +602,6 @@ def _quantize_chunk(src, scales, zps, *, axis, dtype):
         z = zps_param(zps, scheme, backend, arr, check_values=False)
         out = backend.empty(arr, arr.shape, dtype)
         if arr.size:
-            backend.quantize(host_native(arr), scheme, s, z, out)
+            with _threads_shared():
+                backend.quantize(host_native(arr), scheme, s, z, out)
     return out

@@ -61,7 +61,7 @@ def _torch_tensor(obj):
     return torch if torch is not None and isinstance(obj, torch.Tensor) else None
 
 
-def _dask_array(obj) -> bool:
+def is_dask_array(obj) -> bool:
     da = sys.modules.get("dask.array")
     return da is not None and isinstance(obj, da.Array)
 
@@ -261,7 +261,7 @@ def callers_type(fn=None, *, arg=0):
         src = args[arg]
         if type(src) is np.ndarray:
             return fn(*args, **kwargs)
-        if _dask_array(src):
+        if is_dask_array(src):
             from . import _dask  # lazy graphs: gpuq._dask maps this same call over the chunks
 
             return _dask.call(call, fn, arg, args, kwargs)

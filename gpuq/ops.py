@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._dispatch import backend_for, host_base
-from ._interop import callers_type
+from ._interop import callers_type, is_dask_array
 from ._codes import Codes
 from . import _formats
 from ._dtypes import FLOAT_DTYPES, CodeFormat, as_code_dtype, as_dtype, code_format, compute_dtype, native
@@ -109,6 +109,12 @@ class _Static:
             return scales.reshape(()), None if zps is None else zps.reshape(())
         return params
 
+    def _on_dask(self, src, *, out=None):
+        """A Dask ``src`` (``gpuq._dask``): the functional call with the host parameters,
+        which that call checks and lines up with the chunks."""
+        scales, zps = self._reshaped((self._scales, self._zps))
+        return self._function(src, scales, zps, axis=self._axis, dtype=self.dtype, out=out, **self._extra)
+
 
 class Quantize(_Static):
     """oneDNN Graph Quantize: static scales/zps attributes, input ``src``.
@@ -124,9 +130,12 @@ class Quantize(_Static):
     array([ 12,   8, 255], dtype=uint8)
     """
 
+    _function = staticmethod(quantize)
+
     def __init__(self, scales, zps=None, qtype="per_tensor", axis=1, dtype="int8", saturate=True):
         super().__init__(scales, zps, qtype, axis, np.dtype(np.float64))
         self.dtype, self.saturate = _code_attrs(dtype, saturate)
+        self._extra = dict(saturate=self.saturate)
         self._check_fp8_zps(code_format(self.dtype))
 
     @callers_type(arg=1)
@@ -172,6 +181,9 @@ class Dequantize(_Static):
            [0., 1.]], dtype=float32)
     """
 
+    _function = staticmethod(dequantize)
+    _extra = {}
+
     def __init__(self, scales, zps=None, qtype="per_tensor", axis=1, dtype="float32"):
         self.dtype = as_dtype(dtype, "dtype", FLOAT_DTYPES)
         super().__init__(scales, zps, qtype, axis, compute_dtype(self.dtype))
@@ -209,10 +221,15 @@ class DynamicQuantize:
 
     @callers_type(arg=1)
     def __call__(self, src, scales, zps=None, *, out=None):
+        return self._run(src, scales, zps, out=out)
+
+    def _run(self, src, scales, zps=None, *, out=None):
         kw = dict(dtype=self.dtype, out=out, saturate=self.saturate)
         if self._group is not None:
             return _per_group(quantize, self._group, src, scales, zps, **kw)
         return quantize(src, scales, zps, axis=self._axis, **kw)
+
+    _on_dask = _run  # a Dask src (gpuq._dask): the functions called take Dask arrays
 
 
 class DynamicDequantize:
@@ -237,9 +254,14 @@ class DynamicDequantize:
 
     @callers_type(arg=1)
     def __call__(self, src, scales, zps=None, *, out=None):
+        return self._run(src, scales, zps, out=out)
+
+    def _run(self, src, scales, zps=None, *, out=None):
         if self._group is not None:
             return _per_group(dequantize, self._group, src, scales, zps, dtype=self.dtype, out=out)
         return dequantize(src, scales, zps, axis=self._axis, dtype=self.dtype, out=out)
+
+    _on_dask = _run  # a Dask src (gpuq._dask): the functions called take Dask arrays
 
 
 def _check_dynamic_qtype(qtype, axis, group_shape):
@@ -271,8 +293,10 @@ def _per_group(fn, group_shape, src, scales, zps, **kwargs):
     element (all axes); several split each grouped dim ``d`` into
     ``(d / g, g)`` (a view) and quantize per multi-axis slot.
     """
-    codes = src if isinstance(src, Codes) else None  # packed: the logical shape is the Codes'
-    shape = codes.shape if codes is not None else tuple(backend_for(src)[1].shape)
+    if isinstance(src, Codes) or is_dask_array(src):  # packed: the logical shape is the Codes'
+        shape = tuple(src.shape)
+    else:
+        shape = tuple(backend_for(src)[1].shape)
     if len(group_shape) != len(shape):
         raise ValueError(f"group_shape must have one entry per dim of src: src shape {shape}, "
                          f"got group_shape {list(group_shape)}")
@@ -310,6 +334,8 @@ def _reshaped(a, shape):
         return Codes(a.data if a.dtype in ("int4", "uint4") else a.data.reshape(shape), shape, a.dtype)
     if isinstance(a, np.ndarray):
         return host_base(a, "out").reshape(shape)
+    if is_dask_array(a):
+        return a.reshape(shape)
     return backend_for(a)[1].reshape(shape)
 
 

@@ -200,8 +200,12 @@ def test_argument_errors_at_the_call_data_errors_at_compute():
         gpuq.choose_qparams(d, eps=-1.0)
     with pytest.raises(ValueError, match="group_size"):
         gpuq.quantize_dynamic(d, axis=0, group_size=0)
-    with pytest.raises(TypeError, match="Dask"):
-        gpuq.Quantize(scales=[0.5])(d)
+    with pytest.raises(TypeError, match="out="):
+        gpuq.Quantize(scales=[0.5])(d, out=np.empty((4, 6), np.int8))
+    with pytest.raises(TypeError, match="not supported on Dask arrays"):
+        gpuq.Quantize(scales=[0.5], dtype="int4")(d)
+    with pytest.raises(TypeError, match="src must be int8 or uint8"):
+        gpuq.Dequantize(scales=[0.5])(d)
     # Values held in a Dask array, Inf in the data: at compute.
     bad = gpuq.quantize(d, da.from_array(np.array([1, 1, 1, 0, 1, 1], np.float32), chunks=3), axis=1)
     with pytest.raises(ValueError, match="scales must be finite"):
@@ -291,3 +295,98 @@ def _memory_owner(a):
     while isinstance(a, np.ndarray) and a.base is not None:
         a = a.base
     return a.obj if isinstance(a, memoryview) else a
+
+
+def test_chunk_tasks_share_the_process_threads():
+    """Chunk tasks running at once split gpuq's threads among them (a Dask worker runs as many
+    tasks at once as it has threads: without sharing, N tasks x N threads on N cores); a task
+    alone, or one that starts after others ended, takes them all."""
+    import threading
+
+    from gpuq import _dask
+
+    before = gpuq.get_num_threads()
+    gpuq.set_num_threads(4)
+    entered = [threading.Event() for _ in range(5)]
+    release = threading.Event()
+    shares = {}
+
+    def task(i):
+        if i:
+            entered[i - 1].wait(10)
+        with _dask._threads_shared():
+            shares[i] = gpuq.get_num_threads()
+            entered[i].set()
+            release.wait(10)
+        return gpuq.get_num_threads()
+
+    try:
+        with cf.ThreadPoolExecutor(5) as pool:
+            futures = [pool.submit(task, i) for i in range(5)]
+            assert entered[4].wait(10)
+            release.set()
+            after = [f.result() for f in futures]
+        assert [shares[i] for i in range(5)] == [4, 2, 1, 1, 1]
+        assert after == [4] * 5 and _dask._running == 0
+        with _dask._threads_shared():
+            assert gpuq.get_num_threads() == 4
+    finally:
+        gpuq.set_num_threads(before)
+
+
+def test_chunk_calls_use_their_share_under_each_scheduler(monkeypatch, host_loops):
+    from gpuq.backends.host.backend import NumpyBackend
+
+    threads = []
+    real = NumpyBackend.quantize
+    monkeypatch.setattr(NumpyBackend, "quantize",
+                        staticmethod(lambda *a: threads.append(gpuq.get_num_threads()) or real(*a)))
+    x = _data((64, 40))
+    want = gpuq.quantize(x, 0.05)
+    d = da.from_array(x, chunks=(8, 40))
+    before = gpuq.get_num_threads()
+    gpuq.set_num_threads(4)
+    try:
+        q = gpuq.quantize(d, 0.05)
+        threads.clear()
+        _same(q.compute(scheduler="sync"), want)
+        assert threads == [4] * 8  # one task at a time: all of them
+        threads.clear()
+        _same(q.compute(scheduler="threads", num_workers=4), want)
+        assert len(threads) == 8
+    finally:
+        gpuq.set_num_threads(before)
+
+
+def _ops_cases(x, q8):
+    """(op, in-memory inputs) pairs covering every op and qtype, on float data ``x`` (7, 7, 13)
+    and its int8 codes ``q8``."""
+    rng = np.random.default_rng(3)
+    s7 = rng.uniform(0.01, 0.1, 7).astype(np.float32)
+    z7 = rng.integers(-5, 5, 7).astype(np.int32)
+    sg = rng.uniform(0.01, 0.1, (7, 7, 1)).astype(np.float32)
+    sgg = rng.uniform(0.01, 0.1, (1, 7, 1)).astype(np.float32)
+    return [
+        (gpuq.Quantize(scales=[0.05], zps=[3], dtype="u8"), (x,)),
+        (gpuq.Quantize(scales=s7, zps=z7, qtype="per_channel", axis=1), (x,)),
+        (gpuq.Quantize(scales=np.float64(0.1).reshape(1)), (x.astype(np.float64),)),
+        (gpuq.Dequantize(scales=s7, zps=z7, qtype="per_channel", axis=0, dtype="f16"), (q8,)),
+        (gpuq.DynamicQuantize(qtype="per_channel", axis=2), (x, rng.uniform(0.01, 0.1, 13).astype(np.float32))),
+        (gpuq.DynamicQuantize(qtype="per_group", group_shape=[1, 1, 13]), (x, sg)),
+        (gpuq.DynamicQuantize(qtype="per_group", group_shape=[7, 1, 13]), (x, sgg)),
+        (gpuq.DynamicDequantize(qtype="per_group", group_shape=[1, 1, 13]), (q8, sg)),
+        (gpuq.DynamicDequantize(), (q8, np.array([0.5], np.float32), np.array([2], np.int32))),
+    ]
+
+
+@pytest.mark.parametrize("case", range(9))
+def test_op_objects_take_dask_arrays(backend, case):
+    """An op on a Dask array: lazy, the chunk type kept, the bits of the op on the computed array."""
+    x = _data()
+    q8 = gpuq.quantize(x, 0.02)
+    op, inputs = _ops_cases(x, q8)[case]
+    want = op(*(backend.put(a) for a in inputs))
+    src = _lazy(inputs[0], (3, (2, 5), 6), backend)
+    got = op(src, *inputs[1:])
+    assert isinstance(got, da.Array)
+    _same(_compute(got, backend), backend.get(want))

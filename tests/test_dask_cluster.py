@@ -55,3 +55,23 @@ def test_two_worker_processes_give_the_in_memory_bits(client):
     # The work ran in the workers' processes, not here.
     ran = client.run(lambda: __import__("sys").modules.get("gpuq") is not None)
     assert len(ran) == 2 and all(ran.values())
+
+
+def _chunk_threads():
+    from gpuq import _dask
+
+    with _dask._threads_shared():
+        return gpuq.get_num_threads(), _dask._worker_threads()
+
+
+def test_chunk_tasks_take_at_most_their_workers_threads(client):
+    """A worker of 1 thread runs gpuq's chunk calls on 1 thread, whatever the cores (two such
+    workers on 2 cores: 1 each, not 2 each); outside a worker, the process's threads."""
+    got = client.submit(_chunk_threads, pure=False).result()
+    assert got == (1, 1)
+    before = gpuq.get_num_threads()
+    gpuq.set_num_threads(3)
+    try:
+        assert _chunk_threads() == (3, None)
+    finally:
+        gpuq.set_num_threads(before)

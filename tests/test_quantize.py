@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -393,3 +395,48 @@ def test_every_float16_bit_pattern(backend, qdtype, zp):
     view = x.reshape(256, 256)[::3, ::-2]
     got = backend.get(gpuq.quantize(backend.put(x).reshape(256, 256)[::3, ::-2], 0.5, zp, dtype=qdtype))
     _assert_same(got, ref.quantize(np.ascontiguousarray(view), 0.5, zp, dtype=qdtype))
+
+
+def _threads_of_one_call(x, s, z):
+    """The threads that ran blocks of one host quantize call, and its codes."""
+    from gpuq.backends.host import backend as host
+
+    seen = set()
+    real = host._run_range
+
+    def recording(work, block_fn):
+        seen.add(threading.get_ident())
+        real(work, block_fn)
+
+    host._run_range = recording
+    try:
+        q = gpuq.quantize(x, s, z, axis=0)
+    finally:
+        host._run_range = real
+    return len(seen), q
+
+
+def test_thread_share_caps_a_call_and_the_pool_stays_the_process_size():
+    """``thread_share(n)``: calls on that thread use at most n threads (the Dask chunk tasks'
+    share); the pool, even when a capped call creates it, serves uncapped calls in full."""
+    from gpuq.backends.host import backend as host
+
+    x = _data((4, 4 * 131_072 + 17), np.float32)
+    s, z = _scales(4), _zps(4, "int8")
+    want = ref.quantize(x, s, z, axis=0)
+    before = gpuq.get_num_threads()
+    try:
+        gpuq.set_num_threads(4)  # also drops the pool: the capped call below creates it
+        for share, most in ((1, 1), (2, 2), (9, 4)):
+            with host.thread_share(share):
+                assert gpuq.get_num_threads() == most
+                used, q = _threads_of_one_call(x, s, z)
+            assert 1 <= used <= most
+            _assert_same(q, want)
+        assert gpuq.get_num_threads() == 4
+        used, q = _threads_of_one_call(x, s, z)
+        # A pool sized by its first (capped) caller would have served 2 threads at most.
+        assert used > 2
+        _assert_same(q, want)
+    finally:
+        gpuq.set_num_threads(before)

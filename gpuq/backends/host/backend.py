@@ -36,6 +36,7 @@ Why each ufunc step is exact (float32 compute; float64 is the same with more roo
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import threading
@@ -110,10 +111,18 @@ def extremes(arr):
 def get_num_threads() -> int:
     """Threads the NumPy backend uses (default: the CPUs this process may use).
 
+    On a thread inside :func:`thread_share`, the share given there.
+
     >>> import gpuq
     >>> gpuq.get_num_threads() >= 1
     True
     """
+    total = _process_threads()
+    share = _share.n
+    return total if share is None else max(1, min(share, total))
+
+
+def _process_threads() -> int:
     global _num_threads
     if _num_threads is None:
         env = os.environ.get("GPUQ_NUM_THREADS")
@@ -138,11 +147,40 @@ def set_num_threads(n: int) -> None:
             _pool = None
 
 
-def _executor(workers: int) -> ThreadPoolExecutor:
+class _Share(threading.local):
+    n = None
+
+
+_share = _Share()
+
+
+@contextlib.contextmanager
+def thread_share(n: int):
+    """Calls made on this thread inside the block use at most ``n`` of the process's threads.
+
+    For callers that run several gpuq calls at once on threads of their own (a
+    Dask worker's tasks): each call takes its share instead of all the threads.
+
+    >>> import gpuq
+    >>> from gpuq.backends.host.backend import thread_share
+    >>> with thread_share(1):
+    ...     gpuq.get_num_threads()
+    1
+    """
+    before = _share.n
+    _share.n = n
+    try:
+        yield
+    finally:
+        _share.n = before
+
+
+def _executor() -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpuq")
+            # Sized for the process, not for the first caller: a caller with a share uses part of it.
+            _pool = ThreadPoolExecutor(max_workers=max(1, _process_threads() - 1), thread_name_prefix="gpuq")
         return _pool
 
 
@@ -154,7 +192,7 @@ def _run(plans, block_fn) -> None:
         _run_range(work, block_fn)
         return
     bounds = [len(work) * i // threads for i in range(threads + 1)]
-    pool = _executor(threads - 1)
+    pool = _executor()
     futures = [pool.submit(_run_range, work[bounds[i]:bounds[i + 1]], block_fn)
                for i in range(1, threads)]
     _run_range(work[bounds[0]:bounds[1]], block_fn)
