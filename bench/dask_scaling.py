@@ -24,12 +24,17 @@ block along the dropped axis), which made the first version of this bench count
 a 1 GB memcpy against Dask only (bench/NOTES.md).
 
 Also printed: the in-memory call chunk by chunk in a loop (what a worker does
-with no scheduler), and the mean quantize task from the task stream
-(``distributed.get_task_stream``) against that loop's per-chunk time, so the
-overhead splits into time inside the tasks and time between them.
+with no scheduler); Dask's default scheduler for arrays (``scheduler="threads"``:
+one process, a pool of the machine's threads, no distributed machinery) on the
+same chunks; and, for each cluster, the mean quantize task from the task stream
+(``distributed.get_task_stream``) against that loop's per-chunk time, and the CPU
+seconds each process spent during one persist (the client's process, which holds
+the LocalCluster's scheduler, and the workers') against the in-memory call's, so
+the overhead splits into time inside the tasks and Dask's own work beside them.
 
-Workers x threads = the machine's cores; gpuq's thread count set to the worker's
-threads (``client.run(gpuq.set_num_threads, n)``); ``--gpuq-threads`` sets another.
+Workers x threads = the machine's cores; gpuq's thread count in each worker set to
+the worker's threads (``client.run(gpuq.set_num_threads, n)``; ``--gpuq-threads``
+sets another), shared by the chunk tasks running at once (``gpuq/_dask.py``).
 """
 
 from __future__ import annotations
@@ -41,12 +46,14 @@ import time
 import numpy as np
 
 
-def _best(fn, repeat):
+def _best(fn, repeat, clock=time.perf_counter):
+    """The least time of ``repeat`` runs of ``fn()`` on ``clock`` (wall; ``time.process_time``:
+    CPU seconds of every thread of this process)."""
     times = []
     for _ in range(repeat):
-        t = time.perf_counter()
+        t = clock()
         fn()
-        times.append(time.perf_counter() - t)
+        times.append(clock() - t)
     return min(times)
 
 
@@ -80,6 +87,23 @@ def _quantize_tasks(client, fn):
     return (sum(d) / len(d) if d else float("nan")), len(d)
 
 
+def _process_cpu(client, fn):
+    """CPU seconds of this process (client, the LocalCluster's scheduler and nannies) and of
+    the worker processes together while ``fn()`` runs."""
+    import psutil
+
+    here = psutil.Process()
+    workers = [psutil.Process(pid) for pid in client.run(os.getpid).values()]
+
+    def total(p):
+        t = p.cpu_times()
+        return t.user + t.system
+
+    before = [total(here), sum(total(w) for w in workers)]
+    fn()
+    return total(here) - before[0], sum(total(w) for w in workers) - before[1]
+
+
 def main(argv=None):
     p = argparse.ArgumentParser()
     p.add_argument("--gb", type=float, default=4.0)
@@ -87,7 +111,8 @@ def main(argv=None):
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     p.add_argument("--gpuq-threads", type=int, default=None,
-                   help="gpuq's thread count in each worker (default: the worker's threads)")
+                   help="gpuq's thread count in each worker process (default: the worker's threads), "
+                        "shared by the chunk tasks running at once")
     p.add_argument("--gather", action="store_true",
                    help="also time .compute() of the codes (a transfer of every chunk to the client)")
     p.add_argument("--reductions", action="store_true",
@@ -140,7 +165,16 @@ def main(argv=None):
         per_chunk[n] = t / nchunks
         print(f"in-memory, chunk by chunk in a loop, {n} thread(s): {t:.3f} s "
               f"({per_chunk[n] * 1e3:.2f} ms a chunk, {t / t_mem:.2f}x the whole call)")
-    del full
+    gpuq.set_num_threads(cores)
+    cpu_mem = _best(lambda: gpuq.quantize(full, scales, axis=0), args.repeat, time.process_time)
+    print(f"in-memory quantize CPU: {cpu_mem:.3f} s")
+    # Dask's default scheduler for arrays: threads of this process, no distributed machinery.
+    local = gpuq.quantize(da.from_array(full, chunks=(rows_per_chunk, cols)),
+                          da.from_array(scales, chunks=(rows_per_chunk,)), axis=0)
+    t_threads = _best(lambda: local.persist(scheduler="threads", num_workers=cores), args.repeat)
+    print(f"Dask threaded scheduler, {cores} threads: persist {t_threads:.3f} s, "
+          f"{nbytes / t_threads / 1e9:.2f} GB/s (overhead {t_threads / t_mem:.2f}x)")
+    del full, local
 
     results = []
     environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}))
@@ -177,11 +211,13 @@ def main(argv=None):
                 time.sleep(0.01)
             t = _best(run, args.repeat)
             task, ntasks = _quantize_tasks(client, run)
+            cpu = _process_cpu(client, run)
             gbs = nbytes / t / 1e9
             line = (f"{workers} worker(s) x {threads} thread(s), gpuq {gthreads}: persist {t:.3f} s, "
                     f"{gbs:.2f} GB/s, speed-up over in-memory {t_mem / t:.2f}x (overhead {t / t_mem:.2f}x); "
                     f"quantize task {task * 1e3:.2f} ms (x{ntasks}) vs {per_chunk.get(gthreads, float('nan')) * 1e3:.2f} "
-                    f"ms a chunk in the loop")
+                    f"ms a chunk in the loop; CPU during a persist: client+scheduler {cpu[0]:.3f} s, "
+                    f"workers {cpu[1]:.3f} s (the in-memory call: {cpu_mem:.3f} s)")
             tg = None
             if args.gather:
                 tg = _best(lambda: q.compute(), 1)
@@ -193,7 +229,7 @@ def main(argv=None):
                     assert int(r.compute()) == rows * cols
                     tr = _best(r.compute, args.repeat)
                     line += f"; byte-count reduction, {label} {tr:.3f} s ({tr / t_mem:.2f}x)"
-            results.append((workers, threads, gthreads, t, gbs, task, tg))
+            results.append((workers, threads, gthreads, t, gbs, task, tg, cpu))
             print(line)
     return results
 
