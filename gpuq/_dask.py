@@ -100,6 +100,10 @@ def call(public, fn, arg, args, kwargs):
     name = fn.__name__
     if fn.__module__ == "gpuq.ops" and name == "__call__":
         # An op object: the functional call it stands for, whose src is this Dask array.
+        inspect.signature(fn).bind(*args, **kwargs)  # a bad call: Python's TypeError, naming the op
+        if kwargs.get("out") is not None:
+            raise TypeError(_NO_OUT)
+        _known_shape(args[arg], "src")
         op, *rest = args
         return op._on_dask(*rest, **kwargs)
     if fn.__module__ not in ("gpuq.api", "gpuq.qparams") or name not in _ELEMENTWISE + _QPARAMS:
@@ -118,6 +122,10 @@ def call(public, fn, arg, args, kwargs):
     if name in _ELEMENTWISE:
         return _elementwise(public, name, src, a)
     return _qparams(public, name, src, a)
+
+
+_NO_OUT = ("out= cannot be used with a Dask src: a Dask array is not written in place; "
+           "use the returned array (dask.array.store writes it to a target)")
 
 
 # --- chunks ----------------------------------------------------------------------------------------
@@ -238,8 +246,7 @@ def _elementwise(public, name, src, a):
     import dask.array as da
 
     if a["out"] is not None:
-        raise TypeError("out= cannot be used with a Dask src: a Dask array is not written in place; "
-                        "use the returned array (dask.array.store writes it to a target)")
+        raise TypeError(_NO_OUT)
     kind = _chunk_kind(src, "src")
     _known_shape(src, "src")
     if name == "quantize":

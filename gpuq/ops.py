@@ -291,7 +291,9 @@ def _per_group(fn, group_shape, src, scales, zps, **kwargs):
 
     One group dim > 1 is gpuq's ``axis=k, group_size=g``; none is one scale per
     element (all axes); several split each grouped dim ``d`` into
-    ``(d / g, g)`` (a view) and quantize per multi-axis slot.
+    ``(d / g, g)`` (a view) and quantize per multi-axis slot. A Dask ``src`` is
+    reshaped by Dask there, which may rechunk it: the result has the same bits,
+    not always ``src``'s chunks.
     """
     if isinstance(src, Codes) or is_dask_array(src):  # packed: the logical shape is the Codes'
         shape = tuple(src.shape)

@@ -202,6 +202,14 @@ def test_argument_errors_at_the_call_data_errors_at_compute():
         gpuq.quantize_dynamic(d, axis=0, group_size=0)
     with pytest.raises(TypeError, match="out="):
         gpuq.Quantize(scales=[0.5])(d, out=np.empty((4, 6), np.int8))
+    with pytest.raises(TypeError, match="out="):  # before the per-group reshape could fail
+        gpuq.DynamicQuantize(qtype="per_group", group_shape=[2, 3])(d, np.ones((2, 2), np.float32),
+                                                                     out=np.empty((3, 3), np.int8))
+    with pytest.raises(TypeError, match="positional"):
+        gpuq.Quantize(scales=[0.5])(d, 1.0)
+    unknown = d[d[:, 0] > 0]
+    with pytest.raises(ValueError, match="compute_chunk_sizes"):
+        gpuq.DynamicQuantize(qtype="per_group", group_shape=[1, 3])(unknown, np.ones((2, 2), np.float32))
     with pytest.raises(TypeError, match="not supported on Dask arrays"):
         gpuq.Quantize(scales=[0.5], dtype="int4")(d)
     with pytest.raises(TypeError, match="src must be int8 or uint8"):
@@ -334,7 +342,7 @@ def test_chunk_tasks_share_the_process_threads():
         gpuq.set_num_threads(before)
 
 
-def test_chunk_calls_use_their_share_under_each_scheduler(monkeypatch, host_loops):
+def test_chunk_calls_alone_take_every_thread_and_shared_give_the_same_bits(monkeypatch, host_loops):
     from gpuq.backends.host.backend import NumpyBackend
 
     threads = []

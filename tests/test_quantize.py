@@ -434,9 +434,10 @@ def test_thread_share_caps_a_call_and_the_pool_stays_the_process_size():
             assert 1 <= used <= most
             _assert_same(q, want)
         assert gpuq.get_num_threads() == 4
-        used, q = _threads_of_one_call(x, s, z)
-        # A pool sized by its first (capped) caller would have served 2 threads at most.
-        assert used > 2
-        _assert_same(q, want)
+        # A pool sized by its first (capped) caller would serve 2 threads at most.
+        assert host._executor()._max_workers == 3
+        with host.thread_share(2), host.thread_share(3):  # nested: the smaller share
+            assert gpuq.get_num_threads() == 2
+        _assert_same(gpuq.quantize(x, s, z, axis=0), want)
     finally:
         gpuq.set_num_threads(before)

@@ -156,7 +156,8 @@ _share = _Share()
 
 @contextlib.contextmanager
 def thread_share(n: int):
-    """Calls made on this thread inside the block use at most ``n`` of the process's threads.
+    """Calls made on this thread inside the block use at most ``n`` of the process's threads
+    (nested: the smaller share).
 
     For callers that run several gpuq calls at once on threads of their own (a
     Dask worker's tasks): each call takes its share instead of all the threads.
@@ -168,7 +169,7 @@ def thread_share(n: int):
     1
     """
     before = _share.n
-    _share.n = n
+    _share.n = n if before is None else min(n, before)
     try:
         yield
     finally:
