@@ -221,15 +221,13 @@ class DynamicQuantize:
 
     @callers_type(arg=1)
     def __call__(self, src, scales, zps=None, *, out=None):
-        return self._run(src, scales, zps, out=out)
-
-    def _run(self, src, scales, zps=None, *, out=None):
         kw = dict(dtype=self.dtype, out=out, saturate=self.saturate)
         if self._group is not None:
             return _per_group(quantize, self._group, src, scales, zps, **kw)
         return quantize(src, scales, zps, axis=self._axis, **kw)
 
-    _on_dask = _run  # a Dask src (gpuq._dask): the functions called take Dask arrays
+    # A Dask src (gpuq._dask): the same body, whose functions take Dask arrays.
+    _on_dask = __call__.__wrapped__
 
 
 class DynamicDequantize:
@@ -254,14 +252,12 @@ class DynamicDequantize:
 
     @callers_type(arg=1)
     def __call__(self, src, scales, zps=None, *, out=None):
-        return self._run(src, scales, zps, out=out)
-
-    def _run(self, src, scales, zps=None, *, out=None):
         if self._group is not None:
             return _per_group(dequantize, self._group, src, scales, zps, dtype=self.dtype, out=out)
         return dequantize(src, scales, zps, axis=self._axis, dtype=self.dtype, out=out)
 
-    _on_dask = _run  # a Dask src (gpuq._dask): the functions called take Dask arrays
+    # A Dask src (gpuq._dask): the same body, whose functions take Dask arrays.
+    _on_dask = __call__.__wrapped__
 
 
 def _check_dynamic_qtype(qtype, axis, group_shape):
@@ -295,7 +291,7 @@ def _per_group(fn, group_shape, src, scales, zps, **kwargs):
     reshaped by Dask there, which may rechunk it: the result has the same bits,
     not always ``src``'s chunks.
     """
-    if isinstance(src, Codes) or is_dask_array(src):  # packed: the logical shape is the Codes'
+    if isinstance(src, Codes) or is_dask_array(src):  # packed Codes: the logical shape
         shape = tuple(src.shape)
     else:
         shape = tuple(backend_for(src)[1].shape)
