@@ -13,15 +13,20 @@ the stand-in.
 from __future__ import annotations
 
 import contextlib
+import os
 
 import numpy as np
 import pytest
 
 import _background
-from cudasim.install import install as _install_cupy
+from cudasim import install as _cupy_choice
 
 #: "real" (CuPy with a GPU) or "sim" (the CPU execution of the kernels), decided once, here.
-CUDA_MODE = _install_cupy()
+CUDA_MODE = _cupy_choice.install()
+
+#: GPUQ_REQUIRE_GPU=1: the session stops at once unless the tests run on a real GPU (the
+#: device check sets it: a broken CuPy or driver must not turn into a green CPU run).
+REQUIRE_GPU = os.environ.get("GPUQ_REQUIRE_GPU", "") not in ("", "0")
 
 # The CPU execution's own package (its tests are tests/test_cudasim_*.py) and the planted-bug
 # runner are tools, not test modules: --doctest-modules must not import them a second time.
@@ -31,6 +36,27 @@ collect_ignore = ["cudasim", "planted_bugs.py", "_background.py"]
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "real_cupy: needs a feature of real CuPy that the CPU execution does not model")
+    if REQUIRE_GPU and CUDA_MODE != "real":
+        raise pytest.UsageError(
+            f"GPUQ_REQUIRE_GPU=1 but the CUDA tests would run on the CPU execution of the kernels: "
+            f"{_cupy_choice.not_real_reason or 'the stand-in was installed before conftest'}")
+
+
+def cuda_mode_line() -> str:
+    """The report header's line: where the ``cuda`` parameters run."""
+    if CUDA_MODE == "real":
+        import cupy
+
+        dev = cupy.cuda.Device()
+        name = cupy.cuda.runtime.getDeviceProperties(dev.id)["name"]
+        name = name.decode() if isinstance(name, bytes) else name
+        return f"gpuq cuda tests: real GPU ({name}, sm_{dev.compute_capability}, CuPy {cupy.__version__})"
+    return (f"gpuq cuda tests: CPU execution of the kernels (tests/cudasim): "
+            f"{_cupy_choice.not_real_reason or 'stand-in chosen'}")
+
+
+def pytest_report_header(config):
+    return cuda_mode_line()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -129,13 +155,22 @@ def backend(request):
         yield NumbaBackend if request.param == "numba" else NumpyBackend
 
 
+def require_numba(module_level: bool = False) -> None:
+    """Skip unless gpuq's compiled host loops load (numba missing or broken: the library uses
+    the ufunc loops then, and only the numba tests are lost)."""
+    from gpuq.backends.host import choice
+
+    if not choice.available():
+        pytest.skip("numba is not installed or does not load here", allow_module_level=module_level)
+
+
 @contextlib.contextmanager
 def host_kernels(name):
     """Run host arrays through ``name`` ("numpy" ufuncs or "numba" kernels), then restore the choice."""
     import gpuq
 
     if name == "numba":
-        pytest.importorskip("numba")
+        require_numba()
     previous = gpuq.set_host_kernels(name)
     try:
         yield

@@ -21,6 +21,7 @@ import pytest
 
 import gpuq
 import reference
+from conftest import require_numba
 from gpuq._dtypes import FLOAT_DTYPES, as_dtype, is_bfloat16
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -381,7 +382,7 @@ def test_host_narrowing_matches_ml_dtypes():
     host._bf16_bits(f, got, Scratch())
     finite = ~np.isnan(f)
     np.testing.assert_array_equal(got[finite], want[finite])
-    pytest.importorskip("numba")
+    require_numba()
     from gpuq.backends.host import loops
 
     got_nb = np.array([loops.bfloat16_bits(v) for v in f[:4096]], np.uint16)

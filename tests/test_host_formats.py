@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 import gpuq
-from conftest import host_kernels
+from conftest import host_kernels, require_numba
 from gpuq.backends.host import backend as host_backend
 from gpuq.backends.host import blocks, formats
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
-pytest.importorskip("numba")
+require_numba(module_level=True)
 
 RNG = np.random.default_rng(19)
 FP8 = ("float8_e4m3fn", "float8_e5m2")

@@ -11,7 +11,7 @@ import pytest
 
 import gpuq
 import reference as ref
-from conftest import host_kernels
+from conftest import host_kernels, require_numba
 from gpuq.backends.host import blocks, choice
 
 RNG = np.random.default_rng(23)
@@ -19,7 +19,7 @@ RNG = np.random.default_rng(23)
 
 @pytest.fixture
 def kernels():
-    pytest.importorskip("numba")
+    require_numba()
     from gpuq.backends.host import loops
 
     return loops

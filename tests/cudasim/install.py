@@ -34,19 +34,28 @@ def _purge(prefixes=("cupy", "cupyx", "cupy_backends")) -> None:
             del sys.modules[name]
 
 
+#: Why the real CuPy was not used (None until :func:`install` chose the stand-in).
+not_real_reason = None
+
+
 def _real_cupy_mode():
-    """"real" if a real CuPy (found outside the fake dir) imports and sees a device, else None."""
+    """"real" if a real CuPy (found outside the fake dir) imports and sees a device, else None
+    (and :data:`not_real_reason` says why)."""
+    global not_real_reason
     path = [p for p in sys.path if str(Path(p or ".").resolve()) != FAKE_DIR]
     saved = sys.path[:]
     try:
         sys.path[:] = path
         if importlib.util.find_spec("cupy") is None:
+            not_real_reason = "CuPy is not installed"
             return None
         import cupy
-        if cupy.cuda.runtime.getDeviceCount() >= 1:
+        count = cupy.cuda.runtime.getDeviceCount()
+        if count >= 1:
             return "real"
-    except Exception:  # noqa: BLE001, S110  (ImportError or a broken CUDA install: the stand-in it is)
-        pass
+        not_real_reason = f"CuPy {cupy.__version__} sees {count} CUDA devices"
+    except Exception as exc:  # noqa: BLE001  (ImportError or a broken CUDA install: the stand-in it is)
+        not_real_reason = f"CuPy did not start: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
     finally:
         sys.path[:] = saved
     _purge()  # a real CuPy without a device must not stay half-imported under the stand-in

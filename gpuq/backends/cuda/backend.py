@@ -37,7 +37,7 @@ import numpy as np
 
 from ..._dtypes import INT32_MAX, INT32_MIN
 from . import registry
-from .compiler import get_function, load_module  # noqa: F401  (load_module: public re-export)
+from .compiler import get_function, load_module, prepare_nvrtc  # noqa: F401  (load_module: re-export)
 
 #: Threads per block (the kernels' __launch_bounds__).
 THREADS = 256
@@ -57,6 +57,7 @@ def as_cupy(obj):
     (3,)
     """
     cupy = _cupy()
+    prepare_nvrtc()  # CuPy's own kernels (value checks, copies) compile through NVRTC too
     if isinstance(obj, cupy.ndarray):
         return obj
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
