@@ -25,6 +25,7 @@ Rows stream to ``--json`` (rewritten after each) and a table goes to stdout.
 
     python3 bench/gpu_headline.py --json $OUT/bench.json              # the GPU: 256M elements
     python3 bench/gpu_headline.py --device cpu --rows 64 --cols 4096  # a dry run on CPU torch
+    ncu --clock-control none -k regex:gpuq python3 bench/gpu_headline.py --profile --rows 4096
 """
 
 from __future__ import annotations
@@ -229,12 +230,21 @@ def main(argv=None) -> int:
     ap.add_argument("--compile-cost", type=float, default=20.0, help="seconds one torch.compile may take")
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--profile", action="store_true",
+                    help="each case's gpuq call once, nothing timed or checked (under ncu)")
     args = ap.parse_args(argv)
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print(f"no GPU: torch {torch.__version__} sees no CUDA device", file=sys.stderr)
         return 1
+    if args.profile:
+        for case in build_cases(torch, args.device, args.rows, args.cols):
+            case["gpuq"]()
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+            print("ran", case["name"], flush=True)
+        return 0
     timer = Timer(torch, args.device, args.reps, args.rounds)
     n = args.rows * args.cols
     meta = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",

@@ -173,7 +173,8 @@ def test_every_fp8_pattern_dequantizes(backend, name, out_dtype):
     quiet = {"float32": 0x7FC00000, "float16": 0x7E00, "float64": 0x7FF8000000000000, "bfloat16": 0x7FC0}
     sign = 1 << (8 * y.itemsize - 1)
     got_nan = y[nan].view(f"u{y.itemsize}").astype(np.uint64)
-    want_nan = np.where(bits[nan] & 0x80, sign | quiet[out_dtype], quiet[out_dtype]).astype(np.uint64)
+    # uint64 scalars: NumPy 2.5 refuses a Python int above the int64 range here (float64's NaN).
+    want_nan = np.where(bits[nan] & 0x80, np.uint64(sign | quiet[out_dtype]), np.uint64(quiet[out_dtype]))
     assert np.array_equal(got_nan, want_nan)
 
 
