@@ -238,6 +238,46 @@ __device__ __forceinline__ void store_unit_vec(T* __restrict__ p, const T (&v)[k
     for (int k = 0; k < kVecs; ++k) dst[k] = raw[k];
 }
 
+// Threads per block of every kernel here (their __launch_bounds__(256)).
+constexpr int kThreads = 256;
+
+// A warp's full units of a float output (2 to 8 16-byte vectors each: float16/bfloat16,
+// float32, float64) stored so that every store instruction writes one contiguous span.
+// Stored per thread, each instruction of the warp would write 16 bytes every 32/64/128
+// bytes, every 32-byte sector in pieces: measured on an H200, a float32 output at 43% of
+// the copy bandwidth, 93% through this (bench/NOTES.md, the device check). The units go
+// through shared memory: each lane writes its vectors there (XOR-swizzled, so that no two
+// lanes of a quarter-warp hit one bank), then vector j of the warp's span is stored by lane
+// j % 32. Lanes whose unit is not full (`ok` false) store their own elements, elsewhere.
+// Called by all 32 lanes of the warp (convergent); `lane_begin(L)` is the first element of
+// lane L's unit: warp_begin + L * kUnit.
+template <typename T>
+__device__ __forceinline__ void store_units_coalesced(T* __restrict__ out, long long warp_begin,
+                                                      const T (&y)[kUnit], bool ok) {
+    constexpr int kVecs = kUnit * sizeof(T) / 16;  // 16-byte vectors a unit
+    static_assert(kVecs == 2 || kVecs == 4 || kVecs == 8, "float16, bfloat16, float32 or float64 units");
+    constexpr int kLanesPerRow = 8 / kVecs;  // lanes whose units share one 128-byte row of banks
+    __shared__ uint4 stage[kThreads / 32][32 * kVecs];
+    const int lane = threadIdx.x & 31;
+    uint4* mine = stage[threadIdx.x >> 5];
+    uint4 raw[kVecs];
+    memcpy(raw, y, sizeof(raw));
+#pragma unroll
+    for (int v = 0; v < kVecs; ++v) mine[lane * kVecs + (v ^ ((lane / kLanesPerRow) % kVecs))] = raw[v];
+    const unsigned full = __ballot_sync(0xffffffffu, ok);
+    __syncwarp();
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+        const int j = 32 * k + lane;  // the warp's vector j: lane L's vector v
+        const int L = j / kVecs, v = j % kVecs;
+        if ((full >> L) & 1u) {
+            uint4* dst = reinterpret_cast<uint4*>(out + warp_begin + static_cast<long long>(L) * kUnit) + v;
+            *dst = mine[L * kVecs + (v ^ ((L / kLanesPerRow) % kVecs))];
+        }
+    }
+    __syncwarp();  // the stage is rewritten by the next unit
+}
+
 // Bit flags of the kernels' `vec` argument: which side may use 16-byte vectors.
 constexpr int kVecFloat = 1;  // float side (src of quantize, out of dequantize) aligned from `head` on
 constexpr int kVecCode = 2;   // code side (out of quantize, src of dequantize) aligned there as well
@@ -252,14 +292,19 @@ __device__ __forceinline__ void for_each_unit(const TIn* __restrict__ in, TOut* 
                                               long long m1, long long m2, const long long* dims, Op op) {
     const bool vec_in = (vec & (VecInIsFloat ? kVecFloat : kVecCode)) != 0;
     const bool vec_out = (vec & (VecInIsFloat ? kVecCode : kVecFloat)) != 0;
+    // A float output goes out a warp at a time (store_units_coalesced): every lane of a warp
+    // takes every iteration (the bound is the warp's first unit), idle lanes included.
+    constexpr bool kWarpStore = !VecInIsFloat && sizeof(TOut) >= 2;
+    const int lane = threadIdx.x & 31;
     const long long units = unit_count(n, head);
     const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
     Map map(m0, m1, m2, dims);  // seek() sets all of its position: built once per thread
-    for (long long u = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; u < units; u += stride) {
-        long long begin;
-        int len;
-        unit_bounds(u, n, head, begin, len);
-        if (len == 0) continue;
+    for (long long u = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+         (kWarpStore ? u - lane : u) < units; u += stride) {
+        long long begin = 0;
+        int len = 0;
+        if (u < units) unit_bounds(u, n, head, begin, len);
+        if (!kWarpStore && len == 0) continue;
         const bool full = len == kUnit && u != 0;
         TIn x[kUnit];
         if (full && vec_in) {
@@ -269,24 +314,30 @@ __device__ __forceinline__ void for_each_unit(const TIn* __restrict__ in, TOut* 
             for (int l = 0; l < kUnit; ++l)
                 if (l < len) x[l] = in[begin + l];
         }
-        map.seek(begin);
         TOut y[kUnit];
-        if constexpr (kLoadsParams<Map>) op.reload(map.index());
-        if (full && map.uniform()) {
+        if (len > 0) {
+            map.seek(begin);
+            if constexpr (kLoadsParams<Map>) op.reload(map.index());
+            if (full && map.uniform()) {
 #pragma unroll
-            for (int l = 0; l < kUnit; ++l) y[l] = op(x[l]);
-        } else {
+                for (int l = 0; l < kUnit; ++l) y[l] = op(x[l]);
+            } else {
 #pragma unroll
-            for (int l = 0; l < kUnit; ++l) {
-                if (l < len) {
-                    if (l > 0 && map.next()) op.reload(map.index());
-                    y[l] = op(x[l]);
+                for (int l = 0; l < kUnit; ++l) {
+                    if (l < len) {
+                        if (l > 0 && map.next()) op.reload(map.index());
+                        y[l] = op(x[l]);
+                    }
                 }
             }
         }
-        if (full && vec_out) {
+        if constexpr (kWarpStore) {
+            // Units are consecutive across the warp's lanes: u - lane's begins at head + 16 (u - lane - 1).
+            store_units_coalesced(out, head + (u - lane - 1) * kUnit, y, full && vec_out);
+        } else if (full && vec_out) {
             store_unit_vec(out + begin, y);
-        } else {
+        }
+        if (!(full && vec_out)) {
 #pragma unroll
             for (int l = 0; l < kUnit; ++l)
                 if (l < len) out[begin + l] = y[l];

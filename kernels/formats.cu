@@ -313,11 +313,14 @@ __device__ __forceinline__ void for_each_unpacked_unit(const unsigned char* __re
                                                        long long m2, const long long* dims, Op op) {
     const long long units = (n + kUnit - 1) / kUnit;
     const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
+    const int lane = threadIdx.x & 31;
     Map map(m0, m1, m2, dims);
-    for (long long u = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; u < units; u += stride) {
+    // Every lane of a warp takes every iteration: the outputs go out a warp at a time.
+    for (long long u = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; u - lane < units;
+         u += stride) {
         const long long begin = u * kUnit;
         const long long rest = n - begin;
-        const int len = rest < kUnit ? static_cast<int>(rest) : kUnit;
+        const int len = u >= units ? 0 : (rest < kUnit ? static_cast<int>(rest) : kUnit);
         const unsigned char* src = in + begin / 2;
         unsigned char bytes[kUnit / 2];
         if (len == kUnit && (vec & kVecPacked)) {
@@ -328,20 +331,22 @@ __device__ __forceinline__ void for_each_unpacked_unit(const unsigned char* __re
 #pragma unroll
             for (int k = 0; k < kUnit / 2; ++k) bytes[k] = k < nbytes ? src[k] : 0;
         }
-        map.seek(begin);
-        if constexpr (kLoadsParams<Map>) op.reload(map.index());
-        const bool uniform = len == kUnit && map.uniform();
         TOut y[kUnit];
+        if (len > 0) {
+            map.seek(begin);
+            if constexpr (kLoadsParams<Map>) op.reload(map.index());
+            const bool uniform = len == kUnit && map.uniform();
 #pragma unroll
-        for (int l = 0; l < kUnit; ++l) {
-            if (l < len) {
-                if (!uniform && l > 0 && map.next()) op.reload(map.index());
-                y[l] = op((bytes[l / 2] >> (4 * (l & 1))) & 0xfu);
+            for (int l = 0; l < kUnit; ++l) {
+                if (l < len) {
+                    if (!uniform && l > 0 && map.next()) op.reload(map.index());
+                    y[l] = op((bytes[l / 2] >> (4 * (l & 1))) & 0xfu);
+                }
             }
         }
-        if (len == kUnit && (vec & kVecFloat)) {
-            store_unit_vec(out + begin, y);
-        } else {
+        const bool whole = len == kUnit && (vec & kVecFloat);
+        store_units_coalesced(out, (u - lane) * kUnit, y, whole);
+        if (!whole) {
 #pragma unroll
             for (int l = 0; l < kUnit; ++l)
                 if (l < len) out[begin + l] = y[l];

@@ -304,6 +304,7 @@ def test_killed_worker_leaves_a_complete_identical_result(tmp_path, cluster):
 
 
 def test_workers_flag_from_the_shell(tmp_path):
+    pytest.importorskip("distributed")
     make_sharded(tmp_path / "in", n_shards=2)
     assert gpuq_main("quantize", tmp_path / "in", "-o", tmp_path / "local", *OPTIONS) == 0
     env = dict(os.environ, PYTHONPATH=str(REPO))

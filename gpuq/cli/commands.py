@@ -267,18 +267,19 @@ def _quantize(args) -> int:
     from .sharded import import_distributed, is_sharded, run_sharded_quantize
 
     cluster = args.scheduler is not None or args.workers is not None
+    sharded = is_sharded(args.input)
+    if cluster and not sharded:  # a usage error first: installing Dask would not cure it
+        raise CliError("--scheduler/--workers run the shards of a sharded IN (a folder, or its "
+                       "*.index.json); IN is one file")
     if cluster:
-        import_distributed()  # no Dask: say how to get it before looking at IN
-    if is_sharded(args.input):
+        import_distributed()  # no Dask: say how to get it before reading IN
+    if sharded:
         report = run_sharded_quantize(
             args.input, args.output, plan, include=args.include, exclude=args.exclude,
             min_size=args.min_size, device=args.device, progress=_show_progress(args),
             nonfinite=args.nonfinite, warn=_warn, scheduler=args.scheduler, workers=args.workers)
         print(to_json(report) if args.json else format_table(report))
         return 0
-    if cluster:
-        raise CliError("--scheduler/--workers run the shards of a sharded IN (a folder, or its "
-                       "*.index.json); IN is one file")
     device = pick_device(args.device)
     report = run_quantize(args.input, args.output, plan, include=args.include,
                           exclude=args.exclude, min_size=args.min_size, device=device,
