@@ -21,6 +21,11 @@ from .qparams import choose_qparams, quantize_dynamic
 
 __version__ = "0.1.0"
 
+import sys as _sys
+
+if "torch" in _sys.modules:  # gpuq's torch ops, registered before any compile (gpuq/torch.py)
+    from . import torch as _torch  # noqa: F401  (import gpuq never imports torch itself)
+
 __all__ = [
     "quantize",
     "dequantize",

@@ -1,0 +1,291 @@
+"""gpuq's four functions as registered torch ops (``torch.ops.gpuq.*``): schemas, kernels, fakes.
+
+Imported by :mod:`gpuq.torch` only (it imports torch). Each op's kernel is the
+eager function itself on the op's tensors, so an op gives the eager call's bits
+on the device and stream the interop layer chooses (``gpuq/_interop.py``: CPU
+tensors zero copy on the host, CUDA tensors on torch's current stream). Its
+fake (meta) implementation gives the exact output shapes and dtypes from
+metadata alone, symbolic shapes included, and raises the eager call's
+``TypeError``/``ValueError`` for shape and dtype errors; value errors (a scale
+of 0, a zero point beyond int32, Inf in ``choose_qparams``) need the data and
+come from the kernel when it runs.
+
+Graph outputs must be tensors, so where the eager call returns a
+:class:`gpuq.Codes` (int4/uint4) an op returns its packed bytes (1-D uint8,
+``ceil(n / 2)``), and ``dequantize`` takes them back with ``packed=`` (the code
+dtype) and ``shape=`` (the logical shape). ``choose_qparams`` and
+``quantize_dynamic`` return lists: the zero points are left out exactly where
+the eager call returns None for them (symmetric int8/int4, fp8).
+
+Every argument after the tensors is keyword-only, so a new one with a default
+(``block_size`` for block scales) is appended to each schema without changing
+any existing call; the dispatcher drops arguments equal to their defaults from
+graphs and exported programs, which therefore stay valid as well.
+
+The ops record nothing for autograd, as the eager calls read their inputs as
+``detach()`` does: outputs never require grad (registered, so ``opcheck``'s
+autograd check holds).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import api, qparams
+from ._codes import Codes
+from ._dtypes import CODE_FORMATS, FLOAT_DTYPES, as_code_dtype, as_dtype, code_format, dtype_name
+from ._params import _check_shape
+from ._scheme import Scheme
+
+__all__ = ["SCHEMAS", "scheme", "eager_axis"]
+
+#: The op schemas, pinned (tests/test_torch_ops.py compares them with the registered ones).
+SCHEMAS = {
+    "quantize": "(Tensor src, Tensor scales, Tensor? zps=None, *, int[]? axis=None, "
+                "int? group_size=None, str dtype=\"int8\", bool saturate=True, "
+                "bool check_values=True) -> Tensor",
+    "dequantize": "(Tensor src, Tensor scales, Tensor? zps=None, *, int[]? axis=None, "
+                  "int? group_size=None, str? packed=None, SymInt[]? shape=None, "
+                  "str dtype=\"float32\", bool check_values=True) -> Tensor",
+    "choose_qparams": "(Tensor x, *, int[]? axis=None, int? group_size=None, str dtype=\"int8\", "
+                      "bool? symmetric=None, float? eps=None) -> Tensor[]",
+    "quantize_dynamic": "(Tensor x, *, int[]? axis=None, int? group_size=None, "
+                        "str dtype=\"int8\", bool? symmetric=None) -> Tensor[]",
+}
+
+
+# -- arguments ---------------------------------------------------------------------------------
+
+def eager_axis(axis):
+    """The op's ``int[]? axis`` as the eager functions take it: None, ``k`` for one axis
+    (per-channel, or per-group with ``group_size``), a tuple for several.
+
+    >>> eager_axis(None), eager_axis([1]), eager_axis([0, 2]), eager_axis([])
+    (None, 1, (0, 2), ())
+    """
+    if axis is None:
+        return None
+    return axis[0] if len(axis) == 1 else tuple(axis)
+
+
+def scheme(shape, axis, group_size) -> Scheme:
+    """The :class:`Scheme` of a shape whose sizes may be symbolic (``torch.SymInt``).
+
+    ``axis`` and ``group_size`` are checked by gpuq's own ``Scheme`` on a stand-in of
+    the same rank (those errors depend on the rank alone); the shape is kept as torch
+    gives it, so that ``param_shape`` stays symbolic instead of guarding on each size.
+    """
+    like = Scheme._build((1,) * len(shape), axis, group_size)  # not build(): no lru_cache under dynamo
+    return Scheme(tuple(shape), like.kind, like.axes, like.group_size)
+
+
+def _name(t) -> str:
+    """A torch dtype by gpuq's (and NumPy's) name for it: ``torch.bfloat16`` -> ``"bfloat16"``."""
+    return str(t.dtype).rpartition(".")[2]
+
+
+def _torch_dtype(name: str):
+    """torch's dtype of a gpuq dtype name (the same name)."""
+    return getattr(torch, name)
+
+
+def _check_params(scales, zps, scheme_, src):
+    """Metadata checks of scales and zero points, with the eager call's words and rules:
+    ``gpuq/_params.py`` reads CPU tensors as host values (integer scales and an empty float
+    zps converted) and CUDA tensors as device arrays (floating scales, integer zps only)."""
+    for t, argname in ((scales, "scales"), (zps, "zps")):
+        if t is None:
+            continue
+        on_device = t.device.type != "cpu"
+        if on_device and src.device.type == "cpu":
+            raise TypeError(
+                f"{argname} is a device (CUDA) array but src is a host NumPy array; gpuq does not "
+                f"copy between host and device behind your back: pass host {argname} or a device src")
+        integer = not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool
+        if argname == "scales" and not (t.is_floating_point() or (integer and not on_device)):
+            raise TypeError(f"scales must be {'a floating array' if on_device else 'floating'} "
+                            f"(float32), got {_name(t)}")
+        if argname == "zps" and not (integer or (t.is_floating_point() and not on_device and t.numel() == 0)):
+            raise TypeError(f"zps must be integers (int8, uint8 or int32), got {_name(t)}")
+        _check_shape(t, scheme_, argname)
+
+
+# -- quantize ----------------------------------------------------------------------------------
+
+def _quantize(src, scales, zps=None, *, axis=None, group_size=None, dtype="int8", saturate=True,
+              check_values=True):
+    q = api.quantize(src, scales, zps, axis=eager_axis(axis), group_size=group_size, dtype=dtype,
+                     saturate=saturate, check_values=check_values)
+    return q.data if isinstance(q, Codes) else q
+
+
+def _quantize_fake(src, scales, zps=None, *, axis=None, group_size=None, dtype="int8", saturate=True,
+                   check_values=True):
+    # The eager call's checks, in its order (gpuq/api.py: quantize).
+    if _name(src) not in FLOAT_DTYPES.names:
+        raise TypeError(f"src must be float16, float32, float64 or bfloat16 to quantize, got {_name(src)}")
+    code = code_format(dtype)
+    api._check_saturate(saturate, code)
+    code = code or as_code_dtype(dtype)  # int8/uint8: NumPy's dtype
+    s = scheme(src.shape, eager_axis(axis), group_size)
+    _check_params(scales, zps, s, src)
+    return _codes_like(src, code)
+
+
+def _codes_like(src, code):
+    """An empty tensor of the codes ``quantize`` makes of ``src`` for code dtype ``code``."""
+    if getattr(code, "kind", None) == "int4":
+        return src.new_empty(((src.numel() + 1) // 2,), dtype=torch.uint8)
+    return src.new_empty(src.shape, dtype=_torch_dtype(code.name))
+
+
+# -- dequantize --------------------------------------------------------------------------------
+
+def _dequantize(src, scales, zps=None, *, axis=None, group_size=None, packed=None, shape=None,
+                dtype="float32", check_values=True):
+    codes = src if packed is None else Codes(src, tuple(_packed_shape(packed, shape)), packed)
+    return api.dequantize(codes, scales, zps, axis=eager_axis(axis), group_size=group_size, dtype=dtype,
+                          check_values=check_values)
+
+
+def _dequantize_fake(src, scales, zps=None, *, axis=None, group_size=None, packed=None, shape=None,
+                     dtype="float32", check_values=True):
+    logical = tuple(src.shape) if packed is None else _check_packed(src, packed, shape)
+    if packed is None and _name(src) not in ("int8", "uint8", *_FP8):
+        raise TypeError(f"src must be int8 or uint8 codes, an fp8 array or gpuq.Codes to dequantize, "
+                        f"got {_name(src)}")
+    out_dtype = as_dtype(dtype, "dtype", FLOAT_DTYPES)
+    s = scheme(logical, eager_axis(axis), group_size)
+    _check_params(scales, zps, s, src)
+    return src.new_empty(logical, dtype=_torch_dtype(dtype_name(out_dtype)))
+
+
+_FP8 = tuple(name for name, fmt in CODE_FORMATS.items() if fmt.kind == "fp8")
+
+
+def _packed_shape(packed, shape):
+    """``shape`` as a tuple, where ``packed`` names a packed code dtype and ``shape`` is given."""
+    fmt = CODE_FORMATS.get(packed)
+    if fmt is None or fmt.kind != "int4":
+        raise ValueError(f"packed must be 'int4' or 'uint4' (src holds packed codes), got {packed!r}")
+    if shape is None:
+        raise ValueError(f"shape is required with packed={packed!r}: the codes' logical shape")
+    return tuple(shape)
+
+
+def _check_packed(src, packed, shape):
+    """The logical shape of packed int4/uint4 bytes ``src``, checked as :class:`gpuq.Codes`
+    checks them (its messages), without turning symbolic sizes into ints."""
+    shape = _packed_shape(packed, shape)
+    if any(isinstance(d, int) and d < 0 for d in shape):
+        raise ValueError(f"shape must be a tuple of non-negative ints, got {shape!r}")
+    if src.dtype != torch.uint8:  # "Tensor": the eager call's word for a real tensor
+        raise TypeError(f"data must be a uint8 array, got Tensor of dtype {src.dtype}")
+    want = ((math.prod(shape) + 1) // 2,)
+    if tuple(src.shape) != want:
+        raise ValueError(f"data must hold ceil(prod(shape) / 2) bytes, 1-D for {packed} codes of shape "
+                         f"{shape}: expected data.shape {want}, got {tuple(src.shape)}")
+    if not src.is_contiguous():
+        raise ValueError("data of int4/uint4 codes must be C-contiguous (the bytes are packed), "
+                         "got a strided view (strides None)")
+    return shape
+
+
+# -- choose_qparams and quantize_dynamic -------------------------------------------------------
+
+def _choose_qparams(x, *, axis=None, group_size=None, dtype="int8", symmetric=None, eps=None):
+    return _present(qparams.choose_qparams(x, axis=eager_axis(axis), group_size=group_size, dtype=dtype,
+                                           symmetric=symmetric, eps=eps))
+
+
+def _choose_qparams_fake(x, *, axis=None, group_size=None, dtype="int8", symmetric=None, eps=None):
+    s, with_zps = _qparams_meta(x, axis, group_size, dtype, symmetric, eps)
+    return _params_like(x, s, with_zps)
+
+
+def _quantize_dynamic(x, *, axis=None, group_size=None, dtype="int8", symmetric=None):
+    q, scales, zps = qparams.quantize_dynamic(x, axis=eager_axis(axis), group_size=group_size, dtype=dtype,
+                                              symmetric=symmetric)
+    return _present((q.data if isinstance(q, Codes) else q, scales, zps))
+
+
+def _quantize_dynamic_fake(x, *, axis=None, group_size=None, dtype="int8", symmetric=None):
+    s, with_zps = _qparams_meta(x, axis, group_size, dtype, symmetric, None)
+    return [_codes_like(x, as_code_dtype(dtype)), *_params_like(x, s, with_zps)]
+
+
+def _present(results):
+    """The results as an op returns them: a list without the zero points the eager call gives as None."""
+    return [r for r in results if r is not None]
+
+
+def _qparams_meta(x, axis, group_size, dtype, symmetric, eps):
+    """``(scheme, with_zps)`` of a choose_qparams/quantize_dynamic call, its arguments checked
+    by the eager call's own validation on a NumPy stand-in of x's dtype and rank."""
+    _, _, _, code, symmetric, _ = qparams._validate(_stand_in(x), eager_axis(axis), group_size, dtype,
+                                                    symmetric, eps)
+    signed = code.signed if hasattr(code, "signed") else code.kind == "i"  # CodeFormat, or int8/uint8
+    # Zero points are None exactly for symmetric signed codes (int8, int4; fp8 always).
+    return scheme(x.shape, eager_axis(axis), group_size), not (symmetric and signed)
+
+
+def _params_like(x, s, with_zps):
+    scales = x.new_empty(s.param_shape, dtype=torch.float32)
+    return [scales, x.new_empty(s.param_shape, dtype=torch.int32)] if with_zps else [scales]
+
+
+def _stand_in(t):
+    """A one-element NumPy array of ``t``'s dtype and rank (zero strides): what the eager
+    validation reads of ``t`` (its dtype, its rank) without touching its data."""
+    import numpy as np
+
+    from ._dtypes import bfloat16, fp8_dtype
+
+    name = _name(t)
+    if name == "bfloat16":
+        dt = bfloat16()
+    elif name in _FP8:
+        dt = fp8_dtype(name)
+    else:
+        try:
+            dt = np.dtype(name)
+        except TypeError:  # a torch dtype NumPy lacks (complex32, qint8...): never a float gpuq takes
+            raise TypeError(f"x must be float16, float32, float64 or bfloat16, got {name}") from None
+    return np.lib.stride_tricks.as_strided(np.zeros(1, dt), (1,) * t.dim(), (0,) * t.dim())
+
+
+# -- registration ------------------------------------------------------------------------------
+
+_KERNELS = {
+    "quantize": (_quantize, _quantize_fake),
+    "dequantize": (_dequantize, _dequantize_fake),
+    "choose_qparams": (_choose_qparams, _choose_qparams_fake),
+    "quantize_dynamic": (_quantize_dynamic, _quantize_dynamic_fake),
+}
+
+
+def _no_grad_context(ctx, inputs, keyword_only_inputs=None, output=None):
+    outputs = output if isinstance(output, (list, tuple)) else (output,)
+    ctx.mark_non_differentiable(*outputs)
+
+
+def _no_grad(ctx, *grads):  # never called: every output is non-differentiable
+    return (None,) * len(ctx.needs_input_grad)
+
+
+def register() -> dict:
+    """Define the ops in the ``gpuq`` namespace (once per process) and return them by name.
+
+    >>> import torch, gpuq.torch
+    >>> str(torch.ops.gpuq.quantize.default._schema).split("(")[0]
+    'gpuq::quantize'
+    """
+    ops = {}
+    for name, (kernel, fake) in _KERNELS.items():
+        op = torch.library.custom_op(f"gpuq::{name}", kernel, mutates_args=(), schema=SCHEMAS[name])
+        op.register_fake(fake)
+        op.register_autograd(_no_grad, setup_context=_no_grad_context)
+        ops[name] = op
+    return ops
