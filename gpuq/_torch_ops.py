@@ -116,14 +116,19 @@ def _check_params(scales, zps, scheme_, src):
 
 def _quantize(src, scales, zps=None, *, axis=None, group_size=None, dtype="int8", saturate=True,
               check_values=True):
-    q = api.quantize(src, scales, zps, axis=eager_axis(axis), group_size=group_size, dtype=dtype,
-                     saturate=saturate, check_values=check_values)
-    return q.data if isinstance(q, Codes) else q
+    out = _quantize_fake(src, scales, zps, axis=axis, group_size=group_size, dtype=dtype, saturate=saturate)
+    code = code_format(dtype)
+    into = Codes(out, tuple(src.shape), code.name) if code is not None and code.kind == "int4" else out
+    api.quantize(src, scales, zps, axis=eager_axis(axis), group_size=group_size, dtype=dtype, out=into,
+                 saturate=saturate, check_values=check_values)
+    return out
 
 
 def _quantize_fake(src, scales, zps=None, *, axis=None, group_size=None, dtype="int8", saturate=True,
                    check_values=True):
-    # The eager call's checks, in its order (gpuq/api.py: quantize).
+    """The codes tensor ``quantize`` makes, empty, after the eager call's metadata checks in its
+    order (gpuq/api.py). The fake, and the kernel's output: torch's allocator, on torch's current
+    stream and, while a CUDA graph is captured, in its pool (CuPy's would allocate outside it)."""
     if _name(src) not in FLOAT_DTYPES.names:
         raise TypeError(f"src must be float16, float32, float64 or bfloat16 to quantize, got {_name(src)}")
     code = code_format(dtype)
@@ -145,13 +150,17 @@ def _codes_like(src, code):
 
 def _dequantize(src, scales, zps=None, *, axis=None, group_size=None, packed=None, shape=None,
                 dtype="float32", check_values=True):
-    codes = src if packed is None else Codes(src, tuple(_packed_shape(packed, shape)), packed)
+    out = _dequantize_fake(src, scales, zps, axis=axis, group_size=group_size, packed=packed, shape=shape,
+                           dtype=dtype)
+    codes = src if packed is None else Codes(src, tuple(out.shape), packed)
     return api.dequantize(codes, scales, zps, axis=eager_axis(axis), group_size=group_size, dtype=dtype,
-                          check_values=check_values)
+                          out=out, check_values=check_values)
 
 
 def _dequantize_fake(src, scales, zps=None, *, axis=None, group_size=None, packed=None, shape=None,
                      dtype="float32", check_values=True):
+    """The float tensor ``dequantize`` makes, empty, after the eager call's metadata checks:
+    the fake, and the kernel's output (as for quantize)."""
     logical = tuple(src.shape) if packed is None else _check_packed(src, packed, shape)
     if packed is None and _name(src) not in ("int8", "uint8", *_FP8):
         raise TypeError(f"src must be int8 or uint8 codes, an fp8 array or gpuq.Codes to dequantize, "
@@ -165,20 +174,15 @@ def _dequantize_fake(src, scales, zps=None, *, axis=None, group_size=None, packe
 _FP8 = tuple(name for name, fmt in CODE_FORMATS.items() if fmt.kind == "fp8")
 
 
-def _packed_shape(packed, shape):
-    """``shape`` as a tuple, where ``packed`` names a packed code dtype and ``shape`` is given."""
+def _check_packed(src, packed, shape):
+    """The logical shape of packed int4/uint4 bytes ``src``, checked as :class:`gpuq.Codes`
+    checks them (its messages), without turning symbolic sizes into ints."""
     fmt = CODE_FORMATS.get(packed)
     if fmt is None or fmt.kind != "int4":
         raise ValueError(f"packed must be 'int4' or 'uint4' (src holds packed codes), got {packed!r}")
     if shape is None:
         raise ValueError(f"shape is required with packed={packed!r}: the codes' logical shape")
-    return tuple(shape)
-
-
-def _check_packed(src, packed, shape):
-    """The logical shape of packed int4/uint4 bytes ``src``, checked as :class:`gpuq.Codes`
-    checks them (its messages), without turning symbolic sizes into ints."""
-    shape = _packed_shape(packed, shape)
+    shape = tuple(shape)
     if any(isinstance(d, int) and d < 0 for d in shape):
         raise ValueError(f"shape must be a tuple of non-negative ints, got {shape!r}")
     if src.dtype != torch.uint8:  # "Tensor": the eager call's word for a real tensor

@@ -133,8 +133,8 @@ def _opcheck_cases():
     grad = x.clone().requires_grad_(True)
     return [
         ("quantize", (x, torch.tensor(0.05), torch.tensor(3)), {}),
-        ("quantize", (xb, s7), dict(axis=[1], group_size=4, dtype="int4")),
-        ("quantize", (grad, s6, z6), dict(axis=[1], dtype="uint8")),
+        ("quantize", (xb, s7), dict(axis=[1], group_size=4, dtype="s4")),  # oneDNN's short names too
+        ("quantize", (grad, s6, z6), dict(axis=[1], dtype="u8")),
         ("quantize", (_x((2, 3, 4)), torch.rand(2, 4) + 0.1), dict(axis=[0, 2], dtype="float8_e5m2")),
         ("dequantize", (q, s6.clone().requires_grad_(True), z6), dict(axis=[1], dtype="float16")),
         ("dequantize", (packed, s7), dict(axis=[1], group_size=4, packed="uint4", shape=[5, 7],
