@@ -9,6 +9,7 @@ compiled functions are in tests/test_torch_compile.py.
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 import textwrap
@@ -91,6 +92,35 @@ def test_every_argument_after_the_tensors_is_keyword_only():
         for arg in getattr(torch.ops.gpuq, name).default._schema.arguments:
             tensor = str(arg.type).startswith("Tensor") or str(arg.type) == "Optional[Tensor]"
             assert arg.kwarg_only != tensor, (name, arg.name)
+
+
+def test_a_keyword_appended_to_a_schema_keeps_saved_programs_running():
+    """How block_size will be added: an op defined with quantize's schema, a program using it
+    exported and saved, the op redefined with ``int[]? block_size=None`` appended; the saved
+    program loads and runs. (Arguments equal to their defaults are not stored in the program.)"""
+    ns, calls = "gpuq_schema_evolution", []
+
+    def define(schema):
+        def kernel(src, scales, zps=None, **kwargs):
+            calls.append(kwargs)
+            return torch.round(src / scales).to(torch.int8)
+
+        op = torch.library.custom_op(f"{ns}::quantize", kernel, mutates_args=(), schema=schema)
+        op.register_fake(lambda src, scales, zps=None, **kwargs: torch.empty_like(src, dtype=torch.int8))
+
+    class Uses(torch.nn.Module):
+        def forward(self, x):
+            return getattr(torch.ops, ns).quantize(x, torch.tensor(0.5), axis=[0], dtype="int8")
+
+    x = _x((3,))
+    define(gpuq.torch.SCHEMAS["quantize"])
+    buf = io.BytesIO()
+    torch.export.save(torch.export.export(Uses(), (x,)), buf)
+    define(gpuq.torch.SCHEMAS["quantize"].replace(") -> Tensor", ", int[]? block_size=None) -> Tensor"))
+    assert "block_size" in str(getattr(torch.ops, ns).quantize.default._schema)
+    buf.seek(0)
+    same(torch.export.load(buf).module()(x), torch.round(x / 0.5).to(torch.int8))
+    assert calls[-1] == {"axis": [0]}  # dtype="int8" is the default: never stored, never passed
 
 
 # -- registration ------------------------------------------------------------------------------
