@@ -55,7 +55,8 @@ def _bits(a):
         return ("codes", a.dtype, tuple(a.shape), _bits(a.data)[3])
     if isinstance(a, torch.Tensor):
         t = a.detach().cpu().contiguous()
-        return ("array", str(t.dtype).rpartition(".")[2], tuple(t.shape), t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+        return ("array", str(t.dtype).rpartition(".")[2], tuple(t.shape), raw)
     a = np.asarray(a)
     return ("array", a.dtype.name, a.shape, a.tobytes())
 
@@ -86,7 +87,8 @@ def _to_host(r):
     if name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
         import ml_dtypes
 
-        return t.view(torch.int16 if name == "bfloat16" else torch.uint8).numpy().view(getattr(ml_dtypes, name))
+        bits = t.view(torch.int16 if name == "bfloat16" else torch.uint8).numpy()
+        return bits.view(getattr(ml_dtypes, name))
     return t.numpy()
 
 
@@ -98,7 +100,8 @@ def _every_code_type(x, xb, s10, s63, z63):
     c4 = gpuq.quantize(xb, s63, z63, axis=1, group_size=4, dtype="int4", check_values=False)
     qd, sd, zd = gpuq.quantize_dynamic(x, axis=0)
     return (q8, f8, c4, qd, sd, zd, gpuq.dequantize(q8, 0.05, 3, dtype="bfloat16"),
-            gpuq.dequantize(f8, s10, axis=1), gpuq.dequantize(c4, s63, z63, axis=1, group_size=4, dtype="f16"),
+            gpuq.dequantize(f8, s10, axis=1),
+            gpuq.dequantize(c4, s63, z63, axis=1, group_size=4, dtype="f16"),
             gpuq.dequantize(qd, sd, zd, axis=0, dtype="bfloat16"))
 
 
@@ -200,7 +203,10 @@ def main() -> int:
 
     import gpuq.torch  # gpuq was imported before torch: register the ops now  # noqa: F401
 
-    gen = torch.Generator(device=dev).manual_seed(31)
+    def _seeded(seed):
+        return torch.Generator(device=dev).manual_seed(seed)
+
+    gen = _seeded(31)
     x = torch.randn(6, 10, device=dev, generator=gen) * 3
     xb = (torch.randn(6, 10, device=dev, generator=gen) * 12).to(torch.bfloat16)
     s10 = torch.linspace(0.01, 0.1, 10, device=dev)
@@ -218,14 +224,16 @@ def main() -> int:
         _same(c4, eager.data)
         _same(c4.cpu().numpy(), gpuq.quantize(host_args[1], host_args[3], host_args[4], axis=1, group_size=4,
                                               dtype="int4").data)
-        y = ops.dequantize(c4, s63, z63, axis=[1], group_size=4, packed="int4", shape=[6, 10], dtype="bfloat16")
+        y = ops.dequantize(c4, s63, z63, axis=[1], group_size=4, packed="int4", shape=[6, 10],
+                           dtype="bfloat16")
         _same(y, gpuq.dequantize(eager, s63, z63, axis=1, group_size=4, dtype="bfloat16"))
         f8 = ops.quantize(x, s10, axis=[1], dtype="float8_e5m2")
         _same(_to_host(f8), gpuq.quantize(host_args[0], host_args[2], axis=1, dtype="float8_e5m2"))
         _same(_to_host(ops.quantize_dynamic(x, axis=[0], dtype="uint8")),
               [r for r in gpuq.quantize_dynamic(host_args[0], axis=0, dtype="uint8") if r is not None])
+        want = gpuq.choose_qparams(host_args[1], axis=1, group_size=4, symmetric=True)
         _same(_to_host(ops.choose_qparams(xb, axis=[1], group_size=4, symmetric=True)),
-              [r for r in gpuq.choose_qparams(host_args[1], axis=1, group_size=4, symmetric=True) if r is not None])
+              [r for r in want if r is not None])
 
     @check
     def ops_captured_in_a_cuda_graph():
@@ -249,7 +257,7 @@ def main() -> int:
         with torch.cuda.graph(g):  # outputs from torch's allocator: the graph's own pool
             static = calls()
         for seed in (1, 2):
-            src.copy_(torch.randn(4096, 256, device=dev, generator=torch.Generator(device=dev).manual_seed(seed)))
+            src.copy_(torch.randn(4096, 256, device=dev, generator=_seeded(seed)))
             g.replay()
             torch.cuda.synchronize()
             h, hs, hz, hg = (_to_host(a) for a in (src, s, z, sg))
@@ -284,11 +292,12 @@ def main() -> int:
     def opcheck_on_cuda():
         w = x.clone().requires_grad_(True)
         q = torch.ops.gpuq.quantize(x, s10, axis=[1])
-        for op, a, kw in ((torch.ops.gpuq.quantize, (w, s10), dict(axis=[1], dtype="uint8")),
-                          (torch.ops.gpuq.quantize, (xb, s63, z63), dict(axis=[1], group_size=4, dtype="int4")),
-                          (torch.ops.gpuq.dequantize, (q, s10), dict(axis=[1], dtype="bfloat16")),
-                          (torch.ops.gpuq.choose_qparams, (w,), dict(axis=[0], dtype="uint8")),
-                          (torch.ops.gpuq.quantize_dynamic, (xb,), dict(axis=[1], group_size=4, dtype="float8_e4m3fn"))):
+        ops = torch.ops.gpuq
+        for op, a, kw in ((ops.quantize, (w, s10), dict(axis=[1], dtype="uint8")),
+                          (ops.quantize, (xb, s63, z63), dict(axis=[1], group_size=4, dtype="int4")),
+                          (ops.dequantize, (q, s10), dict(axis=[1], dtype="bfloat16")),
+                          (ops.choose_qparams, (w,), dict(axis=[0], dtype="uint8")),
+                          (ops.quantize_dynamic, (xb,), dict(axis=[1], group_size=4, dtype="float8_e4m3fn"))):
             torch.library.opcheck(op.default, a, kw, atol=0, rtol=0)
 
     @check
@@ -322,7 +331,7 @@ def main() -> int:
         counters.clear()
         fc = torch.compile(f, fullgraph=True, mode="reduce-overhead")
         for seed in range(4):  # warm-up runs, the recording, replays
-            src.copy_(torch.randn(1024, 256, device=dev, generator=torch.Generator(device=dev).manual_seed(seed)))
+            src.copy_(torch.randn(1024, 256, device=dev, generator=_seeded(seed)))
             _same(fc(src, s, z).clone(), f(src, s, z))
         assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])  # really captured
 

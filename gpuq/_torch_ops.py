@@ -31,15 +31,17 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from . import api, qparams
 from ._codes import Codes
-from ._dtypes import CODE_FORMATS, FLOAT_DTYPES, as_code_dtype, as_dtype, code_format, dtype_name
+from ._dtypes import (CODE_FORMATS, FLOAT_DTYPES, as_code_dtype, as_dtype, bfloat16, code_format, dtype_name,
+                      fp8_dtype)
 from ._params import _check_shape
 from ._scheme import Scheme
 
-__all__ = ["SCHEMAS", "scheme", "eager_axis"]
+__all__ = ["SCHEMAS", "scheme", "eager_axis", "dtype_name_of", "register"]
 
 #: The op schemas, pinned (tests/test_torch_ops.py compares them with the registered ones).
 SCHEMAS = {
@@ -76,13 +78,20 @@ def scheme(shape, axis, group_size) -> Scheme:
     ``axis`` and ``group_size`` are checked by gpuq's own ``Scheme`` on a stand-in of
     the same rank (those errors depend on the rank alone); the shape is kept as torch
     gives it, so that ``param_shape`` stays symbolic instead of guarding on each size.
+
+    >>> scheme((4, 6), 1, 4).param_shape, scheme((4, 6), (0, 1), None).kind
+    ((4, 2), 'axes')
     """
     like = Scheme._build((1,) * len(shape), axis, group_size)  # not build(): no lru_cache under dynamo
     return Scheme(tuple(shape), like.kind, like.axes, like.group_size)
 
 
-def _name(t) -> str:
-    """A torch dtype by gpuq's (and NumPy's) name for it: ``torch.bfloat16`` -> ``"bfloat16"``."""
+def dtype_name_of(t) -> str:
+    """A tensor's torch dtype by gpuq's (and NumPy's) name for it.
+
+    >>> dtype_name_of(torch.ones(1, dtype=torch.bfloat16)), dtype_name_of(torch.ones(1, dtype=torch.int8))
+    ('bfloat16', 'int8')
+    """
     return str(t.dtype).rpartition(".")[2]
 
 
@@ -106,9 +115,9 @@ def _check_params(scales, zps, scheme_, src):
         integer = not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool
         if argname == "scales" and not (t.is_floating_point() or (integer and not on_device)):
             raise TypeError(f"scales must be {'a floating array' if on_device else 'floating'} "
-                            f"(float32), got {_name(t)}")
+                            f"(float32), got {dtype_name_of(t)}")
         if argname == "zps" and not (integer or (t.is_floating_point() and not on_device and t.numel() == 0)):
-            raise TypeError(f"zps must be integers (int8, uint8 or int32), got {_name(t)}")
+            raise TypeError(f"zps must be integers (int8, uint8 or int32), got {dtype_name_of(t)}")
         _check_shape(t, scheme_, argname)
 
 
@@ -129,8 +138,9 @@ def _quantize_fake(src, scales, zps=None, *, axis=None, group_size=None, dtype="
     """The codes tensor ``quantize`` makes, empty, after the eager call's metadata checks in its
     order (gpuq/api.py). The fake, and the kernel's output: torch's allocator, on torch's current
     stream and, while a CUDA graph is captured, in its pool (CuPy's would allocate outside it)."""
-    if _name(src) not in FLOAT_DTYPES.names:
-        raise TypeError(f"src must be float16, float32, float64 or bfloat16 to quantize, got {_name(src)}")
+    if dtype_name_of(src) not in FLOAT_DTYPES.names:
+        raise TypeError(f"src must be float16, float32, float64 or bfloat16 to quantize, "
+                        f"got {dtype_name_of(src)}")
     code = code_format(dtype)
     api._check_saturate(saturate, code)
     code = code or as_code_dtype(dtype)  # int8/uint8: NumPy's dtype
@@ -162,9 +172,9 @@ def _dequantize_fake(src, scales, zps=None, *, axis=None, group_size=None, packe
     """The float tensor ``dequantize`` makes, empty, after the eager call's metadata checks:
     the fake, and the kernel's output (as for quantize)."""
     logical = tuple(src.shape) if packed is None else _check_packed(src, packed, shape)
-    if packed is None and _name(src) not in ("int8", "uint8", *_FP8):
+    if packed is None and dtype_name_of(src) not in ("int8", "uint8", *_FP8):
         raise TypeError(f"src must be int8 or uint8 codes, an fp8 array or gpuq.Codes to dequantize, "
-                        f"got {_name(src)}")
+                        f"got {dtype_name_of(src)}")
     out_dtype = as_dtype(dtype, "dtype", FLOAT_DTYPES)
     s = scheme(logical, eager_axis(axis), group_size)
     _check_params(scales, zps, s, src)
@@ -243,11 +253,7 @@ def _params_like(x, s, with_zps):
 def _stand_in(t):
     """A one-element NumPy array of ``t``'s dtype and rank (zero strides): what the eager
     validation reads of ``t`` (its dtype, its rank) without touching its data."""
-    import numpy as np
-
-    from ._dtypes import bfloat16, fp8_dtype
-
-    name = _name(t)
+    name = dtype_name_of(t)
     if name == "bfloat16":
         dt = bfloat16()
     elif name in _FP8:

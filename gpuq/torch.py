@@ -46,8 +46,8 @@ except ImportError as exc:  # gpuq itself never needs torch; this module is torc
 
 from . import _interop, api, qparams
 from ._codes import Codes
-from ._dtypes import code_format
-from ._torch_ops import SCHEMAS, register, scheme
+from ._dtypes import FLOAT_DTYPES, as_code_dtype, as_dtype, code_format
+from ._torch_ops import SCHEMAS, dtype_name_of, register, scheme
 
 __all__ = ["OPS", "SCHEMAS"]
 
@@ -122,19 +122,14 @@ def _leaves(value):
     return [value]
 
 
-def _dtype_name(dtype):
-    """A dtype argument by name (NumPy and ml_dtypes dtypes and types too), as the ops take it."""
-    if isinstance(dtype, str):
-        return dtype
-    if isinstance(dtype, np.dtype):
-        return dtype.name
-    if isinstance(dtype, type):
-        return np.dtype(dtype).name
-    return dtype  # the op's fake refuses it with the eager call's error
+def _dtype_name(dtype, normalise):
+    """A dtype argument as the ops take it, by name: NumPy and ml_dtypes dtypes and types by
+    theirs (``normalise`` is the eager call's own reading, which refuses what is no dtype)."""
+    return dtype if isinstance(dtype, str) else normalise(dtype).name
 
 
-def _tensor_dtype_name(t):
-    return str(t.dtype).rpartition(".")[2]
+def _float_dtype(dtype):
+    return as_dtype(dtype, "dtype", FLOAT_DTYPES)
 
 
 def _codes(data, shape, name):
@@ -155,7 +150,8 @@ def _into(out, result):
     target = out
     if isinstance(result, Codes):
         if not isinstance(out, Codes):
-            raise TypeError(f"out must be a gpuq.Codes for {result.dtype} codes, got {type(out).__qualname__}")
+            raise TypeError(f"out must be a gpuq.Codes for {result.dtype} codes, "
+                            f"got {type(out).__qualname__}")
         if out.dtype != result.dtype or out.shape != result.shape:
             raise ValueError(f"out must be Codes of dtype {result.dtype} and shape {result.shape} (src's), "
                              f"got dtype {out.dtype} and shape {out.shape}")
@@ -164,7 +160,7 @@ def _into(out, result):
         raise TypeError(f"out must be a torch tensor for a torch src while torch traces, "
                         f"got {type(target).__qualname__}")
     if target.dtype != result.dtype:
-        raise TypeError(f"out must have dtype {_tensor_dtype_name(result)}, got {_tensor_dtype_name(target)}")
+        raise TypeError(f"out must have dtype {dtype_name_of(result)}, got {dtype_name_of(target)}")
     if tuple(target.shape) != tuple(result.shape):
         raise ValueError(f"out must have shape {tuple(result.shape)} (the shape of src), "
                          f"got {tuple(target.shape)}")
@@ -175,7 +171,7 @@ def _into(out, result):
 def _out_dtype(out, default):
     if out is None:
         return default
-    return out.dtype if isinstance(out, Codes) else _tensor_dtype_name(out)
+    return out.dtype if isinstance(out, Codes) else dtype_name_of(out)
 
 
 def _as_codes(q, src, dtype):
@@ -188,7 +184,7 @@ def _as_codes(q, src, dtype):
 
 def _quantize(src, scales, zps=None, *, axis=None, group_size=None, dtype=None, out=None,
               check_values=True, saturate=True):
-    dtype = _dtype_name(dtype) if dtype is not None else _out_dtype(out, "int8")
+    dtype = _dtype_name(dtype, as_code_dtype) if dtype is not None else _out_dtype(out, "int8")
     q = torch.ops.gpuq.quantize(src, _param(scales, "scales"), _param(zps, "zps"),
                                 axis=_op_axis(src, axis, group_size), group_size=group_size, dtype=dtype,
                                 saturate=saturate, check_values=check_values)
@@ -205,7 +201,7 @@ def _dequantize(src, scales, zps=None, *, axis=None, group_size=None, dtype=None
             data, packed, shape = src.data, code.name, list(src.shape)
         else:  # fp8 bits: torch's fp8 tensor of them
             data = src.data.view(getattr(torch, code.name))
-    dtype = _dtype_name(dtype) if dtype is not None else _out_dtype(out, "float32")
+    dtype = _dtype_name(dtype, _float_dtype) if dtype is not None else _out_dtype(out, "float32")
     y = torch.ops.gpuq.dequantize(data, _param(scales, "scales"), _param(zps, "zps"),
                                   axis=_op_axis(src, axis, group_size), group_size=group_size, packed=packed,
                                   shape=shape, dtype=dtype, check_values=check_values)
@@ -214,13 +210,13 @@ def _dequantize(src, scales, zps=None, *, axis=None, group_size=None, dtype=None
 
 def _choose_qparams(x, *, axis=None, group_size=None, dtype="int8", symmetric=None, eps=None):
     scales, *zps = torch.ops.gpuq.choose_qparams(x, axis=_op_axis(x, axis, group_size),
-                                                 group_size=group_size, dtype=_dtype_name(dtype),
+                                                 group_size=group_size, dtype=_dtype_name(dtype, as_code_dtype),
                                                  symmetric=symmetric, eps=eps)
     return scales, (zps[0] if zps else None)
 
 
 def _quantize_dynamic(x, *, axis=None, group_size=None, dtype="int8", symmetric=None):
-    dtype = _dtype_name(dtype)
+    dtype = _dtype_name(dtype, as_code_dtype)
     q, scales, *zps = torch.ops.gpuq.quantize_dynamic(x, axis=_op_axis(x, axis, group_size),
                                                       group_size=group_size, dtype=dtype, symmetric=symmetric)
     return _as_codes(q, x, dtype), scales, (zps[0] if zps else None)

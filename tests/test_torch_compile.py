@@ -41,20 +41,25 @@ def _x(shape=(6, 10), seed=0):
     return (torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * 3).contiguous()
 
 
+_S10 = np.linspace(0.01, 0.1, 10, dtype=np.float32)  # NumPy scales, as the op objects hold them
+
+
 def _every_code_type(x, xb):
     """int8 with a zero point, fp8 per channel, int4 per group, bfloat16 in and out, dynamic
-    quantization and parameters from data: the issue's cases in one body (any array type)."""
+    quantization and parameters from data: the issue's cases in one body (any array type).
+    Scales and zero points come as numbers, lists and NumPy arrays."""
     q8 = gpuq.quantize(x, 0.05, 3)
-    f8 = gpuq.quantize(x, [0.01 * (i + 1) for i in range(10)], axis=1, dtype="float8_e4m3fn")
+    f8 = gpuq.quantize(x, _S10, axis=1, dtype="float8_e4m3fn")
     c4 = gpuq.quantize(xb, [[0.5, 0.25, 0.125]] * 6, [[1, -2, 0]] * 6, axis=1, group_size=4, dtype="int4")
-    u8 = gpuq.quantize(xb, 0.1, 128, dtype="uint8")
+    u8 = gpuq.quantize(xb, 0.1, 128, dtype=np.uint8)  # NumPy's types as dtype arguments too
     qd, sd, zd = gpuq.quantize_dynamic(x, axis=0)
     s4, z4 = gpuq.choose_qparams(xb, axis=1, group_size=4, dtype="uint4")
     q4, _, _ = gpuq.quantize_dynamic(xb, axis=1, group_size=4, dtype="uint4")
     return (q8, f8, c4, u8, qd, sd, zd, s4, z4, q4,
             gpuq.dequantize(q8, 0.05, 3, dtype="bfloat16"),
-            gpuq.dequantize(f8, [0.01 * (i + 1) for i in range(10)], axis=1),
-            gpuq.dequantize(c4, [[0.5, 0.25, 0.125]] * 6, [[1, -2, 0]] * 6, axis=1, group_size=4, dtype="f16"),
+            gpuq.dequantize(f8, _S10, axis=1),
+            gpuq.dequantize(c4, [[0.5, 0.25, 0.125]] * 6, [[1, -2, 0]] * 6, axis=1, group_size=4,
+                            dtype=np.float16),
             gpuq.dequantize(qd, sd, zd, axis=0, dtype="bfloat16"),
             gpuq.dequantize(q4, s4, z4, axis=1, group_size=4))
 
@@ -192,7 +197,8 @@ def test_the_readme_example_under_inductor():
     from torch._inductor.utils import run_and_get_code
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    block = re.search(r"```python\n(.*?)```", readme[readme.index("## Inside `torch.compile`"):], re.S).group(1)
+    section = readme[readme.index("## Inside `torch.compile`"):]
+    block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     ns = {}
     _, code = run_and_get_code(exec, block, ns)
     code = "\n".join(code)

@@ -182,15 +182,17 @@ def _opcheck_cases():
 def test_opcheck(i):
     name, args, kwargs = _opcheck_cases()[i]
     utils = torch.library._OPCHECK_DEFAULT_UTILS
-    fp8_in = [a for a in args if isinstance(a, torch.Tensor) and a.dtype.itemsize == 1 and a.is_floating_point()]
+    fp8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+    fp8_in = [a for a in args if isinstance(a, torch.Tensor) and a.dtype in fp8]
     if fp8_in:
         # test_schema compares inputs before and after with allclose, which torch has no CPU
         # kernel for on fp8: the inputs' bits are compared here instead.
         utils = tuple(u for u in utils if u != "test_schema")
         before = [bits(a) for a in fp8_in]
-    torch.library.opcheck(getattr(torch.ops.gpuq, name).default, args, kwargs, test_utils=utils, atol=0, rtol=0)
+    op = getattr(torch.ops.gpuq, name)
+    torch.library.opcheck(op.default, args, kwargs, test_utils=utils, atol=0, rtol=0)
     if fp8_in:
-        getattr(torch.ops.gpuq, name)(*args, **kwargs)
+        op(*args, **kwargs)
         assert [bits(a) for a in fp8_in] == before
 
 
@@ -261,7 +263,8 @@ def test_fake_shapes_are_symbolic():
     shapes = _symbolic_shapes(f, _x((3, 10)))
     groups = "-(((-n1)//4))"  # ceil(n1 / 4), sympy's way
     assert shapes["quantize_dynamic"] == [("(((n0*n1 + 1)//2),)", torch.uint8),
-                                          (f"(n0, {groups})", torch.float32), (f"(n0, {groups})", torch.int32)]
+                                          (f"(n0, {groups})", torch.float32),
+                                          (f"(n0, {groups})", torch.int32)]
     assert shapes["dequantize"] == [("(n0, n1)", torch.bfloat16)]
 
 
@@ -332,7 +335,8 @@ def test_packed_bytes_are_checked_as_codes_checks_them():
     eager = _error(gpuq.Codes, wrong, (4, 6), "int4")
     with FakeTensorMode() as mode:
         fake = mode.from_tensor(wrong)
-        assert _error(torch.ops.gpuq.dequantize, fake, torch.tensor(0.5), packed="int4", shape=[4, 6]) == eager
+        assert _error(torch.ops.gpuq.dequantize, fake, torch.tensor(0.5), packed="int4",
+                      shape=[4, 6]) == eager
         strided = mode.from_tensor(torch.zeros(24, dtype=torch.uint8)[::2])
         assert _error(torch.ops.gpuq.dequantize, strided, torch.tensor(0.5), packed="int4", shape=[4, 6]) == \
             _error(gpuq.Codes, torch.zeros(24, dtype=torch.uint8)[::2], (4, 6), "int4")
