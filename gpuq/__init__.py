@@ -24,7 +24,10 @@ __version__ = "0.1.0"
 import sys as _sys
 
 if "torch" in _sys.modules:  # gpuq's torch ops, registered before any compile (gpuq/torch.py)
-    from . import torch as _torch  # noqa: F401  (import gpuq never imports torch itself)
+    try:
+        from . import torch as _torch  # noqa: F401  (import gpuq never imports torch itself)
+    except ImportError:  # a torch without custom ops (< 2.4): eager calls work as before, no ops
+        pass
 
 __all__ = [
     "quantize",

@@ -3,7 +3,9 @@
 Imported by :mod:`gpuq.torch` only (it imports torch). Each op's kernel is the
 eager function itself on the op's tensors, so an op gives the eager call's bits
 on the device and stream the interop layer chooses (``gpuq/_interop.py``: CPU
-tensors zero copy on the host, CUDA tensors on torch's current stream). Its
+tensors zero copy on the host, CUDA tensors on torch's current stream);
+``quantize`` and ``dequantize`` write into a tensor torch allocates (``out=``),
+so that under CUDA graph capture their output lives in the graph's pool. Its
 fake (meta) implementation gives the exact output shapes and dtypes from
 metadata alone, symbolic shapes included, and raises the eager call's
 ``TypeError``/``ValueError`` for shape and dtype errors; value errors (a scale

@@ -43,6 +43,8 @@ try:
     from torch._subclasses.fake_tensor import is_fake
 except ImportError as exc:  # gpuq itself never needs torch; this module is torch's side of it
     raise ImportError("gpuq.torch registers gpuq's torch ops and needs torch: pip install torch") from exc
+if not hasattr(torch.library, "custom_op"):
+    raise ImportError(f"gpuq.torch needs torch >= 2.4 (torch.library.custom_op), got torch {torch.__version__}")
 
 from . import _interop, api, qparams
 from ._codes import Codes

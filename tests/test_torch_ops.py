@@ -151,6 +151,27 @@ def test_import_gpuq_after_torch_registers_the_ops():
     """) == ["True"]
 
 
+def test_a_torch_without_custom_ops_leaves_import_gpuq_working():
+    """torch < 2.4 (no torch.library.custom_op), already imported: import gpuq works, without
+    ops (the eager calls as before); import gpuq.torch says what it needs."""
+    out = _run("""
+        import sys, types
+        old = types.ModuleType("torch")
+        old.__version__, old.library, old.Tensor = "2.3.1", types.SimpleNamespace(), type("Tensor", (), {})
+        fake = types.ModuleType("torch._subclasses.fake_tensor")
+        fake.is_fake = lambda t: False
+        sys.modules.update({"torch": old, "torch._subclasses": types.ModuleType("torch._subclasses"),
+                            "torch._subclasses.fake_tensor": fake})
+        import gpuq
+        print(gpuq._interop.torch_ops is None, gpuq.quantize([1.0], 1.0).tolist() == [1])
+        try:
+            import gpuq.torch
+        except ImportError as exc:
+            print(str(exc) == "gpuq.torch needs torch >= 2.4 (torch.library.custom_op), got torch 2.3.1")
+    """)
+    assert out == ["True", "True", "True"]
+
+
 # -- opcheck -----------------------------------------------------------------------------------
 
 def _opcheck_cases():
