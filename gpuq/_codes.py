@@ -77,6 +77,49 @@ class Codes:
     def __setattr__(self, name, value):
         raise AttributeError("Codes is immutable: make a new one")
 
+    def __reduce__(self):
+        # pickle, copy.copy and copy.deepcopy rebuild through __init__ (its checks included):
+        # Codes cross processes (ProcessPoolExecutor, Dask's client.submit) as what they are.
+        return (Codes, (self.data, self.shape, self.dtype))
+
+    def equals(self, other) -> bool:
+        """Same code dtype, same logical shape and the same bytes, wherever the data lives
+        (a device comparison reads one flag back).
+
+        >>> import numpy as np, gpuq
+        >>> a = gpuq.quantize(np.array([1.0, -2.0, 3.0], np.float32), 1.0, dtype="int4")
+        >>> a.equals(gpuq.pack(np.array([1, -2, 3], np.int8))), a.equals(gpuq.unpack(a))
+        (True, False)
+        """
+        if not isinstance(other, Codes) or (self.dtype, self.shape) != (other.dtype, other.shape):
+            return False
+        a, b = self.data, other.data
+        if type(a) is not type(b) or tuple(a.shape) != tuple(b.shape):
+            return False
+        if isinstance(a, np.ndarray):
+            return bool(np.array_equal(a, b))
+        return bool((a == b).all())  # CuPy, torch: compared where they live
+
+    def __eq__(self, other):
+        """Value equality (:meth:`equals`) for codes on the host; a ``TypeError`` for device data,
+        whose comparison would synchronise: call ``equals`` for that, knowingly."""
+        if not isinstance(other, Codes):
+            return NotImplemented
+        for data in (self.data, other.data):
+            if not isinstance(data, np.ndarray):
+                raise TypeError(f"== on Codes compares host data only; these hold "
+                                f"{type(data).__module__}.{type(data).__qualname__} data: use "
+                                f"a.equals(b) (it reads the result back from the device)")
+        return self.equals(other)
+
+    __hash__ = None  # equal by value, and the data is a mutable array
+
+    def __array__(self, *args, **kwargs):
+        raise TypeError(f"a gpuq.Codes is not an array: its {self.dtype} codes are "
+                        f"{'packed two per byte' if code_format(self.dtype).kind == 'int4' else 'bits'}"
+                        f" in codes.data; use codes.data for those bytes, or gpuq.unpack(codes) for "
+                        f"one code per element")
+
     @property
     def size(self) -> int:
         """Number of codes (the logical shape's product)."""
@@ -129,6 +172,9 @@ def pack(codes, dtype=None) -> Codes:
     >>> gpuq.pack(np.array([[1, -2, 3]], np.int8)).data
     array([225,   3], dtype=uint8)
     """
+    if isinstance(codes, Codes):
+        raise TypeError(f"codes are already packed (a gpuq.Codes of {codes.dtype}): pack takes one "
+                        f"code per element, as gpuq.unpack(codes) gives them")
     if dtype is None:
         named = getattr(getattr(codes, "dtype", None), "name", None)
         dtype = named if named in ("int4", "uint4") else "int4"
@@ -140,7 +186,8 @@ def pack(codes, dtype=None) -> Codes:
     if ml is not None and getattr(codes, "dtype", None) == ml:  # (np.dtype(...) == None is float64)
         codes = codes.astype(want)  # one nibble per byte, upper bits 0: widened, not viewed
     if getattr(codes, "dtype", None) != want:
-        raise TypeError(f"codes must be a {np.dtype(want).name} array for {fmt.name}, "
+        article = "an" if fmt.signed else "a"
+        raise TypeError(f"codes must be {article} {np.dtype(want).name} array for {fmt.name}, "
                         f"got {type(codes).__qualname__} of dtype {getattr(codes, 'dtype', None)}")
     xp = _xp(codes)
     flat = xp.ascontiguousarray(codes).reshape(-1)

@@ -112,7 +112,7 @@ def call(public, fn, arg, args, kwargs):
     bound.apply_defaults()
     a = dict(bound.arguments)
     src = a.pop(list(a)[arg])
-    code = code_format(a["dtype"]) if isinstance(a.get("dtype"), str) else None
+    code = code_format(a.get("dtype"))  # a name, a dtype or ml_dtypes' type: one rule
     if code is not None or (name == "dequantize" and code_format(src.dtype) is not None):
         raise TypeError(
             f"Dask arrays take int8/uint8 codes; {code.name if code else src.dtype} codes "

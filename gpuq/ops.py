@@ -9,6 +9,8 @@ per-tensor, stays on the host: the kernel takes it by value).
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from ._dispatch import backend_for, host_base
@@ -70,7 +72,9 @@ class _Static:
             if z.shape != s.shape:
                 raise ValueError(f"zps must have {s.size} elements like scales, got shape {z.shape}")
             self._zps = zps_param(zps, self._stand_in, NumpyBackend, None).copy()
-        self._device_params = {}
+        self._device_params = {}  # (device, compute type) -> ((scales, zps), StreamReaders)
+        # The uploads stay alive until the streams that read them have passed (StreamReaders).
+        weakref.finalize(self, _release_uploads, self._device_params)
 
     def _scales_in(self, ct):
         """The scales in compute type ``ct``, checked there (once per ct), 1-D."""
@@ -81,10 +85,12 @@ class _Static:
         return scales
 
     def _params(self, src, ct):
+        """``((scales, zps), readers)``: the parameters for ``src``'s device in compute type
+        ``ct``, and where they were uploaded, what to tell after the call (else None)."""
         backend, arr = backend_for(src.data if isinstance(src, Codes) else src)
         scales = self._scales_in(ct)
         if backend.name == "numpy":
-            return scales, self._zps
+            return (scales, self._zps), None
         key = (backend.device_key(arr), ct)
         if key not in self._device_params:
             params = (
@@ -94,7 +100,7 @@ class _Static:
             # Uploaded once, reused from any stream: the first use waits for the upload,
             # later ones neither wait nor synchronise (CUDA graph capture stays possible).
             backend.settle()
-            self._device_params[key] = params
+            self._device_params[key] = (params, backend.track_reads(params))
         return self._device_params[key]
 
     def _check_fp8_zps(self, code):
@@ -114,6 +120,11 @@ class _Static:
         which that call checks and lines up with the chunks."""
         scales, zps = self._reshaped((self._scales, self._zps))
         return self._function(src, scales, zps, axis=self._axis, dtype=self.dtype, out=out, **self._extra)
+
+
+def _release_uploads(device_params) -> None:
+    for _params, readers in device_params.values():
+        readers.release()
 
 
 class Quantize(_Static):
@@ -145,8 +156,12 @@ class Quantize(_Static):
         kw = dict(axis=self._axis, dtype=self.dtype, out=out, saturate=self.saturate)
         if dt not in FLOAT_DTYPES:  # quantize() raises its TypeError for src first
             return quantize(src, self._scales, **kw)
-        scales, zps = self._reshaped(self._params(arr, compute_dtype(dt)))
-        return quantize(src, scales, zps, check_values=False, **kw)
+        params, readers = self._params(arr, compute_dtype(dt))
+        scales, zps = self._reshaped(params)
+        result = quantize(src, scales, zps, check_values=False, **kw)
+        if readers is not None:
+            readers.note_read()
+        return result
 
 
 def _code_attrs(dtype, saturate):
@@ -191,9 +206,13 @@ class Dequantize(_Static):
     @callers_type(arg=1)
     def __call__(self, src, *, out=None):
         self._check_fp8_zps(_formats.source_format(src))
-        scales, zps = self._reshaped(self._params(src, compute_dtype(self.dtype)))
-        return dequantize(src, scales, zps, axis=self._axis, dtype=self.dtype, out=out,
-                          check_values=False)
+        params, readers = self._params(src, compute_dtype(self.dtype))
+        scales, zps = self._reshaped(params)
+        result = dequantize(src, scales, zps, axis=self._axis, dtype=self.dtype, out=out,
+                            check_values=False)
+        if readers is not None:
+            readers.note_read()
+        return result
 
 
 class DynamicQuantize:

@@ -27,7 +27,7 @@ bfloat16 widened exactly, float64 min/max rounded to float32 once):
 * ``scale = max(scale, eps)`` (``eps`` defaults to the smallest normal
   float32), so an all-zero or empty block gets ``scale = eps``, never 0, Inf
   or NaN. (ONNX uses scale 1/255 for an all-zero input; the codes agree.)
-* NaN is ignored by the min/max: a block's range is that of its numbers, and
+* NaN, quiet or signalling, is ignored by the min/max: a block's range is that of its numbers, and
   a block of NaN only is treated as all zero. NaN then quantizes to the zero
   point, as in :func:`gpuq.quantize`.
 * +/-Inf (or a float64 value beyond the float32 range) raises
@@ -71,7 +71,7 @@ def choose_qparams(x, *, axis=None, group_size=None, dtype="int8", symmetric=Non
     Parameters
     ----------
     x : float16/float32/float64/bfloat16 array (NumPy, or a CUDA array)
-        Not modified. NaN is ignored; +/-Inf raises ``ValueError``.
+        Not modified. NaN (quiet or signalling) is ignored; +/-Inf raises ``ValueError``.
     axis : None, int or tuple of ints
         ``None`` per-tensor, ``k`` per-channel, a tuple for multi-axis.
     group_size : int, optional

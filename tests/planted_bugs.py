@@ -74,6 +74,18 @@ BUGS = {
         "// (removed) the previous segment's readers are done with s_lo/s_hi",
         "a fast warp overwrites the shared partials before the others have read them",
     ),
+    "warp-store-swizzle": (
+        "kernels/elementwise.cuh",
+        "*dst = mine[L * kVecs + (v ^ ((L / kLanesPerRow) % kVecs))];",
+        "*dst = mine[L * kVecs + v];",
+        "the warp-wide store of float outputs reads the staged vectors unswizzled",
+    ),
+    "warp-store-lane": (
+        "kernels/elementwise.cuh",
+        "store_units_coalesced(out, head + (u - lane - 1) * kUnit, y, full && vec_out);",
+        "store_units_coalesced(out, head + (u - lane) * kUnit, y, full && vec_out);",
+        "the warp's span starts one unit late",
+    ),
     "packed-align-4": (
         "gpuq/backends/cuda/formats.py",
         "if packed.data.ptr % 8 == 0:",

@@ -317,8 +317,40 @@ def test_static_ops_with_one_value_on_device(cp, monkeypatch, qdtype):
         assert np.array_equal(cp.asnumpy(y).view(np.uint16), dop(qop(x)).view(np.uint16))
     value = f", {cuda_backend.registry.MAPS['value']}>"
     assert len(names) == 4 and all(n.endswith(value) for n in names), names
-    params = qop._device_params[next(iter(qop._device_params))]
+    params, _readers = qop._device_params[next(iter(qop._device_params))]
     assert all(isinstance(p, np.ndarray) for p in params)
+
+
+@needs_gpu
+def test_op_uploads_outlive_the_op_until_other_streams_pass(cp):
+    """Issue 26: an op object collected while a kernel on another stream may still read its
+    uploaded parameters must not return them to CuPy's pool (whose next allocation on the
+    uploading stream would reuse the block at once): they wait until that stream passes."""
+    import gc
+    import weakref
+
+    from gpuq.backends.cuda.backend import StreamReaders
+
+    host = np.arange(2 * 4099, dtype=np.float32).reshape(4099, 2) - 4000.0
+    op = gpuq.Quantize(scales=[0.5, 0.25], qtype="per_channel", axis=1)
+    xx = cp.asarray(host)
+    want = op(host)
+    np.testing.assert_array_equal(cp.asnumpy(op(xx)), want)  # uploads on the default stream
+    (params, readers), = op._device_params.values()
+    alive = weakref.ref(params[0])
+    side = cp.cuda.Stream(non_blocking=True)
+    with side:
+        got = op(xx)  # read on another stream
+    assert set(readers.events) == {side.ptr}
+    del op, params, readers
+    gc.collect()
+    if not side.done:  # still queued (always on the CPU execution): the block is held
+        assert alive() is not None
+    side.synchronize()
+    StreamReaders._sweep()
+    gc.collect()
+    assert alive() is None and not StreamReaders._waiting
+    np.testing.assert_array_equal(cp.asnumpy(got), want)
 
 
 class _CAIOnly:

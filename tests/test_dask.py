@@ -121,6 +121,23 @@ def test_every_scheme_same_bits_as_in_memory(backend, kw, chunks):
         _same(_compute(y, backend), gpuq.dequantize(q0, s0, z0, dtype=out, **kw))
 
 
+@pytest.mark.parametrize("kw", [dict(axis=None), dict(axis=0), dict(axis=1, group_size=8)],
+                         ids=["tensor", "axis0", "group8"])
+def test_signalling_nans_skipped_across_chunks(backend, kw):
+    """Issue 26: a signalling NaN is skipped like a quiet one, in the chunks and in the tree
+    reduction that joins them (chunks cut rows and groups, one chunk all NaN)."""
+    import reference as ref
+    from test_qparams import _with_signalling_nans
+
+    x = _with_signalling_nans("float32")
+    d = da.from_array(backend.put(x), chunks=(3, 10))
+    with np.errstate(invalid="ignore"):
+        want_s, want_z = ref.choose_qparams(x.astype(np.float32), **kw)
+    s, z = gpuq.choose_qparams(d, **kw)
+    np.testing.assert_array_equal(backend.get(s.compute()).view(np.uint32), want_s.view(np.uint32))
+    np.testing.assert_array_equal(backend.get(z.compute()), want_z)
+
+
 def test_assert_eq_and_laziness():
     x = _data()
     d = da.from_array(x, chunks=(3, 4, 5))
@@ -212,6 +229,14 @@ def test_argument_errors_at_the_call_data_errors_at_compute():
         gpuq.DynamicQuantize(qtype="per_group", group_shape=[1, 3])(unknown, np.ones((2, 2), np.float32))
     with pytest.raises(TypeError, match="not supported on Dask arrays"):
         gpuq.Quantize(scales=[0.5], dtype="int4")(d)
+    # Issue 26: a code dtype named by ml_dtypes' type or dtype gets the same message as its name.
+    import ml_dtypes
+
+    for dt in ("int4", ml_dtypes.int4, np.dtype(ml_dtypes.uint4), ml_dtypes.float8_e4m3fn):
+        with pytest.raises(TypeError, match=r"codes \(fp8, int4\) are not supported on Dask arrays yet"):
+            gpuq.quantize(d, 0.5, dtype=dt)
+        with pytest.raises(TypeError, match=r"codes \(fp8, int4\) are not supported on Dask arrays yet"):
+            gpuq.quantize_dynamic(d, dtype=dt)
     with pytest.raises(TypeError, match="src must be int8 or uint8"):
         gpuq.Dequantize(scales=[0.5])(d)
     # Values held in a Dask array, Inf in the data: at compute.

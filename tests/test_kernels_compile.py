@@ -197,8 +197,14 @@ _HARNESS = r"""
 #define __host__
 #define __forceinline__ inline
 #define __restrict__
+#include <cstdlib>
+#define __shared__ static
 struct uint4 { unsigned x, y, z, w; };
 template <class T> T __ldg(const T* p) { return *p; }
+// The warp-wide store of float outputs (dequantize direction) needs a warp: the CPU execution
+// of the kernels (tests/cudasim) runs it; this one-thread-at-a-time harness walks quantize only.
+inline unsigned __ballot_sync(unsigned, int) { std::abort(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { std::abort(); }
 struct Dim { unsigned x = 0; };
 static Dim gridDim, blockDim, blockIdx, threadIdx;
 #include "elementwise.cuh"

@@ -32,6 +32,7 @@ array([   0,    2, -128], dtype=int8)
 from __future__ import annotations
 
 import functools
+import threading
 
 import numpy as np
 
@@ -194,6 +195,55 @@ def _run(op, src, scheme, scales, zps, out):
             out[...] = y
 
 
+class StreamReaders:
+    """Device arrays uploaded once and read from any stream (an op object's parameters), kept
+    out of CuPy's pool until the last stream that read them has passed its reads.
+
+    CuPy's pool gives a freed block to the next allocation on the stream that allocated it, at
+    once: a kernel queued on another stream may still be reading it. So every use notes its
+    stream (:meth:`note_read`: an event recorded there after the launch, re-recorded by later
+    uses), except the uploading stream, whose later allocations are ordered after its queued
+    work anyway, and a stream being captured into a CUDA graph, whose replays the graph's owner
+    orders. When the owner goes (:meth:`release`), arrays with an unpassed event wait in a list
+    that every later upload and release sweeps.
+
+    >>> import cupy                                        # doctest: +SKIP
+    >>> r = StreamReaders((cupy.ones(4),)); r.note_read(); r.release()  # doctest: +SKIP
+    """
+
+    _waiting = []  # (arrays, events) whose owner is gone, until the events have passed
+    _lock = threading.Lock()
+
+    def __init__(self, arrays):
+        self.arrays = arrays
+        self.upload_stream = _cupy().cuda.get_current_stream().ptr
+        self.events = {}  # stream pointer -> its Event, re-recorded at each use
+        self._sweep()
+
+    def note_read(self) -> None:
+        cupy = _cupy()
+        stream = cupy.cuda.get_current_stream()
+        if stream.ptr == self.upload_stream or getattr(stream, "is_capturing", lambda: False)():
+            return
+        event = self.events.get(stream.ptr)
+        if event is None:
+            event = self.events[stream.ptr] = cupy.cuda.Event(disable_timing=True)
+        event.record(stream)
+
+    def release(self) -> None:
+        pending = [e for e in self.events.values() if not e.done]
+        if pending:
+            with self._lock:
+                self._waiting.append((self.arrays, pending))
+        self.arrays, self.events = (), {}
+        self._sweep()
+
+    @classmethod
+    def _sweep(cls) -> None:
+        with cls._lock:
+            cls._waiting[:] = [(a, ev) for a, ev in cls._waiting if not all(e.done for e in ev)]
+
+
 class CudaBackend:
     """Device arrays (CuPy, or zero-copy wrappers of CUDA arrays); see the module docstring."""
 
@@ -231,6 +281,8 @@ class CudaBackend:
             return dev
         with src.device:
             return cupy.ascontiguousarray(dev)
+
+    track_reads = StreamReaders
 
     @staticmethod
     def settle() -> None:

@@ -5,8 +5,8 @@ Two steps, each in one place:
 * :func:`minmax` reduces ``x`` to the smallest and largest number of every
   parameter slot (one slot per scale): rows of contiguous elements in one
   pass of the compiled kernels (integer order keys, :func:`row_minmax`) where
-  they serve host arrays, else ``np.fmin.reduce`` / ``np.fmax.reduce`` on
-  views. NaN is ignored, and nothing the size of ``x`` is allocated. The tensor is cut into units of about ``UNIT`` elements; the
+  they serve host arrays, else NumPy reductions on views
+  (:func:`nan_skipping_minmax`). NaN is ignored, quiet or signalling, and nothing the size of ``x`` is allocated. The tensor is cut into units of about ``UNIT`` elements; the
   min and the max of a unit are taken back to back so that the second read
   comes from cache. Units are shared among the NumPy backend's threads.
 * :func:`finalize` turns the per-slot (min, max) into scales and zero points
@@ -252,11 +252,12 @@ def row_minmax(rows, kernels):
     """NaN-ignoring min and max of every row of 2-D C-contiguous ``rows``, in its dtype.
 
     One pass of the compiled ``kernels`` (order keys, ``loops.minmax_keys``)
-    where given, else ``np.fmin.reduce`` / ``np.fmax.reduce``. A row with no number
-    gets NaN either way.
+    where given, else :func:`nan_skipping_minmax`. A row with no number gets NaN either way.
     """
     if kernels is None or rows.size == 0:
-        return np.fmin.reduce(rows, axis=1), np.fmax.reduce(rows, axis=1)
+        lo, hi = np.empty(rows.shape[0], rows.dtype), np.empty(rows.shape[0], rows.dtype)
+        nan_skipping_minmax(rows, (1,), lo, hi, keepdims=False)
+        return lo, hi
     it = _KEY_INT[rows.dtype.itemsize]
     shift, mag, inf = _key_constants(rows.dtype)
     kmin, kmax = np.empty(rows.shape[0], it), np.empty(rows.shape[0], it)
@@ -267,15 +268,43 @@ def row_minmax(rows, kernels):
     return lo, hi
 
 
+def nan_skipping_minmax(x, axes, lo, hi, keepdims=True):
+    """The smallest and largest number of ``x`` over ``axes`` into ``lo``/``hi``, every NaN
+    skipped, quiet or signalling (NaN only where there is no number).
+
+    ``np.fmin``/``np.fmax`` skip a quiet NaN but not a signalling one (x86's minps/maxps
+    return the second operand when either is a NaN, and NumPy's check sees only the first):
+    after a signalling NaN the running value restarts, and part of the range is lost. So the
+    NaN-propagating ``np.minimum`` goes first: where it finds no NaN its result stands and one
+    ``np.maximum`` follows, as cheap as before; where it finds one, the reduction runs again
+    on a copy with every NaN quieted (an exact multiplication by one), with fmin/fmax.
+
+    >>> x = np.array([[3.0, -2.5, np.nan, -1.5]], np.float32)
+    >>> x.view(np.uint32)[0, 2] = 0x7F810000            # a signalling NaN
+    >>> lo, hi = np.empty((1, 1), np.float32), np.empty((1, 1), np.float32)
+    >>> nan_skipping_minmax(x, (1,), lo, hi); float(lo[0, 0]), float(hi[0, 0])
+    (-2.5, 3.0)
+    """
+    np.minimum.reduce(x, axis=axes, keepdims=keepdims, out=lo)
+    if not np.isnan(lo).any():
+        np.maximum.reduce(x, axis=axes, keepdims=keepdims, out=hi)
+        return
+    with np.errstate(invalid="ignore"):
+        quiet = x * x.dtype.type(1)
+    np.fmin.reduce(quiet, axis=axes, keepdims=keepdims, out=lo)
+    np.fmax.reduce(quiet, axis=axes, keepdims=keepdims, out=hi)
+
+
 def _reduce_seq(x, lo, hi, reduced, accumulate):
     """Reduce ``x`` into ``lo``/``hi`` on this thread, in cache-sized pieces."""
     if x.size <= UNIT:
         if accumulate:
-            np.fmin(lo, np.fmin.reduce(x, axis=reduced, keepdims=True), out=lo)
-            np.fmax(hi, np.fmax.reduce(x, axis=reduced, keepdims=True), out=hi)
+            unit_lo, unit_hi = np.empty_like(lo), np.empty_like(hi)
+            nan_skipping_minmax(x, reduced, unit_lo, unit_hi)
+            np.fmin(lo, unit_lo, out=lo)
+            np.fmax(hi, unit_hi, out=hi)
         else:
-            np.fmin.reduce(x, axis=reduced, keepdims=True, out=lo)
-            np.fmax.reduce(x, axis=reduced, keepdims=True, out=hi)
+            nan_skipping_minmax(x, reduced, lo, hi)
         return
     inner = x[0].size
     dim0_reduced = 0 in reduced
