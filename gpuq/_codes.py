@@ -23,7 +23,7 @@ import sys
 
 import numpy as np
 
-from ._dtypes import CODE_FORMATS, code_format, fp8_dtype
+from ._codetypes import CODE_TYPES, code_type, fp8_dtype
 
 __all__ = ["Codes", "pack", "unpack"]
 
@@ -46,10 +46,11 @@ class Codes:
     __slots__ = ("data", "shape", "dtype")
 
     def __init__(self, data, shape, dtype):
-        fmt = code_format(dtype)  # a name, or ml_dtypes' type/dtype of the same name
-        if fmt is None:
+        fmt = code_type(dtype)  # a name, or ml_dtypes' type/dtype of the same name
+        if fmt is None or fmt.storage == "element" and fmt.codec == "affine":  # those are arrays
             exc = ValueError if isinstance(dtype, str) else TypeError
-            raise exc(f"dtype must be one of {', '.join(CODE_FORMATS)}, got {dtype!r}")
+            names = ", ".join(n for n, row in CODE_TYPES.items() if row.storage == "packed" or row.codec != "affine")
+            raise exc(f"dtype must be one of {names}, got {dtype!r}")
         try:
             if any(isinstance(d, (bool, np.bool_)) for d in shape):
                 raise TypeError
@@ -59,15 +60,16 @@ class Codes:
         if any(d < 0 for d in shape):
             raise ValueError(f"shape must be a tuple of non-negative ints, got {shape!r}")
         dt = getattr(data, "dtype", None)
-        if dt is None or str(dt).rsplit(".", 1)[-1] != "uint8" or not hasattr(data, "shape"):
+        if dt is None or not _is_uint8(dt) or not hasattr(data, "shape"):
             raise TypeError(f"data must be a uint8 array, got {type(data).__qualname__} "
                             f"of dtype {dt}")
-        want = ((math.prod(shape) + 1) // 2,) if fmt.kind == "int4" else shape
+        packed = fmt.storage == "packed"
+        want = (fmt.packed_size(math.prod(shape)),) if packed else shape
         if tuple(data.shape) != want:
-            what = "ceil(prod(shape) / 2) bytes, 1-D" if fmt.kind == "int4" else "the shape"
+            what = "ceil(prod(shape) / 2) bytes, 1-D" if packed else "the shape"
             raise ValueError(f"data must hold {what} for {fmt.name} codes of shape {shape}: "
                              f"expected data.shape {want}, got {tuple(data.shape)}")
-        if fmt.kind == "int4" and not _c_contiguous(data):
+        if packed and not _c_contiguous(data):
             raise ValueError("data of int4/uint4 codes must be C-contiguous (the bytes are packed), "
                              f"got a strided view (strides {getattr(data, 'strides', None)})")
         object.__setattr__(self, "data", data)
@@ -116,7 +118,7 @@ class Codes:
 
     def __array__(self, *args, **kwargs):
         raise TypeError(f"a gpuq.Codes is not an array: its {self.dtype} codes are "
-                        f"{'packed two per byte' if code_format(self.dtype).kind == 'int4' else 'bits'}"
+                        f"{'packed two per byte' if code_type(self.dtype).storage == 'packed' else 'bits'}"
                         f" in codes.data; use codes.data for those bytes, or gpuq.unpack(codes) for "
                         f"one code per element")
 
@@ -136,6 +138,15 @@ class Codes:
 
     def __repr__(self) -> str:
         return f"Codes(shape={self.shape}, dtype={self.dtype!r}, data={self.data!r})"
+
+
+def _is_uint8(dt) -> bool:
+    """Whether ``dt`` is the uint8 of NumPy, CuPy, Dask (NumPy dtypes) or torch."""
+    try:
+        return np.dtype(dt) == np.uint8
+    except TypeError:  # torch.uint8 and the like
+        torch = sys.modules.get("torch")
+        return torch is not None and dt == torch.uint8
 
 
 def _c_contiguous(a) -> bool:
@@ -176,10 +187,10 @@ def pack(codes, dtype=None) -> Codes:
         raise TypeError(f"codes are already packed (a gpuq.Codes of {codes.dtype}): pack takes one "
                         f"code per element, as gpuq.unpack(codes) gives them")
     if dtype is None:
-        named = getattr(getattr(codes, "dtype", None), "name", None)
-        dtype = named if named in ("int4", "uint4") else "int4"
-    fmt = code_format(dtype) if isinstance(dtype, str) else None
-    if fmt is None or fmt.kind != "int4":
+        row = code_type(getattr(getattr(codes, "dtype", None), "name", None))
+        dtype = row.name if row is not None and row.storage == "packed" else "int4"
+    fmt = code_type(dtype) if isinstance(dtype, str) else None
+    if fmt is None or fmt.storage != "packed":
         raise ValueError(f"dtype must be 'int4' or 'uint4', got {dtype!r}")
     want = np.int8 if fmt.signed else np.uint8
     ml = _ml_int4(fmt.name)
@@ -213,10 +224,10 @@ def unpack(codes: Codes):
     """
     if not isinstance(codes, Codes):
         raise TypeError(f"codes must be a gpuq.Codes, got {type(codes).__qualname__}")
-    fmt = code_format(codes.dtype)
+    fmt = code_type(codes.dtype)
     data = codes.data
     xp = _xp(data)
-    if fmt.kind == "fp8":
+    if fmt.storage == "element":  # fp8 bits (CuPy has no fp8 dtype)
         return data.view(fp8_dtype(fmt.name)) if xp is np else data
     n = codes.size
     out = xp.empty(2 * data.size, xp.uint8)

@@ -52,9 +52,10 @@ import numbers
 
 import numpy as np
 
-from ._dispatch import backend_for, host_native
+from ._dispatch import backend_for
 from ._interop import callers_type
-from ._dtypes import FLOAT_DTYPES, QUANT_RANGE, CodeFormat, as_code_dtype, native
+from ._codetypes import as_code_type
+from ._dtypes import FLOAT_DTYPES, native
 from ._scheme import Scheme
 from .api import quantize
 
@@ -106,9 +107,8 @@ def choose_qparams(x, *, axis=None, group_size=None, dtype="int8", symmetric=Non
     >>> gpuq.choose_qparams(np.zeros((2, 5), np.float32), axis=1, group_size=4)[0].shape
     (2, 2)
     """
-    backend, arr, scheme, qdtype, symmetric, eps = _validate(x, axis, group_size, dtype, symmetric, eps)
-    qmin, qmax = _code_range(qdtype)
-    return _impl(backend).choose_qparams(arr, scheme, qmin, qmax, symmetric, eps)
+    backend, arr, scheme, code, symmetric, eps = _validate(x, axis, group_size, dtype, symmetric, eps)
+    return backend.choose_qparams(code, arr, scheme, symmetric, eps)
 
 
 @callers_type
@@ -143,17 +143,12 @@ def quantize_dynamic(x, *, axis=None, group_size=None, dtype="int8", symmetric=N
     >>> s, z
     (array([0.01574803, 0.15748031], dtype=float32), None)
     """
-    backend, arr, scheme, qdtype, symmetric, eps = _validate(x, axis, group_size, dtype, symmetric, None)
-    qmin, qmax = _code_range(qdtype)
-    impl = _impl(backend)
-    fused = getattr(impl, "quantize_dynamic", None)
-    if fused is not None and not isinstance(qdtype, CodeFormat):  # fused: int8/uint8 only
-        result = fused(arr, scheme, qdtype, symmetric, eps)
-        if result is not None:
-            return result
-    scales, zps = impl.choose_qparams(arr, scheme, qmin, qmax, symmetric, eps)
-    q = quantize(arr, scales, zps, axis=axis, group_size=group_size,
-                 dtype=qdtype.name if isinstance(qdtype, CodeFormat) else qdtype, check_values=False)
+    backend, arr, scheme, code, symmetric, eps = _validate(x, axis, group_size, dtype, symmetric, None)
+    fused = backend.quantize_dynamic(code, arr, scheme, symmetric, eps)  # one pass where the backend can
+    if fused is not None:
+        return fused
+    scales, zps = backend.choose_qparams(code, arr, scheme, symmetric, eps)
+    q = quantize(arr, scales, zps, axis=axis, group_size=group_size, dtype=code.name, check_values=False)
     return q, scales, zps
 
 
@@ -161,25 +156,17 @@ def _validate(x, axis, group_size, dtype, symmetric, eps):
     backend, arr = backend_for(x, "x")  # an ndarray subclass: its base ndarray; masked: TypeError
     if native(arr.dtype) not in FLOAT_DTYPES:
         raise TypeError(f"x must be float16, float32, float64 or bfloat16, got {arr.dtype}")
-    qdtype = as_code_dtype(dtype)
-    fp8 = isinstance(qdtype, CodeFormat) and qdtype.kind == "fp8"
+    code = as_code_type(dtype)
     if symmetric is None:
-        symmetric = fp8
+        symmetric = code.zero_point == "none"  # no zero point: symmetric by nature (fp8)
     if not isinstance(symmetric, (bool, np.bool_)):
         raise TypeError(f"symmetric must be True or False, got {symmetric!r}")
-    if fp8 and not symmetric:
-        raise ValueError(f"symmetric must be True for {qdtype.name} codes (fp8 has no zero point), "
+    if code.zero_point == "none" and not symmetric:
+        raise ValueError(f"symmetric must be True for {code.name} codes (fp8 has no zero point), "
                          f"got symmetric=False")
     scheme = Scheme.build(arr.shape, axis, group_size)
     eps = _check_eps(eps)
-    return backend, host_native(arr), scheme, qdtype, bool(symmetric), eps
-
-
-def _code_range(qdtype):
-    """``(qmin, qmax)`` of a code dtype or CodeFormat (fp8: +-max_finite)."""
-    if isinstance(qdtype, CodeFormat):
-        return qdtype.qmin, qdtype.qmax
-    return QUANT_RANGE[qdtype]
+    return backend, arr, scheme, code, bool(symmetric), eps
 
 
 def _check_eps(eps):
@@ -192,14 +179,3 @@ def _check_eps(eps):
     if not (np.isfinite(e) and e > 0):
         raise ValueError(f"eps must be finite and > 0 as a float32, got {eps!r} (float32: {e})")
     return float(e)
-
-
-def _impl(backend):
-    # The qparams modules sit beside their backends; the CUDA one is imported only for device x.
-    if backend.name == "numpy":
-        from .backends.host import qparams as host_qparams
-
-        return host_qparams
-    from .backends.cuda import qparams as cuda_qparams
-
-    return cuda_qparams

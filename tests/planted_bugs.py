@@ -57,13 +57,13 @@ BUGS = {
         "the warp reduction misses half of the warp",
     ),
     "head+1": (
-        "gpuq/backends/cuda/backend.py",
+        "gpuq/backends/cuda/launch.py",
         "np.int64(n), np.int64(head),",
         "np.int64(n), np.int64(head + 1),",
         "the launch path's head is one too far",
     ),
     "int32-for-long-long": (
-        "gpuq/backends/cuda/backend.py",
+        "gpuq/backends/cuda/launch.py",
         "args = (src, out, scales, scales if not has_zp else zps, np.int64(n),",
         "args = (src, out, scales, scales if not has_zp else zps, np.int32(n),",
         "an int32 argument for a long long parameter",

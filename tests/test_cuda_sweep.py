@@ -29,7 +29,10 @@ import pytest
 
 import gpuq
 from conftest import CUDA_MODE, _cuda_skip_reason
-from gpuq._dtypes import FLOAT_DTYPES, QUANT_RANGE
+from gpuq._dtypes import FLOAT_DTYPES
+
+#: The one-byte integer codes of quantize.cu/dequantize.cu and their ranges.
+QUANT_RANGE = {np.dtype(np.int8): (-128, 127), np.dtype(np.uint8): (0, 255)}
 from gpuq.backends.cuda import qparams as cuda_qparams
 from gpuq.backends.cuda import registry
 

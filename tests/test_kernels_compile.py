@@ -371,7 +371,7 @@ def test_scale_bits_reach_the_kernel_unchanged(harness):
     """cuda_backend._by_value's m0 decoded by the kernels' scale_from_bits (same
     little-endian layout on the host as on the device): every class of float32
     and float64 scale, subnormals and the largest finite included."""
-    from gpuq.backends.cuda.backend import _by_value
+    from gpuq.backends.cuda.launch import _by_value
 
     f32 = np.array([0.5, 1 / 3, 1e-40, np.finfo(np.float32).smallest_subnormal, np.finfo(np.float32).tiny,
                     np.finfo(np.float32).max, 0.0173], np.float32)
@@ -386,7 +386,7 @@ def test_scale_bits_reach_the_kernel_unchanged(harness):
 
 
 def test_by_value_only_for_host_values():
-    from gpuq.backends.cuda.backend import _by_value
+    from gpuq.backends.cuda.launch import _by_value
 
     s = np.array(0.25, np.float32)
     assert _by_value(s, np.array([-(2**31)], np.int32)) == (int(s.view(np.int32)), -(2**31))

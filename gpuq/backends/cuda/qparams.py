@@ -31,7 +31,6 @@ import math
 
 import numpy as np
 
-from ..._dtypes import QUANT_RANGE
 from .registry import FINALIZE, columns_name, fused_name, qparams_names, segments_name
 
 SOURCE = "qparams.cu"
@@ -46,6 +45,8 @@ _MAX_BLOCKS = 1 << 16
 #: Order-preserving keys of +inf and -inf (kernels/qparams.cu, key_of): the identities.
 KEY_POS_INF = 0xFF800000
 KEY_NEG_INF = 0x007FFFFF
+#: The key of the quiet NaN 0x7FC00000: what an empty slot reads back as.
+KEY_NAN = np.uint32(0xFFC00000)
 _NULL = np.uint64(0)
 
 
@@ -113,6 +114,22 @@ def minmax_keys(x, scheme):
     else:
         _columns(x, outer, n, inner, g, lo, hi)
     return lo, hi
+
+
+def minmax(x, scheme):
+    """Per-slot ``(lo, hi)`` of ``x`` as float32 arrays of ``scheme.param_shape`` (float64 data:
+    its min and max rounded to float32 once, as the parameters use them), NaN where a slot holds
+    no number: the order keys of :func:`minmax_keys` turned back into floats."""
+    with x.device:
+        lo, hi = minmax_keys(x, scheme)
+        empty = (lo > hi).astype(np.uint32)  # the identities (+inf, -inf) never met a number
+        out = []
+        for k in (lo, hi):
+            k = k + empty * (KEY_NAN - k)  # uint32, modulo 2**32: an empty slot takes a NaN's key
+            # A key back to the float's bits: a positive key's sign bit cleared, a negative one's all flipped.
+            bits = k ^ (((k >> 31) - np.uint32(1)) | np.uint32(0x80000000))
+            out.append(bits.view(np.float32).reshape(scheme.param_shape))
+    return tuple(out)
 
 
 def _segments(x, rows, n, g, pmod, jstride, lo, hi):
@@ -199,7 +216,7 @@ def quantize_dynamic(x, scheme, qdtype, symmetric, eps):
     # blocks to fill the GPU, go to the two-pass path (full-grid reduction + quantize).
     if min(g, n) > FUSED_TENSOR_MAX:
         return None
-    qmin, _ = QUANT_RANGE[np.dtype(qdtype)]
+    qmin = np.iinfo(qdtype).min
     with x.device:
         # The codes take x's shape: CuPy's ascontiguousarray makes a 0-d array 1-d.
         q = cupy.empty(x.shape, qdtype)

@@ -28,7 +28,8 @@ import re
 from pathlib import Path
 
 
-from ..._dtypes import C_TYPES, FLOAT_DTYPES, QUANT_RANGE, compute_dtype, dtype_name
+from ..._codetypes import CODE_TYPES
+from ..._dtypes import C_TYPES, FLOAT_DTYPES, compute_dtype, dtype_name
 from ..._scheme import MAX_MAP_DIMS
 
 #: NVRTC options of the contract (DESIGN.md section 1). CuPy appends
@@ -43,7 +44,10 @@ MAPS = {"tensor": 0, "channel": 1, "group": 2, "strided": 3, "value": 4}
 #: Most merged dims the strided (multi-axis) map walks (kMaxDims in elementwise.cuh).
 MAX_DIMS = MAX_MAP_DIMS
 
-_QUANT_DTYPES = tuple(QUANT_RANGE)
+#: The code dtypes of quantize.cu/dequantize.cu (one affine code per element); formats.cu has the rest.
+_QUANT_DTYPES = tuple(n for n, row in CODE_TYPES.items() if row.codec == "affine" and row.storage == "element")
+_FORMAT_CODES = (tuple(n for n, row in CODE_TYPES.items() if row.codec == "float8")
+                 + tuple(n for n, row in CODE_TYPES.items() if row.storage == "packed"))
 #: The float dtypes by name: every instantiation is listed whether or not ml_dtypes
 #: (bfloat16's NumPy dtype) is installed here.
 _FLOATS = FLOAT_DTYPES.names
@@ -113,7 +117,8 @@ def _expand(name: str, seen: set) -> str:
 
 def _c(dtype) -> str:
     """The C type of a dtype or dtype name (bfloat16 by name: no ml_dtypes needed here)."""
-    return C_TYPES[dtype_name(dtype)]
+    name = dtype_name(dtype)
+    return C_TYPES[name] if name in C_TYPES else CODE_TYPES[name].kernel_type
 
 
 def _flag(b: bool) -> str:
@@ -243,7 +248,7 @@ def formats_names() -> list:
 
 
 def _formats_groups() -> list:
-    codes = (*FP8_FMT, "int4", "uint4")
+    codes = _FORMAT_CODES
     return [formats_group(kind, f, c) for kind in ("quantize", "dequantize") for f in _FLOATS for c in codes]
 
 

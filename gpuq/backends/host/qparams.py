@@ -23,10 +23,11 @@ import math
 
 import numpy as np
 
-from ..._dtypes import QUANT_RANGE, compute_dtype, is_bfloat16
+from ..._dtypes import compute_dtype, is_bfloat16
 from . import blocks
 from . import choice
-from .backend import _float16_table, _run, get_num_threads, block_loop
+from .affine import block_loop, float16_table
+from .threads import get_num_threads, run_blocks
 
 #: Elements per reduction unit: its min and max pass both run over data in cache.
 UNIT = 1 << 17
@@ -43,8 +44,9 @@ def choose_qparams(x, scheme, qmin, qmax, symmetric, eps):
     return finalize(lo, hi, qmin, qmax, symmetric, eps)
 
 
-def quantize_dynamic(x, scheme, qdtype, symmetric, eps):
-    """Codes, scales and zps in one pass over ``x`` where every scale covers one
+def quantize_dynamic(x, scheme, code, symmetric, eps):
+    """Codes (the affine one-byte ``code``: int8, uint8), scales and zps in one pass over ``x``
+    where every scale covers one
     contiguous row of C-order ``x`` (per-row / per-token, per-group along the last
     axis); None elsewhere (the caller then runs choose_qparams and quantize).
 
@@ -57,8 +59,8 @@ def quantize_dynamic(x, scheme, qdtype, symmetric, eps):
     rows = _row_view(x, scheme)
     if rows is None or rows.shape[1] > blocks.BLOCK:
         return None
-    qmin, qmax = QUANT_RANGE[qdtype]
-    q = np.empty(x.shape, qdtype)
+    qmin, qmax = code.qmin, code.qmax
+    q = np.empty(x.shape, code.host_dtype)
     nrows = rows.shape[0]
     scales = np.empty(nrows, _F32)
     zps = None if symmetric and qmin < 0 else np.empty(nrows, np.int32)
@@ -69,9 +71,9 @@ def quantize_dynamic(x, scheme, qdtype, symmetric, eps):
         fn = functools.partial(_dynamic_rows_compiled, plan=plan)
     else:
         # Finalized zero points lie in [qmin, qmax]: the loop for narrow zps serves every block.
-        loop = block_loop(None, plan.ct, qdtype)
+        loop = block_loop(None, plan.ct, code)
         plan.zparams, fn = loop.zparams, loop.block
-    _run([plan], fn)
+    run_blocks([plan], fn)
     pshape = scheme.param_shape
     return q, scales.reshape(pshape), None if zps is None else zps.reshape(pshape)
 
@@ -81,7 +83,7 @@ def _dynamic_rows_compiled(xb, qb, span, scratch, *, plan):
     r0, r1 = span
     x, table = xb.reshape(-1), None
     if x.dtype == np.float16:
-        x, table = x.view(np.uint16), _float16_table()
+        x, table = x.view(np.uint16), float16_table()
     elif is_bfloat16(x.dtype):
         x = x.view(np.int16)  # bfloat16 bits, widened by a shift in the kernel
     it = _KEY_INT[xb.dtype.itemsize]
@@ -172,7 +174,7 @@ def minmax(x, scheme):
         lv = lo[pidx].reshape(piece.param_view_shape)
         hv = hi[pidx].reshape(piece.param_view_shape)
         plans.append(_ReducePlan(xv, lv, hv))
-    _run(plans, functools.partial(_reduce_unit, kernels=choice.kernels()))
+    run_blocks(plans, functools.partial(_reduce_unit, kernels=choice.kernels()))
     for plan in plans:
         plan.combine()
     return lo, hi
