@@ -186,28 +186,30 @@ def group_chunks(chunks, g):
 
 
 def _align_groups(src, scheme):
-    if scheme.kind != "group":
+    """``src`` rechunked so that no group or block straddles a chunk: along each dim whose
+    block is more than 1, chunk boundaries move down to multiples of it."""
+    if scheme.kind not in ("group", "block"):
         return src
-    (k,) = scheme.axes
-    chunks = group_chunks(src.chunks[k], scheme.group_size)
-    return src if chunks == src.chunks[k] else src.rechunk({k: chunks})
+    # A block covering its whole dim needs that dim in one chunk (group_chunks makes it one).
+    target = {d: group_chunks(src.chunks[d], b) for d, b in enumerate(scheme.blocks) if b > 1}
+    changed = {d: c for d, c in target.items() if c != src.chunks[d]}
+    return src.rechunk(changed) if changed else src
 
 
 def _param_chunks(scheme, chunks):
     """The chunks of scales/zps that line up with data chunks ``chunks``."""
     if scheme.kind == "tensor":
         return ()
-    if scheme.kind == "group":
-        (k,) = scheme.axes
-        g = scheme.group_size
-        return chunks[:k] + (tuple(-(-c // g) for c in chunks[k]),) + chunks[k + 1:]
+    if scheme.kind in ("group", "block"):
+        # Aligned (_align_groups): each chunk holds whole blocks, the last one ragged.
+        return tuple(tuple(-(-c // b) for c in cs) for cs, b in zip(chunks, scheme.blocks))
     return tuple(chunks[a] for a in scheme.axes)
 
 
 def _param_indices(scheme, ind):
     if scheme.kind == "tensor":
         return ()
-    if scheme.kind == "group":
+    if scheme.kind in ("group", "block"):
         return ind
     return tuple(ind[a] for a in scheme.axes)
 
@@ -264,7 +266,7 @@ def _elementwise(public, name, src, a):
                             f"dequantize, got {src.dtype}")
         rdtype = np.dtype(np.float32) if a["dtype"] is None else as_dtype(a["dtype"], "dtype", FLOAT_DTYPES)
         ct = compute_dtype(rdtype)
-    scheme = Scheme.build(src.shape, a["axis"], a["group_size"])
+    scheme = Scheme.build(src.shape, a["axis"], a["group_size"], a["block_size"])
     src = _align_groups(src, scheme)
     pchunks = _param_chunks(scheme, src.chunks)
     check = a["check_values"]
@@ -275,7 +277,7 @@ def _elementwise(public, name, src, a):
     args = [src, ind]
     for p in (s, z):
         args += [p, pind if isinstance(p, da.Array) else None]
-    kw = dict(axis=a["axis"], group_size=a["group_size"], check_values=check)
+    kw = dict(axis=a["axis"], group_size=a["group_size"], block_size=a["block_size"], check_values=check)
     if name == "quantize":
         kw["dtype"], kw["saturate"] = code.name, a["saturate"]
     else:
@@ -439,13 +441,13 @@ def _qparams(public, name, x, a):
     symmetric = code.zero_point == "none" if a["symmetric"] is None else bool(a["symmetric"])
     no_zps = code.zero_point == "none" or (symmetric and code.symmetric_zp == 0)
     qdtype, in_codes = backend_for(_meta(kind, 0, np.uint8))[0].code_storage(code)
-    scheme = Scheme.build(x.shape, a["axis"], a["group_size"])
+    scheme = Scheme.build(x.shape, a["axis"], a["group_size"], a["block_size"])
     x = _align_groups(x, scheme)
     ind = _indices(x.ndim)
     pind = _param_indices(scheme, ind)
     pchunks = _param_chunks(scheme, x.chunks)
     reduced = [d for d in range(x.ndim) if scheme.kind == "tensor" or d not in scheme.axes]
-    if scheme.kind == "group":
+    if scheme.kind in ("group", "block"):  # aligned: every block inside one chunk
         reduced = []
     dynamic = name == "quantize_dynamic"
     if all(len(x.chunks[d]) == 1 for d in reduced):
@@ -458,9 +460,8 @@ def _qparams(public, name, x, a):
             outs.append(_codes_of(_pick(inter, ind, 0, ind, {}, qdtype, kind), code, in_codes))
         first = 1 if dynamic else 0
         adjust = {}
-        if scheme.kind == "group":
-            (k,) = scheme.axes
-            adjust = {ind[k]: pchunks[k]}
+        if scheme.kind in ("group", "block"):  # a chunk's parameters: its blocks, per dim
+            adjust = {ind[d]: pchunks[d] for d in range(x.ndim) if pchunks[d] != x.chunks[d]}
         outs.append(_pick(inter, ind, first, pind, adjust, np.float32, kind))
         outs.append(None if no_zps else _pick(inter, ind, first + 1, pind, adjust, np.int32, kind))
         return tuple(outs)

@@ -51,8 +51,8 @@ __all__ = ["quantize", "dequantize"]
 
 
 @callers_type
-def quantize(src, scales, zps=None, *, axis=None, group_size=None, dtype=None, out=None,
-             check_values=True, saturate=True):
+def quantize(src, scales, zps=None, *, axis=None, group_size=None, block_size=None, dtype=None,
+             out=None, check_values=True, saturate=True):
     """Quantize floats to codes: ``q = clamp(rint(src / s) + zp, qmin, qmax)``, or fp8(src / s).
 
     One IEEE division in float32 (float64 for float64 ``src``; float16 and
@@ -117,7 +117,7 @@ def quantize(src, scales, zps=None, *, axis=None, group_size=None, dtype=None, o
         raise TypeError(f"src must be float16, float32, float64 or bfloat16 to quantize, got {x.dtype}")
     code = quantize_code(dtype, out)
     check_saturate(saturate, code)
-    scheme = Scheme.build(x.shape, axis, group_size)
+    scheme = Scheme.build(x.shape, axis, group_size, block_size)
     s = scales_param(scales, scheme, compute_dtype(fdtype), backend, check_values=check_values)
     z = zps_param(zps, code, scheme, backend, check_values=check_values)
     target = codes_out(out, code, x.shape, backend)
@@ -136,8 +136,8 @@ def quantize(src, scales, zps=None, *, axis=None, group_size=None, dtype=None, o
 
 
 @callers_type
-def dequantize(src, scales, zps=None, *, axis=None, group_size=None, dtype=None, out=None,
-               check_values=True):
+def dequantize(src, scales, zps=None, *, axis=None, group_size=None, block_size=None, dtype=None,
+               out=None, check_values=True):
     """Dequantize int8/uint8 codes: ``y = (q - zp) * s``.
 
     ``q - zp`` in integer arithmetic (any int32 zp), converted once to the
@@ -168,7 +168,7 @@ def dequantize(src, scales, zps=None, *, axis=None, group_size=None, dtype=None,
     """
     backend, code, data, shape = source_codes(src)
     fdtype = float_dtype(dtype, out, FLOAT_DTYPES, np.float32)
-    scheme = Scheme.build(shape, axis, group_size)
+    scheme = Scheme.build(shape, axis, group_size, block_size)
     s = scales_param(scales, scheme, compute_dtype(fdtype), backend, check_values=check_values)
     z = zps_param(zps, code, scheme, backend, check_values=check_values)
     target, copy_to = floats_out(out, fdtype, shape, backend)

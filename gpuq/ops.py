@@ -16,7 +16,7 @@ import numpy as np
 from ._dispatch import backend_for, host_base, source_codes
 from ._interop import callers_type, is_dask_array
 from ._codes import Codes
-from ._codetypes import CODE_TYPES, as_code_type, code_type
+from ._codetypes import CODE_TYPES, as_code_type
 from ._dtypes import FLOAT_DTYPES, as_dtype, compute_dtype, native
 from ._params import check_saturate, scales_param, zps_param
 from ._scheme import Scheme
@@ -209,8 +209,9 @@ class Dequantize(_Static):
 class DynamicQuantize:
     """oneDNN Graph DynamicQuantize: inputs ``(src, scales, zps=None)``.
 
-    ``qtype="per_group"`` with ``group_shape`` (one entry per dim of src, each
-    dividing it) takes scales/zps of shape ``src.shape / group_shape``.
+    ``qtype="per_group"`` with ``group_shape`` (one entry per dim of src: gpuq's
+    ``block_size``, the last block along a dim may be shorter) takes scales/zps of shape
+    ``ceil(src.shape / group_shape)``.
 
     Examples
     --------
@@ -293,14 +294,9 @@ def _check_dynamic_qtype(qtype, axis, group_shape):
 
 
 def _per_group(fn, group_shape, src, scales, zps, **kwargs):
-    """oneDNN per_group on top of gpuq's schemes.
-
-    One group dim > 1 is gpuq's ``axis=k, group_size=g``; none is one scale per
-    element (all axes); several split each grouped dim ``d`` into
-    ``(d / g, g)`` (a view) and quantize per multi-axis slot. A Dask ``src`` is
-    reshaped by Dask there, which may rechunk it: the result has the same bits,
-    not always ``src``'s chunks.
-    """
+    """oneDNN per_group as gpuq's block scales: ``group_shape`` is ``block_size`` (one entry per
+    dim of src; the last block along a dim may be shorter), scales/zps of shape
+    ``ceil(src.shape / group_shape)``."""
     if isinstance(src, Codes) or is_dask_array(src):  # packed Codes: the logical shape
         shape = tuple(src.shape)
     else:
@@ -308,44 +304,13 @@ def _per_group(fn, group_shape, src, scales, zps, **kwargs):
     if len(group_shape) != len(shape):
         raise ValueError(f"group_shape must have one entry per dim of src: src shape {shape}, "
                          f"got group_shape {list(group_shape)}")
-    for i, (d, g) in enumerate(zip(shape, group_shape)):
-        if d % g:
-            raise ValueError(f"group_shape {list(group_shape)} must divide src shape {shape}: "
-                             f"dim {i} of size {d} is not a multiple of {g}")
-    pshape = tuple(d // g for d, g in zip(shape, group_shape))
+    pshape = tuple(-(-d // g) for d, g in zip(shape, group_shape))
     for name, p in (("scales", scales), ("zps", zps)):
         got = _shape_of(p)
         if p is not None and got is not None and got != pshape:
             raise ValueError(f"{name} must have shape {pshape} (src shape {shape} / group_shape "
-                             f"{list(group_shape)}), got shape {got}")
-    grouped = [i for i, g in enumerate(group_shape) if g > 1]
-    if len(grouped) <= 1:
-        if grouped:
-            (k,) = grouped
-            return fn(src, scales, zps, axis=k, group_size=group_shape[k], **kwargs)
-        return fn(src, scales, zps, axis=tuple(range(len(shape))), **kwargs)
-    split, axes = [], []
-    for d, g in zip(shape, group_shape):
-        axes.append(len(split))
-        split += [d // g, g] if g > 1 else [d]
-    out = kwargs.pop("out", None)
-    # Splitting a dim in two is always a view, so results land in ``out`` itself
-    # (an ndarray subclass through its base ndarray: np.matrix has no 3-D reshape).
-    result = fn(_reshaped(src, split), scales, zps, axis=tuple(axes),
-                out=None if out is None else _reshaped(out, split), **kwargs)
-    return out if out is not None else _reshaped(result, shape)
-
-
-def _reshaped(a, shape):
-    """``a`` seen with ``shape`` (a view): an array, its base ndarray, or Codes (same bytes)."""
-    if isinstance(a, Codes):  # packed bytes are flat already; fp8 bits take the shape
-        packed = code_type(a.dtype).storage == "packed"
-        return Codes(a.data if packed else a.data.reshape(shape), shape, a.dtype)
-    if isinstance(a, np.ndarray):
-        return host_base(a, "out").reshape(shape)
-    if is_dask_array(a):
-        return a.reshape(shape)
-    return backend_for(a)[1].reshape(shape)
+                             f"{list(group_shape)}, rounded up), got shape {got}")
+    return fn(src, scales, zps, block_size=tuple(group_shape), **kwargs)
 
 
 def _shape_of(obj):

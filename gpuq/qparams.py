@@ -66,7 +66,8 @@ EPS = float(np.finfo(np.float32).tiny)
 
 
 @callers_type
-def choose_qparams(x, *, axis=None, group_size=None, dtype="int8", symmetric=None, eps=None):
+def choose_qparams(x, *, axis=None, group_size=None, block_size=None, dtype="int8", symmetric=None,
+                   eps=None):
     """Scales and zero points that cover ``x``, block by block (see the module docstring).
 
     Parameters
@@ -107,12 +108,12 @@ def choose_qparams(x, *, axis=None, group_size=None, dtype="int8", symmetric=Non
     >>> gpuq.choose_qparams(np.zeros((2, 5), np.float32), axis=1, group_size=4)[0].shape
     (2, 2)
     """
-    backend, arr, scheme, code, symmetric, eps = _validate(x, axis, group_size, dtype, symmetric, eps)
+    backend, arr, scheme, code, symmetric, eps = _validate(x, axis, group_size, block_size, dtype, symmetric, eps)
     return backend.choose_qparams(code, arr, scheme, symmetric, eps)
 
 
 @callers_type
-def quantize_dynamic(x, *, axis=None, group_size=None, dtype="int8", symmetric=None):
+def quantize_dynamic(x, *, axis=None, group_size=None, block_size=None, dtype="int8", symmetric=None):
     """Codes, scales and zero points of ``x`` in one call.
 
     The same as :func:`choose_qparams` followed by :func:`gpuq.quantize`,
@@ -143,16 +144,17 @@ def quantize_dynamic(x, *, axis=None, group_size=None, dtype="int8", symmetric=N
     >>> s, z
     (array([0.01574803, 0.15748031], dtype=float32), None)
     """
-    backend, arr, scheme, code, symmetric, eps = _validate(x, axis, group_size, dtype, symmetric, None)
+    backend, arr, scheme, code, symmetric, eps = _validate(x, axis, group_size, block_size, dtype, symmetric, None)
     fused = backend.quantize_dynamic(code, arr, scheme, symmetric, eps)  # one pass where the backend can
     if fused is not None:
         return fused
     scales, zps = backend.choose_qparams(code, arr, scheme, symmetric, eps)
-    q = quantize(arr, scales, zps, axis=axis, group_size=group_size, dtype=code.name, check_values=False)
+    q = quantize(arr, scales, zps, axis=axis, group_size=group_size, block_size=block_size, dtype=code.name,
+                 check_values=False)
     return q, scales, zps
 
 
-def _validate(x, axis, group_size, dtype, symmetric, eps):
+def _validate(x, axis, group_size, block_size, dtype, symmetric, eps):
     backend, arr = backend_for(x, "x")  # an ndarray subclass: its base ndarray; masked: TypeError
     if native(arr.dtype) not in FLOAT_DTYPES:
         raise TypeError(f"x must be float16, float32, float64 or bfloat16, got {arr.dtype}")
@@ -164,7 +166,7 @@ def _validate(x, axis, group_size, dtype, symmetric, eps):
     if code.zero_point == "none" and not symmetric:
         raise ValueError(f"symmetric must be True for {code.name} codes (fp8 has no zero point), "
                          f"got symmetric=False")
-    scheme = Scheme.build(arr.shape, axis, group_size)
+    scheme = Scheme.build(arr.shape, axis, group_size, block_size)
     eps = _check_eps(eps)
     return backend, arr, scheme, code, bool(symmetric), eps
 

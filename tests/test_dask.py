@@ -29,6 +29,8 @@ SCHEMES = [
     dict(axis=2, group_size=4),   # chunks (5, 5, 3) along it: not aligned, rechunked
     dict(axis=1, group_size=3),   # chunks (4, 3): not aligned
     dict(axis=2, group_size=5),   # aligned
+    dict(block_size=(3, 2, 4)),   # blocks on every dim: rechunked to their multiples
+    dict(block_size=(2, -1, 5)),  # a block covering a dim: that dim in one chunk
 ]
 # Small chunks; one chunk; uneven chunks with an empty one along the last axis.
 CHUNKS = [(3, 4, 5), (7, 7, 13), (2, (1, 6), (5, 0, 5, 3))]

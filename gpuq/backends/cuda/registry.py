@@ -176,6 +176,10 @@ def fused_name(dtype, qdtype, warp: bool) -> str:
             f"{_c(qdtype)}, {_flag(warp)}>")
 
 
+def blocks_name(dtype) -> str:
+    return f"gpuq::minmax_blocks<{_c(dtype)}>"
+
+
 FINALIZE = "gpuq::finalize"
 
 
@@ -183,10 +187,11 @@ def qparams_names() -> list:
     """Every name expression of ``qparams.cu`` the dispatcher can request.
 
     >>> len(qparams_names()), qparams_names()[0]
-    (29, 'gpuq::minmax_segments<__half, false>')
+    (33, 'gpuq::minmax_segments<__half, false>')
     """
     names = [segments_name(f, w) for f in _FLOATS for w in (False, True)]
     names += [columns_name(f) for f in _FLOATS]
+    names += [blocks_name(f) for f in _FLOATS]
     names.append(FINALIZE)
     names += [fused_name(f, q, w) for f in _FLOATS for q in _QUANT_DTYPES for w in (False, True)]
     return names

@@ -249,11 +249,11 @@ def param_index(scheme, begin: int, end: int):
         row, t = np.divmod(i, m1)
         o, j = np.divmod(row, m0)
         return (o * -(-m0 // m2) + j // m2) * m1 + t
-    # Multi-axis (strided or expand): the coordinates on the scheme's axes, raveled.
-    coords = list(np.unravel_index(i, scheme.shape))
-    if scheme.kind == "group":  # not reached: group maps are handled above
-        raise AssertionError(scheme)
-    return np.ravel_multi_index([coords[k] for k in scheme.axes], scheme.param_shape)
+    # The general map (multi-axis, blocks): the coordinates' blocks, raveled over the grid of
+    # blocks (a dim a block covers has one, so the scheme's own parameter shape is the same).
+    coords = np.unravel_index(i, scheme.shape)
+    grid = tuple(-(-n // b) for n, b in zip(scheme.shape, scheme.blocks))
+    return np.ravel_multi_index([c // b for c, b in zip(coords, scheme.blocks)], grid)
 
 
 class _FlatChunks:
