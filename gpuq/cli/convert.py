@@ -395,11 +395,7 @@ def quantize_file(ckpt, out_path, out_fmt, schemes, *, device, nonfinite="warn",
     """
     specs = {n: ckpt.spec(n) for n in ckpt.names}
     # Every output entry is known from the input's index: the header goes first.
-    entries = {}
-    for name, (shape, dtype) in specs.items():
-        entries.update(output_entries(name, shape, schemes[name], out_fmt) if name in schemes
-                       else {name: (shape, dtype)})
-    meta = file_meta(schemes, {n: specs[n][1].name for n in schemes}, ckpt.format)
+    entries, meta = quantize_layout(specs, schemes, out_fmt, ckpt.format)
     rows = []
     with checkpoint_writer(out_path, out_fmt, entries, meta, ckpt.extra_metadata) as out:
         for name in ckpt.names:
@@ -417,6 +413,23 @@ def quantize_file(ckpt, out_path, out_fmt, schemes, *, device, nonfinite="warn",
             if tick is not None:
                 tick(name)
     return rows
+
+
+def quantize_layout(specs: dict, schemes: dict, out_fmt: str, source_format: str) -> tuple:
+    """``(entries, meta)`` of the quantized output of a checkpoint whose tensors are ``specs``
+    (name -> (shape, dtype), in file order): every output entry's shape and dtype, and the
+    gpuq metadata. Known from the input's index alone, before any data is read.
+
+    >>> entries, meta = quantize_layout({"w": ((4, 8), np.dtype("float32"))},
+    ...     {"w": {"dtype": "int8", "symmetric": True, "axis": 0, "group_size": None}}, "npz", "npz")
+    >>> list(entries), meta["format_version"]
+    (['w', 'w.scales'], 1)
+    """
+    entries = {}
+    for name, (shape, dtype) in specs.items():
+        entries.update(output_entries(name, shape, schemes[name], out_fmt) if name in schemes
+                       else {name: (shape, dtype)})
+    return entries, file_meta(schemes, {n: specs[n][1].name for n in schemes}, source_format)
 
 
 def _quantize_one(ckpt, name, scheme, row, out, device, nonfinite, warn) -> dict:

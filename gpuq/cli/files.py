@@ -586,30 +586,64 @@ class _Writer:
         pass
 
 
+def safetensors_layout(entries: dict, meta: dict | None = None,
+                       extra_metadata: dict | None = None) -> tuple:
+    """``(header, offsets, data_size)`` of a .safetensors file holding ``entries``
+    (name -> (shape, dtype)): the header bytes as written after the 8-byte length,
+    each tensor's offset in the data section, and that section's size.
+
+    The library's layout: descending alignment, then name, so every offset is a
+    multiple of its dtype's size (the header is padded with spaces to 8 bytes).
+
+    >>> header, offsets, size = safetensors_layout({"a": ((3,), np.dtype("int8")),
+    ...                                             "b": ((2,), np.dtype("float32"))})
+    >>> len(header) % 8, header[:54], offsets, size
+    (0, b'{"b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},', {'b': 0, 'a': 8}, 11)
+    """
+    codes = {name: safetensors_code(dt) for name, (_, dt) in entries.items()}
+    order = sorted(entries, key=lambda n: (-_ST_ORDER.index(codes[n]), n))
+    header, offsets, at = {}, {}, 0
+    metadata = dict(extra_metadata or {})
+    if meta is not None:
+        metadata[META_KEY] = json.dumps(meta, sort_keys=True)
+    if metadata:
+        header["__metadata__"] = {k: metadata[k] for k in sorted(metadata)}
+    for name in order:
+        shape, dtype = entries[name]
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+        header[name] = {"dtype": codes[name], "shape": list(shape),
+                        "data_offsets": [at, at + nbytes]}
+        offsets[name] = at
+        at += nbytes
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return text + b" " * (-len(text) % 8), offsets, at
+
+
+def check_header_size(path: str, header: bytes, entries: dict) -> None:
+    """Refuse a .safetensors OUT whose header is over :data:`MAX_HEADER` (which no safetensors
+    reader, gpuq's included, would open), before anything is written.
+
+    >>> check_header_size("o.safetensors", b" " * (MAX_HEADER + 8), {"w": None})
+    Traceback (most recent call last):
+    ...
+    gpuq.cli.files.CliError: cannot write OUT 'o.safetensors': its safetensors header would be 100,000,008 bytes, over the 100,000,000 the format allows (1 tensor and the metadata), so no safetensors reader could open it; write fewer tensors or less metadata per file (a sharded checkpoint)
+    """
+    if len(header) > MAX_HEADER:
+        n = len(entries)
+        raise CliError(f"cannot write OUT {path!r}: its safetensors header would be "
+                       f"{len(header):,} bytes, over the {MAX_HEADER:,} the format allows "
+                       f"({n:,} tensor{'s' if n != 1 else ''} and the metadata), so no "
+                       f"safetensors reader could open it; write fewer tensors or less "
+                       f"metadata per file (a sharded checkpoint)")
+
+
 class _SafetensorsWriter(_Writer):
     fmt = "safetensors"
 
     def start(self):
         _check_little_endian(self.path, "OUT")
-        # The library's layout: descending alignment, then name; so every offset is a
-        # multiple of its dtype's size (the header is padded to 8 bytes).
-        codes = {name: safetensors_code(dt) for name, (_, dt) in self.entries.items()}
-        order = sorted(self.entries, key=lambda n: (-_ST_ORDER.index(codes[n]), n))
-        header, self.offsets, at = {}, {}, 0
-        metadata = dict(self.extra_metadata)
-        if self.meta is not None:
-            metadata[META_KEY] = json.dumps(self.meta, sort_keys=True)
-        if metadata:
-            header["__metadata__"] = {k: metadata[k] for k in sorted(metadata)}
-        for name in order:
-            shape, dtype = self.entries[name]
-            nbytes = math.prod(shape) * dtype.itemsize
-            header[name] = {"dtype": codes[name], "shape": list(shape),
-                            "data_offsets": [at, at + nbytes]}
-            self.offsets[name] = at
-            at += nbytes
-        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-        text += b" " * (-len(text) % 8)
+        text, self.offsets, at = safetensors_layout(self.entries, self.meta, self.extra_metadata)
+        check_header_size(self.path, text, self.entries)
         self.data_start = 8 + len(text)
         self.fd = os.open(self.tmp, os.O_WRONLY)
         _preallocate(self.fd, self.data_start + at)

@@ -1,0 +1,65 @@
+"""Edges of the command line found by a demanding new user (issue 26, points 4, 5 and 6).
+
+* A .safetensors OUT whose header would pass the format's 100,000,000-byte limit (an IN
+  near it, plus the scales, zero points and gpuq metadata) is refused before anything is
+  written, instead of a file that no reader opens.
+* float64 tensors come back float64, divided and multiplied in float64, and ``--dtype
+  float64`` is a choice of ``gpuq dequantize``.
+* ``gpuq compare`` takes a sharded checkpoint; a shard that is a folder and an .npz member
+  that is a raw pickle are named as what they are.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import zipfile
+
+import numpy as np
+import pytest
+
+from gpuq import cli
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+safetensors_numpy = pytest.importorskip("safetensors.numpy")
+from safetensors import safe_open  # noqa: E402
+from test_cli_formats import read  # noqa: E402
+from test_cli_sharded import INDEX, OPTIONS, make_sharded, shard_name  # noqa: E402
+
+LIMIT = 100_000_000  # the safetensors library's MAX_HEADER_SIZE
+
+
+def run(*args):
+    return cli.main([str(a) for a in args])
+
+
+def one_error(capsys, *words):
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("gpuq: error: "), err
+    for w in words:
+        assert w in err[0], err[0]
+    return err[0]
+
+
+# -- point 4: the header limit --------------------------------------------------------------
+
+def test_output_header_over_the_limit_is_refused_before_writing(tmp_path, capsys):
+    w = np.random.default_rng(0).standard_normal((40, 40)).astype(np.float32)
+    probe = tmp_path / "probe.safetensors"
+    safetensors_numpy.save_file({"w": w}, str(probe), metadata={"pad": ""})
+    raw = probe.read_bytes()
+    base = len(raw[8:8 + int.from_bytes(raw[:8], "little")].rstrip(b" "))  # less its padding
+    src = tmp_path / "in.safetensors"
+    # A header of exactly the limit, the largest the library reads: the input is a valid file.
+    safetensors_numpy.save_file({"w": w}, str(src), metadata={"pad": "x" * (LIMIT - base)})
+    assert int.from_bytes(src.read_bytes()[:8], "little") == LIMIT
+    with safe_open(str(src), framework="np") as f:
+        assert f.get_tensor("w").shape == (40, 40)
+    probe.unlink()
+    before = sorted(os.listdir(tmp_path))
+    assert run("quantize", src, "-o", tmp_path / "q.safetensors", "--device", "cpu", "-q") == 2
+    one_error(capsys, f"cannot write OUT {str(tmp_path / 'q.safetensors')!r}: its safetensors "
+                      f"header would be 100,000,", "over the 100,000,000 the format allows")
+    assert sorted(os.listdir(tmp_path)) == before  # no OUT, no temporary file
