@@ -63,3 +63,23 @@ def test_output_header_over_the_limit_is_refused_before_writing(tmp_path, capsys
     one_error(capsys, f"cannot write OUT {str(tmp_path / 'q.safetensors')!r}: its safetensors "
                       f"header would be 100,000,", "over the 100,000,000 the format allows")
     assert sorted(os.listdir(tmp_path)) == before  # no OUT, no temporary file
+
+
+def test_sharded_output_header_is_checked_before_any_shard(tmp_path, capsys, monkeypatch):
+    """Every output shard's header is held to the limit before the first shard is written
+    (the limit made small here: the arithmetic is the same)."""
+    from gpuq.cli import files
+
+    make_sharded(tmp_path / "in", n_shards=3)
+    header = {}
+    for i in range(3):
+        raw = (tmp_path / "in" / shard_name(i, 3)).read_bytes()
+        header[i] = int.from_bytes(raw[:8], "little")
+    # Over the limit: the last shard's output header only (its input header is under it).
+    monkeypatch.setattr(files, "MAX_HEADER", max(header.values()) + 64)
+    writes = []
+    monkeypatch.setattr(files._SafetensorsWriter, "_write",
+                        lambda self, name, arr: writes.append(name))
+    assert run("quantize", tmp_path / "in", "-o", tmp_path / "out", *OPTIONS) == 2
+    one_error(capsys, "its safetensors header would be", "model-0000")
+    assert writes == [] and not (tmp_path / "out").exists()

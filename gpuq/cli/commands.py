@@ -14,8 +14,9 @@
     gpuq info
 
 Exit codes: 0 on success, 2 for bad input or usage (one ``gpuq: error: ...``
-line on stderr, no output file left behind), 130 on Ctrl-C. ``python -m gpuq``
-is the same command.
+line on stderr, no output file left behind), 130 on Ctrl-C (SIGINT) and 143 on
+SIGTERM (one line, what the run wrote removed: :mod:`gpuq.cli.signals`).
+``python -m gpuq`` is the same command.
 
 >>> main(["quantize"])
 2
@@ -26,11 +27,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 
 from .files import CliError
 from .quantized import CODE_DTYPES, FP8_DTYPES
 from .selection import DEFAULT_MIN_SIZE
+from .signals import EXIT_STATUS, Terminated, stop_signals
 
 __all__ = ["main", "build_parser"]
 
@@ -78,10 +81,11 @@ or that index. Every shard's header is checked against the index first. OUT is
 then a folder (created if missing): one output shard per input shard, same
 file name, each the file a one-file run on that shard writes, plus the index
 under the input's index name, its weight_map listing NAME.scales/NAME.zps
-beside each code tensor. Each shard is written to a temporary file and
-renamed when complete; the index is written last, after every shard, and an
-earlier run's index is removed first, so a failed or interrupted run leaves
-no index (and removes the shards it wrote).
+beside each code tensor. Every shard is written under a hidden name of the
+run's; only when all have succeeded are they renamed into place (an earlier
+run's index removed first, the new index written last). A run that fails, or
+is stopped by Ctrl-C (exit 130) or SIGTERM (exit 143), removes what it wrote
+and leaves OUT exactly as it was.
 
 On a Dask cluster (needs pip install 'gpuq[dask]'): --scheduler ADDRESS or
 --workers N runs one task per shard. Each task quantizes whole tensors on its
@@ -90,10 +94,13 @@ shard itself, so IN and OUT must be on a filesystem the client and every
 worker see at the same paths (the local disk for --workers), and every
 worker must have the same gpuq installed. --workers N starts N local worker
 processes (dask-cuda's LocalCUDACluster, one worker per GPU, when dask-cuda
-is installed and a GPU is visible). A task that fails is retried by Dask
+is installed and a GPU is visible), which never see a Ctrl-C or SIGTERM meant
+for the command: it stops them itself. A task that fails is retried by Dask
 (twice; a dead worker's tasks are rescheduled); the index is written by the
 client once every shard has succeeded, and the result is the same bytes as a
-local run.
+local run. The first shard that fails stops the others at their next tensor;
+the client waits for them (for --workers, closes its cluster) before it
+removes the run's files.
 """
 
 
@@ -264,7 +271,9 @@ def _quantize(args) -> int:
     plan = _plan(args)
     if args.workers is not None and args.workers < 1:
         raise CliError(f"--workers must be a positive integer, got {args.workers}")
-    from .sharded import import_distributed, is_sharded, run_sharded_quantize
+    from .cluster import import_distributed
+    from .sharded import is_sharded
+    from .sharded_run import run_sharded_quantize
 
     cluster = args.scheduler is not None or args.workers is not None
     sharded = is_sharded(args.input)
@@ -293,7 +302,8 @@ def _dequantize(args) -> int:
     from .env import pick_device
     from .convert import run_dequantize
     from .report import format_dequantize, to_json
-    from .sharded import is_sharded, run_sharded_dequantize
+    from .sharded import is_sharded
+    from .sharded_run import run_sharded_dequantize
 
     if is_sharded(args.input):
         report = run_sharded_dequantize(args.input, args.output, dtype=args.dtype,
@@ -379,7 +389,8 @@ def main(argv=None) -> int:
 
 def _run(command, args) -> int:
     try:
-        return command(args)
+        with stop_signals():
+            return command(args)
     except CliError as exc:
         print(f"gpuq: error: {exc}", file=sys.stderr)
         return 2
@@ -391,4 +402,7 @@ def _run(command, args) -> int:
     except KeyboardInterrupt:
         # atomic_output already removed its temporary file on the way up.
         print("gpuq: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_STATUS[signal.SIGINT]
+    except Terminated:
+        print("gpuq: terminated (SIGTERM)", file=sys.stderr)
+        return EXIT_STATUS[signal.SIGTERM]
