@@ -83,3 +83,46 @@ def test_sharded_output_header_is_checked_before_any_shard(tmp_path, capsys, mon
     assert run("quantize", tmp_path / "in", "-o", tmp_path / "out", *OPTIONS) == 2
     one_error(capsys, "its safetensors header would be", "model-0000")
     assert writes == [] and not (tmp_path / "out").exists()
+
+
+# -- point 5: float64 -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ["npz", "safetensors"])
+def test_float64_round_trips_as_float64(tmp_path, capsys, fmt):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((24, 40)) * 0.3  # float64
+    x[3, :4] = [1e-300, -0.5 + 2**-40, 0.25, 7.0]
+    src, q, back = tmp_path / f"in.{fmt}", tmp_path / f"q.{fmt}", tmp_path / f"b.{fmt}"
+    if fmt == "npz":
+        np.savez(src, w=x)
+    else:
+        safetensors_numpy.save_file({"w": x}, str(src))
+    assert run("quantize", src, "-o", q, "--min-size", "64", "--device", "cpu", "-q") == 0
+    t, meta, _ = read(q)
+    assert meta["tensors"]["w"]["source_dtype"] == "float64"
+    codes, s32, zp = t["w"], t["w.scales"], t["w.zps"].astype(np.int64)
+    s = s32.astype(np.float64).reshape(-1, 1)
+    # The codes: one division in float64 by the stored (float32) scale, rounded half to even.
+    want = np.clip(np.rint(x / s) + zp.reshape(-1, 1), -128, 127).astype(np.int8)
+    assert np.array_equal(codes, want)
+    for flags in ([], ["--dtype", "float64"]):
+        assert run("dequantize", q, "-o", back, "--device", "cpu", "-q", *flags) == 0
+        y, _, _ = read(back)
+        # One multiplication in float64: not the float32 product widened.
+        expect = (codes.astype(np.int64) - zp.reshape(-1, 1)).astype(np.float64) * s
+        assert y["w"].dtype == np.float64 and y["w"].tobytes() == expect.tobytes()
+        assert not np.array_equal(y["w"], expect.astype(np.float32).astype(np.float64))
+
+
+def test_dequantize_float64_from_bfloat16(tmp_path, capsys):
+    x = (np.random.default_rng(6).standard_normal((16, 64)) * 0.1).astype(ml_dtypes.bfloat16)
+    src, q = tmp_path / "in.safetensors", tmp_path / "q.safetensors"
+    safetensors_numpy.save_file({"w": x}, str(src))
+    assert run("quantize", src, "-o", q, "--device", "cpu", "-q") == 0
+    assert run("dequantize", q, "-o", tmp_path / "b.safetensors", "--dtype", "float64",
+               "--device", "cpu", "-q") == 0
+    t, _, _ = read(q)
+    y, _, _ = read(tmp_path / "b.safetensors")
+    expect = ((t["w"].astype(np.int64) - t["w.zps"].astype(np.int64).reshape(-1, 1))
+              .astype(np.float64) * t["w.scales"].astype(np.float64).reshape(-1, 1))
+    assert y["w"].dtype == np.float64 and y["w"].tobytes() == expect.tobytes()

@@ -126,8 +126,10 @@ def broadcast(p, shape, scheme):
     return np.repeat(p, g, axis=axis).take(np.arange(shape[axis]), axis=axis)
 
 
-def naive_dequantize(tensors, name, scheme, fmt):
-    """float32 ``(q - zp) * s`` from the stored bytes (fp8: ml_dtypes' exact widening * s)."""
+def naive_dequantize(tensors, name, scheme, fmt, out=np.float32):
+    """``(q - zp) * s`` from the stored bytes (fp8: ml_dtypes' exact widening * s), multiplied
+    in float32, or in float64 for a float64 ``out``."""
+    work = np.float64 if np.dtype(out) == np.float64 else np.float32
     dtype, q = scheme["dtype"], tensors[name]
     if dtype in ("int4", "uint4"):
         shape = tuple(scheme["shape"])
@@ -140,13 +142,13 @@ def naive_dequantize(tensors, name, scheme, fmt):
     else:
         shape = q.shape
         codes = q.astype(np.int64)
-    s = broadcast(tensors[name + ".scales"].astype(np.float32), shape, scheme)
+    s = broadcast(tensors[name + ".scales"].astype(np.float32).astype(work), shape, scheme)
     zps = tensors.get(name + ".zps")
     if dtype in FP8:
         assert zps is None
-        return codes * s
+        return (codes.astype(work) * s).astype(out)
     z = 0 if zps is None else broadcast(zps.astype(np.int64), shape, scheme)
-    return (codes - z).astype(np.float32) * s
+    return ((codes - z).astype(work) * s).astype(out)
 
 
 def same_bits(a, b):
@@ -262,10 +264,9 @@ def test_round_trip_matches_the_api_and_a_naive_dequantization(tmp_path, capsys,
     native = tmp_path / f"native.{fmt}"
     assert run("dequantize", out, "-o", native, "--device", "cpu", "-q") == 0
     got, _, _ = read(native)
-    for name in quantized:
-        want = naive_dequantize(tensors, name, meta["tensors"][name], fmt)
-        restored = source[name].dtype if source[name].dtype != np.float64 else np.float32
-        assert same_bits(got[name], want.astype(restored)), name  # float64 comes back float32
+    for name in quantized:  # float64 comes back float64, multiplied in float64
+        want = naive_dequantize(tensors, name, meta["tensors"][name], fmt, out=source[name].dtype)
+        assert same_bits(got[name], want), name
 
 
 def test_int8_output_stays_version_1(tmp_path, capsys):

@@ -527,7 +527,7 @@ def check_dequantized_output(src, out):
             assert zps.dtype == q.dtype and zps.shape == scales.shape
         # The source dtype recorded in the file comes back (bfloat16 in, bfloat16 back).
         src_dtype = s.get("source_dtype")
-        out_dtype = src_dtype if src_dtype in ("bfloat16", "float16", "float32") else "float32"
+        out_dtype = src_dtype if src_dtype in FLOATS else "float32"
         want = gpuq.dequantize(q, scales, zps, axis=axis, group_size=g, dtype=out_dtype)
         assert same_bits(got[name], want), name
         companions |= {name + ".scales", name + ".zps"}

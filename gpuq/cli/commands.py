@@ -31,6 +31,7 @@ import signal
 import sys
 
 from .files import CliError
+from .convert import DEQUANTIZE_DTYPES
 from .quantized import CODE_DTYPES, FP8_DTYPES
 from .selection import DEFAULT_MIN_SIZE
 from .signals import EXIT_STATUS, Terminated, stop_signals
@@ -189,9 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                "folder (or its *.index.json)")
     d.add_argument("-o", "--output", metavar="OUT", required=True,
                    help="output file, same format as IN; a folder for a sharded IN")
-    d.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
+    d.add_argument("--dtype", choices=DEQUANTIZE_DTYPES, default=None,
                    help="output float type (default: each tensor's source dtype recorded in "
-                        "IN, e.g. bfloat16 in, bfloat16 back; float32 where none is recorded)")
+                        "IN, e.g. bfloat16 in, bfloat16 back; float32 where none is recorded; "
+                        "float64 multiplies in float64)")
     _common(d, json_help="print the summary as JSON")
 
     m = sub.add_parser("compare", help="SQNR per tensor of several code types side by side "

@@ -75,7 +75,7 @@ def float_dtype(name: str) -> np.dtype:
 
 
 #: Output types of gpuq dequantize (the --dtype choices, and the source types it restores).
-DEQUANTIZE_DTYPES = ("bfloat16", "float16", "float32")
+DEQUANTIZE_DTYPES = ("bfloat16", "float16", "float32", "float64")
 
 
 def row_blocks(shape: tuple, scheme: dict, target: int = _BLOCK):
@@ -225,8 +225,8 @@ def quantize_tensor(x, scheme: dict, device, *, name: str = "x", nonfinite: str 
     int8/uint8 array, an ml_dtypes fp8 array, or a :class:`gpuq.Codes` of
     packed int4/uint4 bytes (:func:`stored_codes` gives what the file holds).
 
-    ``x`` (float16, float32 or bfloat16: gpuq takes bfloat16 as it is, no float32
-    copy of the tensor) is taken over. Parameters come from :func:`gpuq.choose_qparams`; for
+    ``x`` (float16, float32, float64 or bfloat16: gpuq takes bfloat16 as it is, no
+    float32 copy of the tensor) is taken over. Parameters come from :func:`gpuq.choose_qparams`; for
     a tensor with NaN or +/-Inf they are computed on a copy with those values
     replaced by 0, which changes nothing else: an asymmetric range always
     includes 0 and a symmetric one is ``max |x|``, so these are the parameters
@@ -526,11 +526,13 @@ def restored_names(ckpt, schemes) -> list:
 
 def output_dtype(scheme: dict, dtype) -> np.dtype:
     """The float type a quantized tensor is restored to: ``dtype`` when given, else the
-    source dtype the file records (bfloat16 in, bfloat16 back); float32 for a file that
-    records none or another type.
+    source dtype the file records (bfloat16 in, bfloat16 back; float64 in, float64 back,
+    divided and multiplied in float64); float32 for a file that records none or another type.
 
     >>> output_dtype({"source_dtype": "bfloat16"}, None).name, output_dtype({}, None).name
     ('bfloat16', 'float32')
+    >>> output_dtype({"source_dtype": "float64"}, None).name
+    'float64'
     >>> output_dtype({"source_dtype": "bfloat16"}, "float16").name
     'float16'
     """
