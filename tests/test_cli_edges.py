@@ -126,3 +126,28 @@ def test_dequantize_float64_from_bfloat16(tmp_path, capsys):
     expect = ((t["w"].astype(np.int64) - t["w.zps"].astype(np.int64).reshape(-1, 1))
               .astype(np.float64) * t["w.scales"].astype(np.float64).reshape(-1, 1))
     assert y["w"].dtype == np.float64 and y["w"].tobytes() == expect.tobytes()
+
+
+# -- point 6: compare on a sharded checkpoint, and two messages -------------------------------
+
+def test_compare_reads_a_sharded_checkpoint(tmp_path, capsys):
+    make_sharded(tmp_path / "in", n_shards=3)
+    for path in (tmp_path / "in", tmp_path / "in" / INDEX):
+        assert run("compare", path, "--device", "cpu", "--json", "--scheme", "int8",
+                   "--scheme", "int4:g32") == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["total"]["quantized"] == 6
+        for k, flags in enumerate((["--axis", "0"], ["--dtype", "int4", "--group-size", "32"])):
+            assert run("quantize", tmp_path / "in", "-o", tmp_path / f"q{k}", "--device", "cpu",
+                       "-q", "--json", *flags) == 0
+            q = json.loads(capsys.readouterr().out)
+            assert report["total"]["sqnr_db"][k] == pytest.approx(q["total"]["sqnr_db"],
+                                                                  abs=1e-12)
+            assert {r["name"]: r["sqnr_db"][k] for r in report["tensors"]} == {
+                r["name"]: r["sqnr_db"] for r in q["tensors"] if r["quantized"]}
+            for p in (tmp_path / f"q{k}").iterdir():
+                p.unlink()
+            (tmp_path / f"q{k}").rmdir()
+    assert run("quantize", tmp_path / "in", "-o", tmp_path / "q", "--device", "cpu", "-q") == 0
+    assert run("compare", tmp_path / "q", "--device", "cpu") == 2
+    one_error(capsys, "is already quantized by gpuq (shard 'model-00001-of-00003.safetensors')")

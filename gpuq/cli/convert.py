@@ -28,9 +28,9 @@ import sys
 import numpy as np
 
 from .files import Checkpoint, CliError, check_output, checkpoint_writer, file_format
-from .quantized import (FP8_DTYPES, INT4_RANGE, PACKED_DTYPES, check_file, check_values,
-                        codes_dtype, file_meta, has_zps, logical_shape, output_entries,
-                        zps_dtype)
+from .quantized import (FP8_DTYPES, INT4_RANGE, PACKED_DTYPES, api_axis, check_file,
+                        check_values, codes_dtype, file_meta, has_zps, logical_shape,
+                        output_entries, zps_dtype)
 from .report import natural_key, nonfinite_text
 from .selection import check_names, describe, select
 
@@ -110,8 +110,12 @@ def param_rows(p, scheme: dict, r0: int, r1: int):
     >>> param_rows(s, {"axis": 0, "group_size": 2}, 2, 6)
     array([[2, 3],
            [4, 5]])
+    >>> param_rows(s, {"axis": [0, 2], "group_size": None}, 1, 2)   # a (3, 5, 2) tensor's
+    array([[2, 3]])
     """
     axis, g = scheme.get("axis"), scheme.get("group_size")
+    if isinstance(axis, list):  # the scales' first dimension is dim 0's only if 0 is an axis
+        return p if p is None or 0 not in axis else p[r0:r1]
     if p is None or axis is None or (axis != 0 and g is None):
         return p  # per-tensor, or one scale per channel of another axis: all rows share them
     if axis == 0 and g is not None:
@@ -179,7 +183,7 @@ def error_stats(x, q, scales, zps, scheme: dict, *, get=np.asarray,
     """
     import gpuq
 
-    axis, g = scheme["axis"], scheme["group_size"]
+    axis, g = api_axis(scheme), scheme["group_size"]
     signal = error = max_err = 0.0
     compared = 0
     for r0, r1 in row_blocks(x.shape, scheme):
@@ -244,7 +248,7 @@ def quantize_tensor(x, scheme: dict, device, *, name: str = "x", nonfinite: str 
 
     from ..qparams import choose_qparams
 
-    kw = {"axis": scheme["axis"], "group_size": scheme["group_size"]}
+    kw = {"axis": api_axis(scheme), "group_size": scheme["group_size"]}
     counts = count_nonfinite(x)
     bad = sum(counts.values())
     if bad and nonfinite == "error":
@@ -576,7 +580,7 @@ def dequantize_file(ckpt, out_path, out_fmt, schemes, *, dtype, device, tick=Non
                 try:
                     # Host scales/zps with a device src are uploaded by the library.
                     y = gpuq.dequantize(api_codes(stored, s, device), scales, zps,
-                                        axis=s["axis"], group_size=s["group_size"],
+                                        axis=api_axis(s), group_size=s["group_size"],
                                         dtype=entries[name][1])
                 except (ValueError, TypeError) as exc:
                     raise CliError(f"tensor {name!r}: {' '.join(str(exc).split())}") from exc
