@@ -151,3 +151,51 @@ def test_compare_reads_a_sharded_checkpoint(tmp_path, capsys):
     assert run("quantize", tmp_path / "in", "-o", tmp_path / "q", "--device", "cpu", "-q") == 0
     assert run("compare", tmp_path / "q", "--device", "cpu") == 2
     one_error(capsys, "is already quantized by gpuq (shard 'model-00001-of-00003.safetensors')")
+
+
+def test_a_shard_that_is_a_folder_is_called_one(tmp_path, capsys):
+    make_sharded(tmp_path / "in", n_shards=2)
+    shard = tmp_path / "in" / shard_name(1, 2)
+    shard.unlink()
+    shard.mkdir()
+    assert run("quantize", tmp_path / "in", "-o", tmp_path / "out", *OPTIONS) == 2
+    one_error(capsys, f"shard {shard_name(1, 2)!r} named in the weight_map is a folder, not a "
+                      f"file")
+    assert not (tmp_path / "out").exists()
+
+
+def test_npz_member_holding_a_pickle_is_named(tmp_path, capsys):
+    src = tmp_path / "in.npz"
+    buf = io.BytesIO()
+    np.save(buf, np.ones((40, 40), np.float32))
+    with zipfile.ZipFile(src, "w") as z:
+        z.writestr("w.npy", buf.getvalue())
+        z.writestr("opt_state.npy", pickle.dumps({"step": 1}))
+    for command in (["quantize", src, "-o", tmp_path / "q.npz"], ["compare", src]):
+        assert run(*command, "--device", "cpu") == 2
+        one_error(capsys, f"cannot read IN {str(src)!r}: member 'opt_state.npy' is not an .npy "
+                          f"array: it does not start with NumPy's magic b'\\x93NUMPY' (it is a "
+                          f"Python pickle, which gpuq does not load)")
+    assert not (tmp_path / "q.npz").exists()
+
+
+def test_unknown_and_missing_keys_are_worded_as_found(tmp_path, capsys):
+    """Only what is wrong is named: no "missing keys []" beside an unknown one."""
+    src = tmp_path / "in.npz"
+    np.savez(src, w=np.random.default_rng(1).standard_normal((8, 40)).astype(np.float32))
+    assert run("quantize", src, "-o", tmp_path / "q.npz", "--min-size", "1", "--device", "cpu",
+               "-q") == 0
+    t, meta, _ = read(tmp_path / "q.npz")
+    for edit, words in ((lambda s: s.update(scale_dtype="f16"),
+                         "tensor 'w': unknown keys 'scale_dtype' for int8 codes (expected axis, "
+                         "dtype, group_size, source_dtype, symmetric)"),
+                        (lambda s: s.pop("symmetric"),
+                         "tensor 'w': missing keys 'symmetric' for int8 codes")):
+        m = json.loads(json.dumps(meta))
+        edit(m["tensors"]["w"])
+        bad = tmp_path / "bad.npz"
+        np.savez(bad, __gpuq__=np.array(json.dumps(m)), **t)
+        assert run("dequantize", bad, "-o", tmp_path / "o.npz", "--device", "cpu") == 2
+        line = one_error(capsys, words)
+        what = line[line.index("tensor 'w'"):]
+        assert "[]" not in what and ("unknown" in what) != ("missing" in what)

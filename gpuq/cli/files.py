@@ -63,6 +63,8 @@ FORMATS = {".safetensors": "safetensors", ".npz": "npz", ".npy": "npy"}
 MAX_HEADER = 100_000_000
 #: NumPy's limit on the number of dimensions (32 before NumPy 2).
 MAX_RANK = 32
+#: The first bytes of every .npy array (``np.lib.format.MAGIC_PREFIX``).
+_NPY_MAGIC = b"\x93NUMPY"
 
 
 class CliError(Exception):
@@ -296,7 +298,7 @@ class Checkpoint:
             del self._entries[NPZ_META]
 
     def _open_npy(self):
-        shape, fortran, dtype = _npy_header(self._fh, self._bad, "the array")
+        shape, fortran, dtype = _npy_header(self._fh, self._bad, "the file")
         offset = self._fh.tell()
         self._check_size("the array", self._size - offset, shape, dtype)
         self._entries[NPY_NAME] = _Entry(shape, dtype, offset, self._size - offset, fortran)
@@ -393,7 +395,14 @@ def _read_array(fh, e) -> np.ndarray:
 
 
 def _npy_header(fh, bad, what):
-    version = np.lib.format.read_magic(fh)
+    # The magic by hand, not read_magic: its error names no member, and a seek back
+    # would turn off zipfile's CRC check (see Checkpoint.load).
+    start = fh.read(len(_NPY_MAGIC) + 2)
+    if len(start) < len(_NPY_MAGIC) + 2 or not start.startswith(_NPY_MAGIC):
+        kind = " (it is a Python pickle, which gpuq does not load)" if start[:1] == b"\x80" else ""
+        raise bad(f"{what} is not an .npy array: it does not start with NumPy's magic "
+                  f"{_NPY_MAGIC!r}{kind}")
+    version = (start[-2], start[-1])
     if version == (1, 0):
         shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
     elif version in ((2, 0), (3, 0)):

@@ -397,8 +397,10 @@ def _check_scheme(name, scheme, version, bad) -> dict:
     missing = keys - {"source_dtype"} - set(scheme)
     unknown = set(scheme) - keys
     if missing or unknown:
-        raise invalid(f"missing keys {sorted(missing)}, unknown keys {sorted(unknown)} for "
-                      f"{dtype} codes")
+        what = [f"{word} {', '.join(map(repr, sorted(found)))}"
+                for word, found in (("missing keys", missing), ("unknown keys", unknown)) if found]
+        raise invalid(f"{' and '.join(what)} for {dtype} codes (expected "
+                      f"{', '.join(sorted(keys))})")
     symmetric = scheme["symmetric"]
     axis, group_size = scheme["axis"], scheme["group_size"]
     if not isinstance(symmetric, bool):
