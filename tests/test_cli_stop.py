@@ -181,3 +181,22 @@ def test_failing_shard_with_workers_leaves_out_as_it_was(tmp_path):
                   "(1 NaN); --nonfinite warn or allow quantizes it with parameters from its "
                   "finite values")
     assert listing(out) == before  # the cluster, its workers included, ended with the command
+
+
+def test_a_signal_while_held_is_acted_on_after_and_once():
+    """held_signals (a cluster's start, the final renames): the block runs to its end, the
+    signal is raised after it; then later signals are ignored while the cleanup runs."""
+    from gpuq.cli.signals import Terminated, held_signals, stop_signals
+
+    before = signal.getsignal(signal.SIGTERM)
+    done = []
+    with stop_signals():
+        with pytest.raises(Terminated):
+            with held_signals():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)
+                done.append("held block finished")
+        assert done == ["held block finished"]
+        os.kill(os.getpid(), signal.SIGTERM)  # a second one: ignored, no exception
+        time.sleep(0.05)
+    assert signal.getsignal(signal.SIGTERM) == before

@@ -104,12 +104,14 @@ def held_signals():
         yield
         return
     _state["held"] += 1
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    blocking = hasattr(signal, "pthread_sigmask")  # not on Windows: recorded only
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS) if blocking else None
     try:
         yield
     finally:
         # A signal pending in this thread is delivered here, while still held: recorded.
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if blocking:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         _state["held"] -= 1
         signum = _state["pending"]
         if not _state["held"] and signum is not None:
