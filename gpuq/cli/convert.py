@@ -28,9 +28,9 @@ import sys
 import numpy as np
 
 from .files import Checkpoint, CliError, check_output, checkpoint_writer, file_format
-from .quantized import (FP8_DTYPES, INT4_RANGE, PACKED_DTYPES, check_file, check_values,
-                        codes_dtype, file_meta, has_zps, logical_shape, output_entries,
-                        zps_dtype)
+from .quantized import (FP8_DTYPES, INT4_RANGE, PACKED_DTYPES, api_axis, check_file,
+                        check_values, codes_dtype, file_meta, has_zps, logical_shape,
+                        output_entries, zps_dtype)
 from .report import natural_key, nonfinite_text
 from .selection import check_names, describe, select
 
@@ -75,7 +75,7 @@ def float_dtype(name: str) -> np.dtype:
 
 
 #: Output types of gpuq dequantize (the --dtype choices, and the source types it restores).
-DEQUANTIZE_DTYPES = ("bfloat16", "float16", "float32")
+DEQUANTIZE_DTYPES = ("bfloat16", "float16", "float32", "float64")
 
 
 def row_blocks(shape: tuple, scheme: dict, target: int = _BLOCK):
@@ -110,8 +110,12 @@ def param_rows(p, scheme: dict, r0: int, r1: int):
     >>> param_rows(s, {"axis": 0, "group_size": 2}, 2, 6)
     array([[2, 3],
            [4, 5]])
+    >>> param_rows(s, {"axis": [0, 2], "group_size": None}, 1, 2)   # a (3, 5, 2) tensor's
+    array([[2, 3]])
     """
     axis, g = scheme.get("axis"), scheme.get("group_size")
+    if isinstance(axis, list):  # the scales' first dimension is dim 0's only if 0 is an axis
+        return p if p is None or 0 not in axis else p[r0:r1]
     if p is None or axis is None or (axis != 0 and g is None):
         return p  # per-tensor, or one scale per channel of another axis: all rows share them
     if axis == 0 and g is not None:
@@ -179,7 +183,7 @@ def error_stats(x, q, scales, zps, scheme: dict, *, get=np.asarray,
     """
     import gpuq
 
-    axis, g = scheme["axis"], scheme["group_size"]
+    axis, g = api_axis(scheme), scheme["group_size"]
     signal = error = max_err = 0.0
     compared = 0
     for r0, r1 in row_blocks(x.shape, scheme):
@@ -225,8 +229,8 @@ def quantize_tensor(x, scheme: dict, device, *, name: str = "x", nonfinite: str 
     int8/uint8 array, an ml_dtypes fp8 array, or a :class:`gpuq.Codes` of
     packed int4/uint4 bytes (:func:`stored_codes` gives what the file holds).
 
-    ``x`` (float16, float32 or bfloat16: gpuq takes bfloat16 as it is, no float32
-    copy of the tensor) is taken over. Parameters come from :func:`gpuq.choose_qparams`; for
+    ``x`` (float16, float32, float64 or bfloat16: gpuq takes bfloat16 as it is, no
+    float32 copy of the tensor) is taken over. Parameters come from :func:`gpuq.choose_qparams`; for
     a tensor with NaN or +/-Inf they are computed on a copy with those values
     replaced by 0, which changes nothing else: an asymmetric range always
     includes 0 and a symmetric one is ``max |x|``, so these are the parameters
@@ -244,7 +248,7 @@ def quantize_tensor(x, scheme: dict, device, *, name: str = "x", nonfinite: str 
 
     from ..qparams import choose_qparams
 
-    kw = {"axis": scheme["axis"], "group_size": scheme["group_size"]}
+    kw = {"axis": api_axis(scheme), "group_size": scheme["group_size"]}
     counts = count_nonfinite(x)
     bad = sum(counts.values())
     if bad and nonfinite == "error":
@@ -395,11 +399,7 @@ def quantize_file(ckpt, out_path, out_fmt, schemes, *, device, nonfinite="warn",
     """
     specs = {n: ckpt.spec(n) for n in ckpt.names}
     # Every output entry is known from the input's index: the header goes first.
-    entries = {}
-    for name, (shape, dtype) in specs.items():
-        entries.update(output_entries(name, shape, schemes[name], out_fmt) if name in schemes
-                       else {name: (shape, dtype)})
-    meta = file_meta(schemes, {n: specs[n][1].name for n in schemes}, ckpt.format)
+    entries, meta = quantize_layout(specs, schemes, out_fmt, ckpt.format)
     rows = []
     with checkpoint_writer(out_path, out_fmt, entries, meta, ckpt.extra_metadata) as out:
         for name in ckpt.names:
@@ -417,6 +417,23 @@ def quantize_file(ckpt, out_path, out_fmt, schemes, *, device, nonfinite="warn",
             if tick is not None:
                 tick(name)
     return rows
+
+
+def quantize_layout(specs: dict, schemes: dict, out_fmt: str, source_format: str) -> tuple:
+    """``(entries, meta)`` of the quantized output of a checkpoint whose tensors are ``specs``
+    (name -> (shape, dtype), in file order): every output entry's shape and dtype, and the
+    gpuq metadata. Known from the input's index alone, before any data is read.
+
+    >>> entries, meta = quantize_layout({"w": ((4, 8), np.dtype("float32"))},
+    ...     {"w": {"dtype": "int8", "symmetric": True, "axis": 0, "group_size": None}}, "npz", "npz")
+    >>> list(entries), meta["format_version"]
+    (['w', 'w.scales'], 1)
+    """
+    entries = {}
+    for name, (shape, dtype) in specs.items():
+        entries.update(output_entries(name, shape, schemes[name], out_fmt) if name in schemes
+                       else {name: (shape, dtype)})
+    return entries, file_meta(schemes, {n: specs[n][1].name for n in schemes}, source_format)
 
 
 def _quantize_one(ckpt, name, scheme, row, out, device, nonfinite, warn) -> dict:
@@ -513,11 +530,13 @@ def restored_names(ckpt, schemes) -> list:
 
 def output_dtype(scheme: dict, dtype) -> np.dtype:
     """The float type a quantized tensor is restored to: ``dtype`` when given, else the
-    source dtype the file records (bfloat16 in, bfloat16 back); float32 for a file that
-    records none or another type.
+    source dtype the file records (bfloat16 in, bfloat16 back; float64 in, float64 back,
+    divided and multiplied in float64); float32 for a file that records none or another type.
 
     >>> output_dtype({"source_dtype": "bfloat16"}, None).name, output_dtype({}, None).name
     ('bfloat16', 'float32')
+    >>> output_dtype({"source_dtype": "float64"}, None).name
+    'float64'
     >>> output_dtype({"source_dtype": "bfloat16"}, "float16").name
     'float16'
     """
@@ -561,7 +580,7 @@ def dequantize_file(ckpt, out_path, out_fmt, schemes, *, dtype, device, tick=Non
                 try:
                     # Host scales/zps with a device src are uploaded by the library.
                     y = gpuq.dequantize(api_codes(stored, s, device), scales, zps,
-                                        axis=s["axis"], group_size=s["group_size"],
+                                        axis=api_axis(s), group_size=s["group_size"],
                                         dtype=entries[name][1])
                 except (ValueError, TypeError) as exc:
                     raise CliError(f"tensor {name!r}: {' '.join(str(exc).split())}") from exc

@@ -9,7 +9,8 @@ entry               contents
 ``NAME.scales``     float32 scales, shaped as :func:`gpuq.quantize` takes them
                     (per-tensor ``()`` in an .npz and ``(1,)`` in a .safetensors
                     file, as version 1 wrote them; per-channel ``(shape[k],)``;
-                    per-group ``shape`` with dim k -> ceil(n / g))
+                    multi-axis ``shape`` projected onto the axes; per-group
+                    ``shape`` with dim k -> ceil(n / g))
 ``NAME.zps``        zero points, same shape: int8 for int8/int4 codes, uint8 for
                     uint8/uint4 codes (one per byte, not packed); ABSENT for
                     symmetric int8/int4 (zero point 0, the library's
@@ -24,6 +25,11 @@ plus the gpuq metadata (safetensors metadata key ``"gpuq"``, .npz member
      "tensors": {"NAME": {"dtype": "int4", "symmetric": false, "axis": 1,
                           "group_size": 128, "source_dtype": "bfloat16",
                           "shape": [4096, 4096], "packing": "onnx_nibbles"}, ...}}
+
+``axis`` is null (per-tensor), an axis ``k >= 0`` (per-channel, or per-group
+with a ``group_size``), or, from version 3, a list of two or more increasing
+axes (the multi-axis scheme, no ``group_size``: ``[0, 1]`` is one scale per
+row of an ``[experts, out, in]`` tensor).
 
 Code storage, by code dtype:
 
@@ -53,12 +59,14 @@ float8_e5m2        F8_E5M2, the tensor's shape              uint8 (the fp8 bits)
 
 Versions. Version 1 (every gpuq before the int4/fp8 codes) knows int8/uint8
 only, with exactly the keys dtype, symmetric, axis, group_size, source_dtype.
-Version 2 adds int4, uint4, float8_e4m3fn and float8_e5m2. A file is written
-in the lowest version that holds it: int8/uint8 output stays version 1, the
-same bytes as before, so a gpuq from before version 2 still reads it; a file
-with any int4/fp8 tensor is version 2 (which such a gpuq refuses with
-"upgrade gpuq", instead of misreading packed bytes as int8). This gpuq reads
-both.
+Version 2 adds int4, uint4, float8_e4m3fn and float8_e5m2. Version 3 adds a
+list of axes (the multi-axis scheme: the default for tensors of rank >= 3),
+with the same keys. A file is written in the lowest version that holds it
+(:func:`version_for`): int8/uint8 output with one axis per tensor stays
+version 1, the same bytes as before, so a gpuq from before version 2 still
+reads it; a file with any int4/fp8 tensor is version 2, and one with any
+multi-axis tensor version 3 (an older gpuq refuses such files with "upgrade
+gpuq" instead of misreading them). This gpuq reads all three.
 
 Nothing in a file is trusted: :func:`check_file` holds each quantized tensor
 and its companions to the metadata (code dtype and the version that allows
@@ -68,8 +76,8 @@ points) and refuses a format version it does not know, before any output is
 written; :func:`check_values` checks what needs the data (int4 zero points in
 range, the padding nibble) as each tensor is read, before it is used (the
 output is atomic: an error leaves no file). ``tests/data/format_v1/`` and
-``tests/data/format_v2/`` hold files written by each version; every later
-gpuq must read them with the same values.
+``tests/data/format_v2/`` and ``tests/data/format_v3/`` hold files written by each
+version; every later gpuq must read them with the same values.
 """
 
 from __future__ import annotations
@@ -82,9 +90,11 @@ from .files import MAX_RANK, CliError
 
 #: The newest version this gpuq writes (a file gets the lowest version that holds it:
 #: :func:`version_for`).
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 #: The versions this gpuq reads.
-KNOWN_VERSIONS = (1, 2)
+KNOWN_VERSIONS = (1, 2, 3)
+#: The first version with a list of axes (the multi-axis scheme).
+MULTI_AXIS_VERSION = 3
 #: Code dtypes by the first version that has them.
 V1_CODE_DTYPES = ("int8", "uint8")
 PACKED_DTYPES = ("int4", "uint4")
@@ -107,17 +117,41 @@ def min_version(dtype: str) -> int:
     return 1 if dtype in V1_CODE_DTYPES else 2
 
 
+def scheme_version(scheme: dict) -> int:
+    """The first format version that holds ``scheme``: its code dtype's, or 3 for a list of axes.
+
+    >>> scheme_version({"dtype": "int8", "axis": 0}), scheme_version({"dtype": "int8", "axis": [0, 1]})
+    (1, 3)
+    """
+    if isinstance(scheme.get("axis"), list):
+        return MULTI_AXIS_VERSION
+    return min_version(scheme["dtype"])
+
+
 def version_for(schemes: dict) -> int:
     """The version a file with these schemes is written in: the lowest that holds them all.
 
-    >>> version_for({"w": {"dtype": "int8"}}), version_for({}), version_for({"w": {"dtype": "int4"}})
-    (1, 1, 2)
+    >>> version_for({"w": {"dtype": "int8", "axis": 0}}), version_for({})
+    (1, 1)
+    >>> version_for({"w": {"dtype": "int4", "axis": 1}}), version_for({"w": {"dtype": "uint8", "axis": [0, 1]}})
+    (2, 3)
     """
-    return max([1] + [min_version(s["dtype"]) for s in schemes.values()])
+    return max([1] + [scheme_version(s) for s in schemes.values()])
+
+
+def api_axis(scheme: dict):
+    """The scheme's ``axis`` as :func:`gpuq.quantize` takes it: a tuple for a list of axes.
+
+    >>> api_axis({"axis": [0, 1]}), api_axis({"axis": 1}), api_axis({"axis": None})
+    ((0, 1), 1, None)
+    """
+    axis = scheme["axis"]
+    return tuple(axis) if isinstance(axis, list) else axis
 
 
 def scheme_for(dtype: str, symmetric: bool, axis, group_size, shape) -> dict:
-    """The scheme of one tensor of ``shape`` (``axis`` already in ``[0, rank)``).
+    """The scheme of one tensor of ``shape`` (``axis`` already in ``[0, rank)``, or a list of
+    such axes).
 
     fp8 is always symmetric (it has no zero point); int4/uint4 record the
     logical shape and the packing, which the packed bytes cannot hold.
@@ -140,9 +174,13 @@ def param_shape(shape: tuple, axis, group_size) -> tuple:
 
     >>> param_shape((4, 10), None, None), param_shape((4, 10), 1, None), param_shape((4, 10), 1, 3)
     ((), (10,), (4, 4))
+    >>> param_shape((2, 4, 10), [0, 1], None)
+    (2, 4)
     """
     if axis is None:
         return ()
+    if isinstance(axis, list):
+        return tuple(shape[k] for k in axis)
     if group_size is None:
         return (shape[axis],)
     return tuple(-(-d // group_size) if i == axis else d for i, d in enumerate(shape))
@@ -259,7 +297,7 @@ def check_file(ckpt) -> dict:
     version = meta.get("format_version")
     if not _is_int(version) or version < 1:
         raise bad(f"its gpuq metadata is not valid: format_version is {version!r}, "
-                  f"expected {' or '.join(map(str, KNOWN_VERSIONS))}")
+                  f"expected {', '.join(map(str, KNOWN_VERSIONS[:-1]))} or {KNOWN_VERSIONS[-1]}")
     if version not in KNOWN_VERSIONS:
         raise bad(f"it was written in gpuq file format version {version}, newer than this "
                   f"gpuq reads (version {max(KNOWN_VERSIONS)}); upgrade gpuq to dequantize it")
@@ -270,7 +308,8 @@ def check_file(ckpt) -> dict:
         if name not in names:
             raise bad(f"tensor {name!r} is in the gpuq metadata but not in the file")
         shape = logical_shape(name, scheme, ckpt)
-        if scheme["axis"] is not None and scheme["axis"] >= len(shape):
+        axes = scheme["axis"] if isinstance(scheme["axis"], list) else [scheme["axis"]]
+        if scheme["axis"] is not None and max(axes) >= len(shape):
             what = "the tensor has" if scheme["dtype"] in PACKED_DTYPES else "the codes have"
             raise bad(f"tensor {name!r}: the gpuq metadata says axis {scheme['axis']}, but "
                       f"{what} shape {list(shape)}")
@@ -358,8 +397,10 @@ def _check_scheme(name, scheme, version, bad) -> dict:
     missing = keys - {"source_dtype"} - set(scheme)
     unknown = set(scheme) - keys
     if missing or unknown:
-        raise invalid(f"missing keys {sorted(missing)}, unknown keys {sorted(unknown)} for "
-                      f"{dtype} codes")
+        what = [f"{word} {', '.join(map(repr, sorted(found)))}"
+                for word, found in (("missing keys", missing), ("unknown keys", unknown)) if found]
+        raise invalid(f"{' and '.join(what)} for {dtype} codes (expected "
+                      f"{', '.join(sorted(keys))})")
     symmetric = scheme["symmetric"]
     axis, group_size = scheme["axis"], scheme["group_size"]
     if not isinstance(symmetric, bool):
@@ -367,8 +408,18 @@ def _check_scheme(name, scheme, version, bad) -> dict:
     if dtype in FP8_DTYPES and not symmetric:
         raise invalid(f"symmetric is false, but {dtype} codes have no zero point (always "
                       f"symmetric)")
-    if axis is not None and not (_is_int(axis) and axis >= 0):
-        raise invalid(f"axis {axis!r} is not null or an integer >= 0")
+    if isinstance(axis, list):
+        if not (len(axis) >= 2 and all(_is_int(k) and k >= 0 for k in axis)
+                and all(a < b for a, b in zip(axis, axis[1:]))):
+            raise invalid(f"axis {axis!r} is not a list of two or more increasing integers >= 0")
+        if version < MULTI_AXIS_VERSION:
+            raise invalid(f"axis {axis!r} (several axes) needs format version "
+                          f"{MULTI_AXIS_VERSION}, but the file says version {version}")
+        if group_size is not None:
+            raise invalid(f"group_size {group_size!r} with several axes {axis!r}: groups run "
+                          f"along one axis")
+    elif axis is not None and not (_is_int(axis) and axis >= 0):
+        raise invalid(f"axis {axis!r} is not null, an integer >= 0 or a list of them")
     if group_size is not None and not (_is_int(group_size) and group_size >= 1 and axis is not None):
         raise invalid(f"group_size {group_size!r} is not null or an integer >= 1 with an axis")
     if "source_dtype" in scheme and not isinstance(scheme["source_dtype"], str):
@@ -405,6 +456,8 @@ def _storage_hint(scheme, is_codes) -> str:
 def _describe(scheme) -> str:
     if scheme["axis"] is None:
         where = "per-tensor"
+    elif isinstance(scheme["axis"], list):
+        where = f"axes {scheme['axis']}"
     elif scheme["group_size"] is None:
         where = f"axis {scheme['axis']}"
     else:
