@@ -159,7 +159,7 @@ def test_help_and_report_state_the_defaults(tmp_path, capsys):
                           env=dict(os.environ, PYTHONPATH=str(HERE.parent), COLUMNS="100"))
     assert proc.returncode == 0
     help_text = " ".join(proc.stdout.split())
-    for words in ("With none of the three, each tensor gets the default of its code type",
+    for words in ("With none of them, each tensor gets the default of its code type",
                   "int8, uint8, fp8 one scale per output channel one scale per row of the last",
                   "int4, uint4 groups of 128 along the last dimension, at every rank"):
         assert words in help_text, words

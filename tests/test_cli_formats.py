@@ -117,6 +117,11 @@ def unpack_nibbles(data, n, signed):
 def broadcast(p, shape, scheme):
     axis, g = scheme["axis"], scheme["group_size"]
     p = np.asarray(p)
+    if scheme.get("block_size") is not None:  # version 4: p[i_0 // b_0, ..., i_r // b_r]
+        for d, (n, b) in enumerate(zip(shape, scheme["block_size"])):
+            b = n if b == -1 else b
+            p = np.repeat(p, b, axis=d).take(np.arange(n), axis=d)
+        return p
     if axis is None:
         return p.reshape(())
     if isinstance(axis, list):  # several axes: p is the shape projected onto them
@@ -494,7 +499,10 @@ CORRUPT = [
      "dtype 'int2' is not one of int8, uint8, int4, uint4, float8_e4m3fn, float8_e5m2"),
     ("new dtype in version 1", NEW, _version(1), "needs format version 2, but the file says "
      "version 1"),
-    ("version 4", NEW, _version(4), "format version 4, newer than this gpuq reads (version 3)"),
+    ("version 5", NEW, _version(5), "format version 5, newer than this gpuq reads (version 4)"),
+    ("block_size in version 3", NEW, lambda t, m: (_version(3)(t, m), m["tensors"]["w"].update(
+        axis=None, group_size=None, block_size=[4, 4])),
+     "block_size [4, 4] needs format version 4, but the file says version 3"),
     ("zps with fp8", ("float8_e4m3fn", "float8_e5m2"), _add_zps,
      "the file has 'w.zps', but the gpuq metadata says float8_e"),
     ("fp8 asymmetric", ("float8_e5m2",), _scheme(symmetric=False),
@@ -596,7 +604,9 @@ def test_compare_matches_the_quantize_reports(tmp_path, capsys):
 @pytest.mark.parametrize("spec,message", [
     ("int3", "the code type 'int3' is not one of"),
     ("int4:g0", "'g0' is not an option"),
-    ("int4:tensor:g8", "'tensor' takes no axis or group size"),
+    ("int4:tensor:g8", "give one of 'tensor', 'bAxB' and an axis or group size"),
+    ("int8:b4x4:g8", "give one of 'tensor', 'bAxB' and an axis or group size"),
+    ("int8:b4x0", "'b4x0' must be AxB, two positive integers (e.g. 128x128), got '4x0'"),
     ("int8:fast", "'fast' is not an option"),
 ])
 def test_compare_refuses_bad_schemes(tmp_path, capsys, spec, message):

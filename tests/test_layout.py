@@ -166,8 +166,7 @@ def test_the_circle_check_sees_deferred_imports(tmp_path, source, expected):
 _FORMAT_WORDS = {"int8", "uint8", "int4", "uint4", "float8_e4m3fn", "float8_e5m2", "fp8", "s4", "u4",
                  "f8_e4m3", "f8_e5m2", "e4m3fn", "e5m2"}
 #: Where knowledge of the formats and backends lives: the table and the backends themselves.
-#: (gpuq.cli's own format table is still being moved onto the rows: the last step of issue 27.)
-_FORMAT_HOMES = ("gpuq._codetypes", "gpuq.backends", "gpuq.cli")
+_FORMAT_HOMES = ("gpuq._codetypes", "gpuq.backends")
 
 
 def _strings(node):

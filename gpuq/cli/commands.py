@@ -32,8 +32,8 @@ import sys
 
 from .files import CliError
 from .convert import DEQUANTIZE_DTYPES
-from .quantized import CODE_DTYPES, FP8_DTYPES
-from .selection import DEFAULT_MIN_SIZE, DEFAULTS_HELP
+from .quantized import CODE_DTYPES, is_float8
+from .selection import DEFAULT_MIN_SIZE, DEFAULTS_HELP, parse_block
 from .signals import EXIT_STATUS, Terminated, stop_signals
 
 __all__ = ["main", "build_parser"]
@@ -47,8 +47,11 @@ with at least --min-size elements (default {DEFAULT_MIN_SIZE}), filtered by
 
 Scheme: per-channel along --axis K; --per-tensor for one scale per tensor;
 --group-size G for one scale per G consecutive elements along --axis (default
--1 with a group size: the input dimension). With none of the three, each
-tensor gets the default of its code type and rank:
+-1 with a group size: the input dimension); --block AxB for one scale per AxB
+block of the last two dimensions (blocks of 1 on leading dimensions, so an
+expert of a rank-3 tensor never shares a block; the last blocks may be
+smaller). With none of them, each tensor gets the default of its code type
+and rank:
 
 {DEFAULTS_HELP}
 
@@ -68,7 +71,7 @@ NAME.scales and NAME.zps (int8 for int8/int4 codes, uint8 for uint8/uint4; none
 for symmetric int8/int4, zero point 0, nor for fp8), and the scheme in the gpuq
 metadata (file format version 1 for int8/uint8 with one axis per tensor,
 readable by older gpuq; version 2 for int4/fp8; version 3 for a file with a
-multi-axis tensor, the rank >= 3 default). The report compares each tensor with
+multi-axis tensor, the rank >= 3 default; version 4 for block scales). The report compares each tensor with
 its float32 dequantization: SQNR = 10 log10(sum x^2 / sum (x - x_hat)^2) in
 float64 (inf when exact) and the max abs error.
 
@@ -122,13 +125,14 @@ IN is a checkpoint file or a sharded one (a folder, or its *.index.json).
 --scheme DTYPE[:OPTION]... (repeatable; default int8, int4, float8_e4m3fn):
 DTYPE is int8, uint8, int4, uint4, float8_e4m3fn or float8_e5m2; options gG
 (groups of G, along the last axis unless axisK), axisK (per-channel; -1 with
-a group size), tensor (per-tensor), sym (zero point 0; implied for fp8).
-Without gG, axisK or tensor, a scheme is gpuq quantize's default for its code
-type and each tensor's rank:
+a group size), tensor (per-tensor), bAxB (one scale per AxB block of the last
+two dimensions, as quantize --block), sym (zero point 0; implied for fp8).
+Without gG, axisK, tensor or bAxB, a scheme is gpuq quantize's default for its
+code type and each tensor's rank:
 
 {DEFAULTS_HELP}
 
-Examples: int8:sym, uint4:g64, float8_e5m2:tensor.
+Examples: int8:sym, uint4:g64, float8_e5m2:tensor, float8_e4m3fn:b128x128.
 """
 
 
@@ -158,6 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--axis", type=int, metavar="K",
                    help="per-channel axis (-1 with --group-size; default: see the table above)")
     g.add_argument("--per-tensor", action="store_true", help="one scale per tensor")
+    g.add_argument("--block", metavar="AxB",
+                   help="one scale per AxB block of the last two dimensions (128x128: the "
+                        "fine-grained fp8 layout; the last blocks may be smaller; leading "
+                        "dimensions get blocks of 1)")
     q.add_argument("--group-size", type=int, metavar="G",
                    help="one scale per G elements along --axis")
     q.add_argument("--dtype", choices=CODE_DTYPES, default="int8",
@@ -256,6 +264,9 @@ def _plan(args):
         raise CliError(f"--group-size must be a positive integer, got {args.group_size}")
     if args.per_tensor and args.group_size is not None:
         raise CliError("--group-size needs an axis to group along; drop --per-tensor")
+    block = parse_block(args.block, "--block") if args.block is not None else None
+    if block is not None and args.group_size is not None:
+        raise CliError("--block and --group-size both say which elements share a scale; give one")
     if args.min_size < 0:
         raise CliError(f"--min-size must be >= 0, got {args.min_size}")
     if args.per_tensor:
@@ -266,8 +277,9 @@ def _plan(args):
         axis = -1 if args.group_size is not None else None
     # fp8 has no zero point: always symmetric (scales max |x| / max_finite).
     return Plan(axis=axis, group_size=args.group_size, dtype=args.dtype,
-                symmetric=args.symmetric or args.dtype in FP8_DTYPES,
-                default=not args.per_tensor and args.axis is None and args.group_size is None)
+                symmetric=args.symmetric or is_float8(args.dtype),
+                default=not args.per_tensor and args.axis is None and args.group_size is None
+                and block is None, block=block)
 
 
 def _warn(text: str) -> None:

@@ -12,9 +12,10 @@ scale per row; groups of 128 along the last dimension; one scale per row).
 
 A scheme is ``DTYPE[:OPTION]...`` with the options ``gG`` (one scale per G
 elements; along the last axis unless ``axisK`` says otherwise), ``axisK``
-(per-channel along K; -1 with a group size), ``tensor`` (one scale per tensor)
-and ``sym`` (zero point 0; implied for fp8). Without ``gG``, ``axisK`` or
-``tensor`` the scheme is the default of its code type and each tensor's rank
+(per-channel along K; -1 with a group size), ``tensor`` (one scale per tensor),
+``bAxB`` (one scale per AxB block of the last two dimensions, as ``gpuq quantize
+--block AxB``) and ``sym`` (zero point 0; implied for fp8). Without ``gG``,
+``axisK``, ``tensor`` or ``bAxB`` the scheme is the default of its code type and each tensor's rank
 (:func:`gpuq.cli.selection.default_scheme`)::
 
     int8                  int8 asymmetric, one scale per row (axis 0 at rank 2)
@@ -22,6 +23,7 @@ and ``sym`` (zero point 0; implied for fp8). Without ``gG``, ``axisK`` or
     uint4:g64:sym         uint4 symmetric (zero point 8), groups of 64
     float8_e4m3fn         fp8, one scale per row
     float8_e5m2:tensor    fp8 e5m2, one scale per tensor
+    float8_e4m3fn:b128x128  fp8, one scale per 128x128 block (DeepSeek's layout)
 """
 
 from __future__ import annotations
@@ -29,10 +31,10 @@ from __future__ import annotations
 import math
 
 from .files import Checkpoint, CliError
-from .quantized import (CODE_DTYPES, FP8_DTYPES, PACKED_DTYPES, codes_shape, has_zps,
+from .quantized import (CODE_DTYPES, codes_shape, has_zps, is_float8, is_packed,
                         param_shape, zps_dtype)
 from .report import _db, human_bytes, natural_key
-from .selection import Plan, describe, describe_where, select
+from .selection import Plan, describe, describe_where, parse_block, select
 
 DEFAULT_SCHEMES = ("int8", "int4", "float8_e4m3fn")
 
@@ -41,9 +43,11 @@ def parse_scheme(text: str) -> Plan:
     """A :class:`~gpuq.cli.selection.Plan` from ``DTYPE[:OPTION]...`` (see the module docstring).
 
     >>> parse_scheme("int4:g128")
-    Plan(axis=-1, group_size=128, dtype='int4', symmetric=False, default=False)
+    Plan(axis=-1, group_size=128, dtype='int4', symmetric=False, default=False, block=None)
     >>> parse_scheme("float8_e5m2:tensor")
-    Plan(axis=None, group_size=None, dtype='float8_e5m2', symmetric=True, default=False)
+    Plan(axis=None, group_size=None, dtype='float8_e5m2', symmetric=True, default=False, block=None)
+    >>> parse_scheme("float8_e4m3fn:b128x128").block
+    (128, 128)
     >>> parse_scheme("uint8:sym").default
     True
     >>> parse_scheme("int3")
@@ -55,7 +59,7 @@ def parse_scheme(text: str) -> Plan:
     if dtype not in CODE_DTYPES:
         raise CliError(f"--scheme {text!r}: the code type {dtype!r} is not one of "
                        f"{', '.join(CODE_DTYPES)}")
-    axis = group = None
+    axis = group = block = None
     per_tensor = symmetric = False
     for opt in options:
         try:
@@ -63,6 +67,8 @@ def parse_scheme(text: str) -> Plan:
                 symmetric = True
             elif opt == "tensor":
                 per_tensor = True
+            elif opt.startswith("b") and "x" in opt:
+                block = parse_block(opt[1:], f"--scheme {text!r}: {opt!r}")
             elif opt.startswith("axis"):
                 axis = int(opt[4:])
             elif opt.startswith("g"):
@@ -73,20 +79,22 @@ def parse_scheme(text: str) -> Plan:
                 raise ValueError
         except ValueError:
             raise CliError(f"--scheme {text!r}: {opt!r} is not an option (gG, axisK, tensor, "
-                           f"sym)") from None
-    if per_tensor and (axis is not None or group is not None):
-        raise CliError(f"--scheme {text!r}: 'tensor' takes no axis or group size")
-    default = not per_tensor and axis is None and group is None
+                           f"bAxB, sym)") from None
+    if sum((per_tensor, axis is not None or group is not None, block is not None)) > 1:
+        raise CliError(f"--scheme {text!r}: give one of 'tensor', 'bAxB' and an axis or "
+                       f"group size")
+    default = not per_tensor and axis is None and group is None and block is None
     if group is not None and axis is None:
         axis = -1
     return Plan(axis=None if per_tensor else axis, group_size=group, dtype=dtype,
-                symmetric=symmetric or dtype in FP8_DTYPES, default=default)
+                symmetric=symmetric or is_float8(dtype), default=default, block=block)
 
 
 def _stored_bytes(shape, scheme) -> int:
     """Bytes ``gpuq quantize`` stores for one tensor: codes, scales, zero points."""
     codes = math.prod(codes_shape(scheme["dtype"], shape))  # one byte per code, or packed
-    params = math.prod(param_shape(tuple(shape), scheme["axis"], scheme["group_size"]))
+    params = math.prod(param_shape(tuple(shape), scheme["axis"], scheme["group_size"],
+                                   scheme.get("block_size")))
     zps = params * zps_dtype(scheme["dtype"]).itemsize if has_zps(scheme) else 0
     return codes + 4 * params + zps
 
@@ -182,7 +190,7 @@ def _column(plan, schemes) -> str:
         return plan.dtype
     if plan.axis is not None and plan.axis < 0:
         shown = plan.axis
-    elif plan.default and plan.dtype in PACKED_DTYPES:
+    elif plan.default and is_packed(plan.dtype):
         shown = -1  # the default groups run along the last axis, whatever the rank
     else:
         shown = None

@@ -28,7 +28,7 @@ import sys
 import numpy as np
 
 from .files import Checkpoint, CliError, check_output, checkpoint_writer, file_format
-from .quantized import (FP8_DTYPES, INT4_RANGE, PACKED_DTYPES, api_axis, check_file,
+from .quantized import (check_file, code_range, is_float8, is_packed, scheme_kw,
                         check_values, codes_dtype, file_meta, has_zps, logical_shape,
                         output_entries, zps_dtype)
 from .report import natural_key, nonfinite_text
@@ -96,7 +96,10 @@ def row_blocks(shape: tuple, scheme: dict, target: int = _BLOCK):
     step = max(1, target // max(per_row, 1))
     g = scheme.get("group_size")
     mult = g if scheme.get("axis") == 0 and g is not None else 1
-    if scheme.get("dtype") in PACKED_DTYPES and per_row % 2:
+    block = scheme.get("block_size")
+    if block is not None and shape:  # whole blocks along axis 0 (-1: the whole axis)
+        mult = rows if block[0] == -1 else min(block[0], max(rows, 1))
+    if is_packed(scheme.get("dtype")) and per_row % 2:
         mult = math.lcm(mult, 2)
     step = max(mult, step // mult * mult)
     for r0 in range(0, rows, step):
@@ -114,6 +117,10 @@ def param_rows(p, scheme: dict, r0: int, r1: int):
     array([[2, 3]])
     """
     axis, g = scheme.get("axis"), scheme.get("group_size")
+    block = scheme.get("block_size")
+    if block is not None:  # block scales keep every dim: rows of blocks along dim 0
+        b = block[0] if block[0] != -1 else max(r1, 1)
+        return p if p is None else p[r0 // b: -(-r1 // b)]
     if isinstance(axis, list):  # the scales' first dimension is dim 0's only if 0 is an axis
         return p if p is None or 0 not in axis else p[r0:r1]
     if p is None or axis is None or (axis != 0 and g is None):
@@ -138,7 +145,7 @@ def code_rows(q, r0: int, r1: int):
     if not isinstance(q, gpuq.Codes):
         return q[r0:r1]
     rest = tuple(q.shape[1:])
-    if q.dtype in PACKED_DTYPES:
+    if is_packed(q.dtype):
         per_row = math.prod(rest)
         a, b = r0 * per_row, r1 * per_row
         return gpuq.Codes(q.data[a // 2:(b + 1) // 2], (r1 - r0, *rest), q.dtype)
@@ -183,13 +190,12 @@ def error_stats(x, q, scales, zps, scheme: dict, *, get=np.asarray,
     """
     import gpuq
 
-    axis, g = api_axis(scheme), scheme["group_size"]
+    kw = scheme_kw(scheme)
     signal = error = max_err = 0.0
     compared = 0
     for r0, r1 in row_blocks(x.shape, scheme):
         x_hat = get(gpuq.dequantize(code_rows(q, r0, r1), param_rows(scales, scheme, r0, r1),
-                                    param_rows(zps, scheme, r0, r1), axis=axis, group_size=g,
-                                    dtype="float32"))
+                                    param_rows(zps, scheme, r0, r1), dtype="float32", **kw))
         a = x[r0:r1].astype(np.float64).reshape(-1)
         d = a - x_hat.astype(np.float64).reshape(-1)
         if finite_only:
@@ -248,7 +254,7 @@ def quantize_tensor(x, scheme: dict, device, *, name: str = "x", nonfinite: str 
 
     from ..qparams import choose_qparams
 
-    kw = {"axis": api_axis(scheme), "group_size": scheme["group_size"]}
+    kw = scheme_kw(scheme)
     counts = count_nonfinite(x)
     bad = sum(counts.values())
     if bad and nonfinite == "error":
@@ -276,7 +282,7 @@ def host_codes(q, device):
     if not isinstance(q, gpuq.Codes):
         return device.get(q)
     data = np.ascontiguousarray(device.get(q.data))
-    if q.dtype in FP8_DTYPES:  # fp8 bits from a GPU array library without an fp8 type
+    if is_float8(q.dtype):  # fp8 bits from a GPU array library without an fp8 type
         return data.view(codes_dtype(q.dtype, "safetensors")).reshape(q.shape)
     return gpuq.Codes(data, q.shape, q.dtype)
 
@@ -289,9 +295,9 @@ def stored_codes(q, scheme: dict, fmt: str):
     >>> stored_codes(gpuq.pack(np.array([1, -2, 3], np.int8)), {"dtype": "int4"}, "npz")
     array([225,   3], dtype=uint8)
     """
-    if scheme["dtype"] in PACKED_DTYPES:
+    if is_packed(scheme["dtype"]):
         return q.data
-    if scheme["dtype"] in FP8_DTYPES and fmt != "safetensors":
+    if is_float8(scheme["dtype"]) and fmt != "safetensors":
         return q.view(np.uint8)
     return q
 
@@ -301,9 +307,9 @@ def api_codes(stored, scheme: dict, device):
     import gpuq
 
     dtype = scheme["dtype"]
-    if dtype in PACKED_DTYPES:
+    if is_packed(dtype):
         return gpuq.Codes(device.put(stored), tuple(scheme["shape"]), dtype)
-    if dtype in FP8_DTYPES:
+    if is_float8(dtype):
         bits = stored.view(np.uint8)
         if device.xp is np:
             return bits.view(codes_dtype(dtype, "safetensors"))  # an ml_dtypes fp8 array
@@ -322,7 +328,7 @@ def _narrow(zps, code: str, name):
     dtype('int8')
     """
     dt = zps_dtype(code)
-    lo, hi = INT4_RANGE.get(code, (np.iinfo(dt).min, np.iinfo(dt).max))
+    lo, hi = code_range(code)
     if zps.size and (int(zps.min()) < lo or int(zps.max()) > hi):
         raise CliError(f"tensor {name!r}: zero points outside {code} [{lo}, {hi}]: "
                        f"[{int(zps.min())}, {int(zps.max())}]")
@@ -444,7 +450,7 @@ def _quantize_one(ckpt, name, scheme, row, out, device, nonfinite, warn) -> dict
     except (ValueError, TypeError) as exc:
         raise CliError(f"tensor {name!r}: {' '.join(str(exc).split())}") from exc
     if sum(counts.values()) and nonfinite == "warn" and warn is not None:
-        what = ("NaN -> NaN, +-Inf -> +-max finite" if scheme["dtype"] in FP8_DTYPES
+        what = ("NaN -> NaN, +-Inf -> +-max finite" if is_float8(scheme["dtype"])
                 else "NaN -> zero point, +-Inf -> saturated")
         warn(f"tensor {name!r} has {nonfinite_text(counts)}: quantized with parameters from "
              f"its finite values ({what}); --nonfinite error refuses it, allow keeps quiet")
@@ -580,8 +586,7 @@ def dequantize_file(ckpt, out_path, out_fmt, schemes, *, dtype, device, tick=Non
                 try:
                     # Host scales/zps with a device src are uploaded by the library.
                     y = gpuq.dequantize(api_codes(stored, s, device), scales, zps,
-                                        axis=api_axis(s), group_size=s["group_size"],
-                                        dtype=entries[name][1])
+                                        dtype=entries[name][1], **scheme_kw(s))
                 except (ValueError, TypeError) as exc:
                     raise CliError(f"tensor {name!r}: {' '.join(str(exc).split())}") from exc
                 y = device.get(y)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .files import CliError
-from .quantized import FP8_DTYPES, PACKED_DTYPES, scheme_for
+from .quantized import is_float8, is_packed, scheme_for
 
 DEFAULT_MIN_SIZE = 1024
 _FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
@@ -52,7 +52,7 @@ def default_scheme(dtype: str, rank: int) -> tuple:
     >>> default_scheme("int8", 2), default_scheme("float8_e4m3fn", 3), default_scheme("uint4", 3)
     ((0, None), ([0, 1], None), (2, 128))
     """
-    if dtype in PACKED_DTYPES:
+    if is_packed(dtype):
         return rank - 1, DEFAULT_GROUP
     if rank <= 2:
         return 0, None
@@ -65,7 +65,7 @@ def default_note(dtype: str) -> str:
     >>> default_note("int4")
     'int4: groups of 128 along the last dimension'
     """
-    if dtype in PACKED_DTYPES:
+    if is_packed(dtype):
         return f"{dtype}: groups of {DEFAULT_GROUP} along the last dimension"
     return (f"{dtype}: one scale per output channel at rank 2, per row of the last dimension "
             f"at rank >= 3")
@@ -85,6 +85,7 @@ class Plan:
     dtype: str
     symmetric: bool
     default: bool = False
+    block: tuple | None = None  # --block AxB: blocks of the last two dims (1 on leading dims)
 
     def for_shape(self, name: str, shape: tuple) -> dict:
         """This plan for one tensor: the ``axis`` normalised to ``[0, rank)``.
@@ -102,6 +103,9 @@ class Plan:
         if self.default:
             axis, group = default_scheme(self.dtype, len(shape))
             return scheme_for(self.dtype, self.symmetric, axis, group, shape)
+        if self.block is not None:
+            return scheme_for(self.dtype, self.symmetric, None, None, shape,
+                              block_size=block_for_rank(self.block, len(shape)))
         axis = self.axis
         if axis is not None:
             rank = len(shape)
@@ -112,6 +116,30 @@ class Plan:
                 )
             axis %= rank
         return scheme_for(self.dtype, self.symmetric, axis, self.group_size, shape)
+
+
+def parse_block(text: str, where: str) -> tuple:
+    """``AxB`` (``--block``, a ``bAxB`` scheme option) as ``(A, B)``, two positive integers.
+
+    >>> parse_block("128x128", "--block"), parse_block("64X32", "--block")
+    ((128, 128), (64, 32))
+    """
+    parts = text.lower().split("x")
+    if len(parts) == 2 and all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+        return tuple(int(p) for p in parts)
+    raise CliError(f"{where} must be AxB, two positive integers (e.g. 128x128), got {text!r}")
+
+
+def block_for_rank(block: tuple, rank: int) -> list:
+    """``--block AxB`` for a tensor of ``rank``: ``[A, B]`` on its last two dims, 1 on the
+    leading ones (an expert of a ``[experts, out, in]`` tensor never shares a block with
+    another); a rank-1 tensor takes ``[B]``, a 0-d one ``[]``.
+
+    >>> block_for_rank((128, 128), 3), block_for_rank((128, 64), 1), block_for_rank((8, 8), 2)
+    ([1, 128, 128], [64], [8, 8])
+    """
+    tail = list(block)[-rank:] if rank else []
+    return [1] * (rank - len(tail)) + tail
 
 
 def describe(scheme: dict) -> str:
@@ -125,7 +153,7 @@ def describe(scheme: dict) -> str:
     'float8_e4m3fn axis=(0,1)'
     """
     parts = [scheme["dtype"]]
-    if scheme["dtype"] not in FP8_DTYPES:  # fp8 is always symmetric: no word for it
+    if not is_float8(scheme["dtype"]):  # fp8 is always symmetric: no word for it
         parts.append("sym" if scheme["symmetric"] else "asym")
     return " ".join(parts + [describe_where(scheme)])
 
@@ -136,6 +164,9 @@ def describe_where(scheme: dict) -> str:
     >>> describe_where({"axis": [0, 1, 2], "group_size": None}), describe_where({"axis": 1, "group_size": 32})
     ('axis=(0,1,2)', 'axis=1 g=32')
     """
+    block = scheme.get("block_size")
+    if block is not None:
+        return "block=" + "x".join(map(str, block))
     axis = scheme["axis"]
     if axis is None:
         return "per-tensor"
