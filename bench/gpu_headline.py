@@ -4,7 +4,7 @@ tensors, gpuq against the measured device-to-device copy and against torch eager
 
 Cases (issue 25): f32->s8 per-tensor, per-channel, group 128; s8->f32; bf16->s8 per-row;
 f32->int4 group 128 (packed); f32->fp8 e4m3 per-row; ``quantize_dynamic`` per-row (the fused
-path). Static cases take device-resident scales with ``check_values=False`` (no host
+path); issue 28's fp8 e4m3 with 128x128 block scales (quantize, dequantize, ``choose_qparams``). Static cases take device-resident scales with ``check_values=False`` (no host
 synchronisation: what a serving loop does), per-tensor a Python float (passed by value).
 
 For each case, before any timing:
@@ -90,7 +90,9 @@ def _host(t):
 
         return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        return t.view(torch.uint8).numpy()
+        import ml_dtypes  # as the fp8 codes they are (dequantize reads them so)
+
+        return t.view(torch.uint8).numpy().view(getattr(ml_dtypes, str(t.dtype)[6:]))
     return t.numpy()
 
 
@@ -147,6 +149,11 @@ def build_cases(torch, device, rows, cols):
     s_t = float(x.abs().max()) / 127
     s_t_dev = torch.tensor(s_t, device=device, dtype=torch.float32)
     q8 = gpuq.quantize(x, s_t)                                             # dequantize's input
+    b = 128  # DeepSeek's fine-grained fp8 layout: one scale per 128x128 block (issue 28)
+    if rows % b == 0:  # the peers' 4-D view needs whole blocks (gpuq does not)
+        tiles = x.reshape(rows // b, b, cols // b, b)
+        s_blk = (tiles.abs().amax(dim=(1, 3)) / 448).contiguous()         # (rows/128, cols/128)
+        q_blk = gpuq.quantize(x, s_blk, block_size=(b, b), dtype="float8_e4m3fn")
     flat = x.reshape(-1)
 
     def eager_q(v, s, lo=-128, hi=127, dt=torch.int8):
@@ -187,7 +194,29 @@ def build_cases(torch, device, rows, cols):
              eager=lambda: _eager_dynamic(torch, x),
              host=lambda k: gpuq.quantize_dynamic(_host(x[:k]), axis=0, symmetric=True)),
     ]
-    return cases
+    if rows % b:
+        return cases
+    return cases + [
+        dict(name="f32->fp8e4m3 block128x128", bytes=5 * n + 4 * s_blk.numel(),
+             gpuq=lambda: gpuq.quantize(x, s_blk, block_size=(b, b), dtype="float8_e4m3fn",
+                                        check_values=False),
+             eager=lambda: torch.clamp(tiles / s_blk[:, None, :, None], -448, 448).to(
+                 torch.float8_e4m3fn).reshape(rows, cols),
+             host=lambda k: gpuq.quantize(_host(x[:k]), _host(s_blk[:-(-k // b)]), block_size=(b, b),
+                                          dtype="float8_e4m3fn")),
+        dict(name="fp8e4m3->f32 block128x128", bytes=5 * n + 4 * s_blk.numel(),
+             gpuq=lambda: gpuq.dequantize(q_blk, s_blk, block_size=(b, b), check_values=False),
+             eager=lambda: (q_blk.float().reshape(rows // b, b, cols // b, b)
+                            * s_blk[:, None, :, None]).reshape(rows, cols),
+             host=lambda k: gpuq.dequantize(_host(q_blk[:k]), _host(s_blk[:-(-k // b)]),
+                                            block_size=(b, b))),
+        dict(name="choose_qparams fp8 block128x128", bytes=4 * n,
+             gpuq=lambda: gpuq.choose_qparams(x, block_size=(b, b), dtype="float8_e4m3fn"),
+             eager=lambda: tiles.abs().amax(dim=(1, 3)) / 448,
+             host=lambda k: gpuq.choose_qparams(_host(x[:b]), block_size=(b, b),
+                                                dtype="float8_e4m3fn"),
+             rows_of=lambda r, k: r[:cols // b]),
+    ]
 
 
 def _eager_dynamic(torch, x):

@@ -14,7 +14,7 @@ rules with a stand-in for torch (tests/test_interop.py); this is the real thing:
   capture, replayed;
 * a second GPU, when there is one: src on device 1 while device 0 is current;
 * gpuq's registered torch ops (issue 31, ``gpuq.torch``) on CUDA tensors: the
-  eager call's and the host's bits; captured in a CUDA graph and replayed;
+  eager call's and the host's bits (block scales too); captured in a CUDA graph and replayed;
   ``torch.compile(fullgraph=True)`` over the public functions (one graph, no
   break), on torch's current stream; ``opcheck``; ``torch.export``; and, last,
   ``torch.compile(mode="reduce-overhead")`` (inductor's CUDA graphs).
@@ -229,6 +229,11 @@ def main() -> int:
         _same(y, gpuq.dequantize(eager, s63, z63, axis=1, group_size=4, dtype="bfloat16"))
         f8 = ops.quantize(x, s10, axis=[1], dtype="float8_e5m2")
         _same(_to_host(f8), gpuq.quantize(host_args[0], host_args[2], axis=1, dtype="float8_e5m2"))
+        w = torch.randn(300, 200, device=dev, generator=gen)  # fp8 with 128x128 block scales, ragged
+        fb, sb = ops.quantize_dynamic(w, block_size=[128, 128], dtype="float8_e4m3fn")
+        _same(_to_host([fb, sb]), gpuq.quantize_dynamic(_to_host(w), block_size=(128, 128),
+                                                        dtype="float8_e4m3fn")[:2])
+        _same(ops.dequantize(fb, sb, block_size=[128, 128]), gpuq.dequantize(fb, sb, block_size=(128, 128)))
         _same(_to_host(ops.quantize_dynamic(x, axis=[0], dtype="uint8")),
               [r for r in gpuq.quantize_dynamic(host_args[0], axis=0, dtype="uint8") if r is not None])
         want = gpuq.choose_qparams(host_args[1], axis=1, group_size=4, symmetric=True)

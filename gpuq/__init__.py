@@ -15,7 +15,7 @@ out").
 from ._codes import Codes, pack, unpack
 from .api import dequantize, quantize
 from .backends.host.choice import get_host_kernels, set_host_kernels
-from .backends.host.backend import get_num_threads, set_num_threads
+from .backends.host.threads import get_num_threads, set_num_threads
 from .ops import Dequantize, DynamicDequantize, DynamicQuantize, Quantize
 from .qparams import choose_qparams, quantize_dynamic
 

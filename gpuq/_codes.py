@@ -23,7 +23,7 @@ import sys
 
 import numpy as np
 
-from ._dtypes import CODE_FORMATS, code_format, fp8_dtype
+from ._codetypes import CODE_TYPES, code_type, fp8_dtype
 
 __all__ = ["Codes", "pack", "unpack"]
 
@@ -46,10 +46,11 @@ class Codes:
     __slots__ = ("data", "shape", "dtype")
 
     def __init__(self, data, shape, dtype):
-        fmt = code_format(dtype)  # a name, or ml_dtypes' type/dtype of the same name
-        if fmt is None:
+        fmt = code_type(dtype)  # a name, or ml_dtypes' type/dtype of the same name
+        if fmt is None or fmt.storage == "element" and fmt.codec == "affine":  # those are arrays
             exc = ValueError if isinstance(dtype, str) else TypeError
-            raise exc(f"dtype must be one of {', '.join(CODE_FORMATS)}, got {dtype!r}")
+            names = ", ".join(n for n, row in CODE_TYPES.items() if row.storage == "packed" or row.codec != "affine")
+            raise exc(f"dtype must be one of {names}, got {dtype!r}")
         try:
             if any(isinstance(d, (bool, np.bool_)) for d in shape):
                 raise TypeError
@@ -59,15 +60,16 @@ class Codes:
         if any(d < 0 for d in shape):
             raise ValueError(f"shape must be a tuple of non-negative ints, got {shape!r}")
         dt = getattr(data, "dtype", None)
-        if dt is None or str(dt).rsplit(".", 1)[-1] != "uint8" or not hasattr(data, "shape"):
+        if dt is None or not _is_uint8(dt) or not hasattr(data, "shape"):
             raise TypeError(f"data must be a uint8 array, got {type(data).__qualname__} "
                             f"of dtype {dt}")
-        want = ((math.prod(shape) + 1) // 2,) if fmt.kind == "int4" else shape
+        packed = fmt.storage == "packed"
+        want = (fmt.packed_size(math.prod(shape)),) if packed else shape
         if tuple(data.shape) != want:
-            what = "ceil(prod(shape) / 2) bytes, 1-D" if fmt.kind == "int4" else "the shape"
+            what = "ceil(prod(shape) / 2) bytes, 1-D" if packed else "the shape"
             raise ValueError(f"data must hold {what} for {fmt.name} codes of shape {shape}: "
                              f"expected data.shape {want}, got {tuple(data.shape)}")
-        if fmt.kind == "int4" and not _c_contiguous(data):
+        if packed and not _c_contiguous(data):
             raise ValueError("data of int4/uint4 codes must be C-contiguous (the bytes are packed), "
                              f"got a strided view (strides {getattr(data, 'strides', None)})")
         object.__setattr__(self, "data", data)
@@ -76,6 +78,49 @@ class Codes:
 
     def __setattr__(self, name, value):
         raise AttributeError("Codes is immutable: make a new one")
+
+    def __reduce__(self):
+        # pickle, copy.copy and copy.deepcopy rebuild through __init__ (its checks included):
+        # Codes cross processes (ProcessPoolExecutor, Dask's client.submit) as what they are.
+        return (Codes, (self.data, self.shape, self.dtype))
+
+    def equals(self, other) -> bool:
+        """Same code dtype, same logical shape and the same bytes, wherever the data lives
+        (a device comparison reads one flag back).
+
+        >>> import numpy as np, gpuq
+        >>> a = gpuq.quantize(np.array([1.0, -2.0, 3.0], np.float32), 1.0, dtype="int4")
+        >>> a.equals(gpuq.pack(np.array([1, -2, 3], np.int8))), a.equals(gpuq.unpack(a))
+        (True, False)
+        """
+        if not isinstance(other, Codes) or (self.dtype, self.shape) != (other.dtype, other.shape):
+            return False
+        a, b = self.data, other.data
+        if type(a) is not type(b) or tuple(a.shape) != tuple(b.shape):
+            return False
+        if isinstance(a, np.ndarray):
+            return bool(np.array_equal(a, b))
+        return bool((a == b).all())  # CuPy, torch: compared where they live
+
+    def __eq__(self, other):
+        """Value equality (:meth:`equals`) for codes on the host; a ``TypeError`` for device data,
+        whose comparison would synchronise: call ``equals`` for that, knowingly."""
+        if not isinstance(other, Codes):
+            return NotImplemented
+        for data in (self.data, other.data):
+            if not isinstance(data, np.ndarray):
+                raise TypeError(f"== on Codes compares host data only; these hold "
+                                f"{type(data).__module__}.{type(data).__qualname__} data: use "
+                                f"a.equals(b) (it reads the result back from the device)")
+        return self.equals(other)
+
+    __hash__ = None  # equal by value, and the data is a mutable array
+
+    def __array__(self, *args, **kwargs):
+        raise TypeError(f"a gpuq.Codes is not an array: its {self.dtype} codes are "
+                        f"{'packed two per byte' if code_type(self.dtype).storage == 'packed' else 'bits'}"
+                        f" in codes.data; use codes.data for those bytes, or gpuq.unpack(codes) for "
+                        f"one code per element")
 
     @property
     def size(self) -> int:
@@ -93,6 +138,15 @@ class Codes:
 
     def __repr__(self) -> str:
         return f"Codes(shape={self.shape}, dtype={self.dtype!r}, data={self.data!r})"
+
+
+def _is_uint8(dt) -> bool:
+    """Whether ``dt`` is the uint8 of NumPy, CuPy, Dask (NumPy dtypes) or torch."""
+    try:
+        return np.dtype(dt) == np.uint8
+    except TypeError:  # torch.uint8 and the like
+        torch = sys.modules.get("torch")
+        return torch is not None and dt == torch.uint8
 
 
 def _c_contiguous(a) -> bool:
@@ -129,18 +183,22 @@ def pack(codes, dtype=None) -> Codes:
     >>> gpuq.pack(np.array([[1, -2, 3]], np.int8)).data
     array([225,   3], dtype=uint8)
     """
+    if isinstance(codes, Codes):
+        raise TypeError(f"codes are already packed (a gpuq.Codes of {codes.dtype}): pack takes one "
+                        f"code per element, as gpuq.unpack(codes) gives them")
     if dtype is None:
-        named = getattr(getattr(codes, "dtype", None), "name", None)
-        dtype = named if named in ("int4", "uint4") else "int4"
-    fmt = code_format(dtype) if isinstance(dtype, str) else None
-    if fmt is None or fmt.kind != "int4":
+        row = code_type(getattr(getattr(codes, "dtype", None), "name", None))
+        dtype = row.name if row is not None and row.storage == "packed" else "int4"
+    fmt = code_type(dtype) if isinstance(dtype, str) else None
+    if fmt is None or fmt.storage != "packed":
         raise ValueError(f"dtype must be 'int4' or 'uint4', got {dtype!r}")
     want = np.int8 if fmt.signed else np.uint8
     ml = _ml_int4(fmt.name)
     if ml is not None and getattr(codes, "dtype", None) == ml:  # (np.dtype(...) == None is float64)
         codes = codes.astype(want)  # one nibble per byte, upper bits 0: widened, not viewed
     if getattr(codes, "dtype", None) != want:
-        raise TypeError(f"codes must be a {np.dtype(want).name} array for {fmt.name}, "
+        article = "an" if fmt.signed else "a"
+        raise TypeError(f"codes must be {article} {np.dtype(want).name} array for {fmt.name}, "
                         f"got {type(codes).__qualname__} of dtype {getattr(codes, 'dtype', None)}")
     xp = _xp(codes)
     flat = xp.ascontiguousarray(codes).reshape(-1)
@@ -166,10 +224,10 @@ def unpack(codes: Codes):
     """
     if not isinstance(codes, Codes):
         raise TypeError(f"codes must be a gpuq.Codes, got {type(codes).__qualname__}")
-    fmt = code_format(codes.dtype)
+    fmt = code_type(codes.dtype)
     data = codes.data
     xp = _xp(data)
-    if fmt.kind == "fp8":
+    if fmt.storage == "element":  # fp8 bits (CuPy has no fp8 dtype)
         return data.view(fp8_dtype(fmt.name)) if xp is np else data
     n = codes.size
     out = xp.empty(2 * data.size, xp.uint8)

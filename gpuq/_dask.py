@@ -73,18 +73,17 @@ import uuid
 
 import numpy as np
 
-from ._dispatch import host_base, host_native, is_device_array
-from ._dtypes import code_format, FLOAT_DTYPES, QUANT_RANGE, as_dtype, compute_dtype, native
-from ._params import _check_shape, scales_param, zps_param
+from ._codes import Codes
+from ._codetypes import as_code_type, code_type
+from ._dispatch import backend_for, is_device_array
+from ._dtypes import FLOAT_DTYPES, as_dtype, compute_dtype, native
+from ._params import check_shape, scales_param, zps_param
 from ._scheme import Scheme
 
 __all__ = ["call"]
 
-_QUANT_DTYPES = tuple(QUANT_RANGE)
 _ELEMENTWISE = ("quantize", "dequantize")
 _QPARAMS = ("choose_qparams", "quantize_dynamic")
-#: Order key of +0.0 (``kernels/qparams.cu``): an empty slot becomes an all-zero one.
-_KEY_ZERO = 0x80000000
 
 
 def call(public, fn, arg, args, kwargs):
@@ -112,12 +111,14 @@ def call(public, fn, arg, args, kwargs):
     bound.apply_defaults()
     a = dict(bound.arguments)
     src = a.pop(list(a)[arg])
-    code = code_format(a["dtype"]) if isinstance(a.get("dtype"), str) else None
-    if code is not None or (name == "dequantize" and code_format(src.dtype) is not None):
+    codes = src.dtype if isinstance(src, Codes) else getattr(src, "dtype", None)
+    packed = [row for row in (code_type(a.get("dtype")), code_type(codes) if name == "dequantize" else None)
+              if row is not None and row.storage == "packed"]  # a name, a dtype or a type: one rule
+    if packed:
         raise TypeError(
-            f"Dask arrays take int8/uint8 codes; {code.name if code else src.dtype} codes "
-            f"(fp8, int4) are not supported on Dask arrays yet: compute the chunks and call "
-            f"gpuq.{name} on each, or use int8/uint8"
+            f"Dask arrays take int8/uint8 and fp8 codes; {packed[0].name} codes (packed two per "
+            f"byte) are not supported on Dask arrays yet: a packed chunk is not an array Dask can "
+            f"join; compute the chunks and call gpuq.{name} on each, or use int8/uint8 or fp8"
         )
     if name in _ELEMENTWISE:
         return _elementwise(public, name, src, a)
@@ -131,26 +132,21 @@ _NO_OUT = ("out= cannot be used with a Dask src: a Dask array is not written in 
 # --- chunks ----------------------------------------------------------------------------------------
 
 def _chunk_kind(arr, argname):
-    """``"numpy"`` or ``"cupy"``: the type of ``arr``'s chunks (its ``_meta``)."""
+    """The chunk type of ``arr``, as its ``_meta`` (a zero-size NumPy or CuPy array): what the
+    graph's metadata and the chunks' backend are made from."""
     meta = arr._meta
-    if isinstance(meta, np.ndarray):
-        ma = sys.modules.get("numpy.ma")
-        if ma is not None and isinstance(meta, ma.MaskedArray):
-            raise TypeError(f"{argname} must not have masked chunks (numpy.ma): gpuq cannot honour a mask")
-        return "numpy"
-    cupy = sys.modules.get("cupy")
-    if cupy is not None and isinstance(meta, cupy.ndarray):
-        return "cupy"
-    raise TypeError(f"{argname} must be a Dask array of NumPy or CuPy chunks, got chunks of type "
-                    f"{type(meta).__module__}.{type(meta).__qualname__}")
+    ma = sys.modules.get("numpy.ma")
+    if ma is not None and isinstance(meta, ma.MaskedArray):
+        raise TypeError(f"{argname} must not have masked chunks (numpy.ma): gpuq cannot honour a mask")
+    if not (isinstance(meta, np.ndarray) or is_device_array(meta)):
+        raise TypeError(f"{argname} must be a Dask array of NumPy or CuPy chunks, got chunks of type "
+                        f"{type(meta).__module__}.{type(meta).__qualname__}")
+    return meta
 
 
 def _meta(kind, ndim, dtype):
-    if kind == "numpy":
-        return np.empty((0,) * ndim, dtype)
-    import cupy
-
-    return cupy.empty((0,) * ndim, dtype)
+    """A zero-size array of ``dtype`` and ``ndim`` of the chunk type ``kind`` (a ``_meta``)."""
+    return backend_for(kind)[0].empty(kind, (0,) * ndim, dtype)
 
 
 def _known_shape(arr, argname):
@@ -190,28 +186,30 @@ def group_chunks(chunks, g):
 
 
 def _align_groups(src, scheme):
-    if scheme.kind != "group":
+    """``src`` rechunked so that no group or block straddles a chunk: along each dim whose
+    block is more than 1, chunk boundaries move down to multiples of it."""
+    if scheme.kind not in ("group", "block"):
         return src
-    (k,) = scheme.axes
-    chunks = group_chunks(src.chunks[k], scheme.group_size)
-    return src if chunks == src.chunks[k] else src.rechunk({k: chunks})
+    # A block covering its whole dim needs that dim in one chunk (group_chunks makes it one).
+    target = {d: group_chunks(src.chunks[d], b) for d, b in enumerate(scheme.blocks) if b > 1}
+    changed = {d: c for d, c in target.items() if c != src.chunks[d]}
+    return src.rechunk(changed) if changed else src
 
 
 def _param_chunks(scheme, chunks):
     """The chunks of scales/zps that line up with data chunks ``chunks``."""
     if scheme.kind == "tensor":
         return ()
-    if scheme.kind == "group":
-        (k,) = scheme.axes
-        g = scheme.group_size
-        return chunks[:k] + (tuple(-(-c // g) for c in chunks[k]),) + chunks[k + 1:]
+    if scheme.kind in ("group", "block"):
+        # Aligned (_align_groups): each chunk holds whole blocks, the last one ragged.
+        return tuple(tuple(-(-c // b) for c in cs) for cs, b in zip(chunks, scheme.blocks))
     return tuple(chunks[a] for a in scheme.axes)
 
 
 def _param_indices(scheme, ind):
     if scheme.kind == "tensor":
         return ()
-    if scheme.kind == "group":
+    if scheme.kind in ("group", "block"):
         return ind
     return tuple(ind[a] for a in scheme.axes)
 
@@ -247,40 +245,58 @@ def _elementwise(public, name, src, a):
 
     if a["out"] is not None:
         raise TypeError(_NO_OUT)
+    codes = None  # dequantize of Codes: the row of its code dtype; the Dask array is its data
+    if isinstance(src, Codes):
+        codes, src = code_type(src.dtype), src.data
     kind = _chunk_kind(src, "src")
     _known_shape(src, "src")
+    storage = backend_for(_meta(kind, 0, np.uint8))[0].code_storage
+    in_codes = False
     if name == "quantize":
         fdtype = native(src.dtype)
         if fdtype not in FLOAT_DTYPES:
             raise TypeError(f"src must be float16, float32, float64 or bfloat16 to quantize, got {src.dtype}")
-        rdtype = np.dtype(np.int8) if a["dtype"] is None else as_dtype(a["dtype"], "dtype", _QUANT_DTYPES)
+        code = as_code_type("int8" if a["dtype"] is None else a["dtype"])
+        rdtype, in_codes = storage(code)
         ct = compute_dtype(fdtype)
     else:
-        if src.dtype not in _QUANT_DTYPES:
-            raise TypeError(f"src must be int8 or uint8 to dequantize, got {src.dtype}")
+        code = codes or code_type(src.dtype)
+        if code is None:
+            raise TypeError(f"src must be int8 or uint8 codes, an fp8 array or gpuq.Codes to "
+                            f"dequantize, got {src.dtype}")
         rdtype = np.dtype(np.float32) if a["dtype"] is None else as_dtype(a["dtype"], "dtype", FLOAT_DTYPES)
         ct = compute_dtype(rdtype)
-    scheme = Scheme.build(src.shape, a["axis"], a["group_size"])
+    scheme = Scheme.build(src.shape, a["axis"], a["group_size"], a["block_size"])
     src = _align_groups(src, scheme)
     pchunks = _param_chunks(scheme, src.chunks)
     check = a["check_values"]
-    s = _param(a["scales"], "scales", scheme, ct, kind, pchunks, check)
-    z = _param(a["zps"], "zps", scheme, ct, kind, pchunks, check)
+    s = _param(a["scales"], "scales", scheme, ct, kind, pchunks, check, code)
+    z = _param(a["zps"], "zps", scheme, ct, kind, pchunks, check, code)
     ind = _indices(src.ndim)
     pind = _param_indices(scheme, ind)
     args = [src, ind]
     for p in (s, z):
         args += [p, pind if isinstance(p, da.Array) else None]
-    fn = functools.partial(_apply, public, axis=a["axis"], group_size=a["group_size"], dtype=rdtype,
-                           check_values=check)
-    return da.blockwise(fn, ind, *args, dtype=rdtype, meta=_meta(kind, src.ndim, rdtype),
-                        align_arrays=False, token=f"gpuq-{name}")
+    kw = dict(axis=a["axis"], group_size=a["group_size"], block_size=a["block_size"], check_values=check)
+    if name == "quantize":
+        kw["dtype"], kw["saturate"] = code.name, a["saturate"]
+    else:
+        kw["dtype"] = rdtype
+    fn = functools.partial(_apply, public, rdtype, codes.name if codes else None, in_codes, **kw)
+    result = da.blockwise(fn, ind, *args, dtype=rdtype, meta=_meta(kind, src.ndim, rdtype),
+                          align_arrays=False, token=f"gpuq-{name}")
+    # CuPy has no fp8 dtype: fp8 codes of CuPy chunks are Codes of their bits, as in memory.
+    return Codes(result, tuple(result.shape), code.name) if in_codes else result
 
 
-def _apply(public, block, scales, zps, **kwargs):
+def _apply(public, rdtype, codes, in_codes, block, scales, zps, **kwargs):
+    """One chunk's call: ``block`` (wrapped as the Codes of its bits where ``codes`` names their
+    code dtype), the chunk's result (the bits of Codes results where ``in_codes``)."""
     with _threads_shared():
-        out = _host_out(block, kwargs["dtype"])
-        return public(block, scales, zps, out=out, **kwargs)
+        out = _host_out(block, rdtype)
+        src = block if codes is None else Codes(block, block.shape, codes)
+        result = public(src, scales, zps, out=out, **kwargs)
+    return result.data if in_codes else result
 
 
 _running = 0
@@ -304,7 +320,7 @@ def _threads_shared():
     depend on the thread count.
     """
     global _running
-    from .backends.host.backend import get_num_threads, thread_share
+    from .backends.host.threads import get_num_threads, thread_share
 
     total = get_num_threads()
     worker = _worker_threads()
@@ -362,7 +378,7 @@ def _host_out(block, dtype):
 _HUGE_PAGES = sys.platform.startswith("linux") and hasattr(mmap, "MADV_HUGEPAGE")
 
 
-def _param(obj, argname, scheme, ct, kind, pchunks, check_values):
+def _param(obj, argname, scheme, ct, kind, pchunks, check_values, code):
     """Scales or zps, checked now as far as they can be, as a Dask array lined up with the data
     (per-tensor: a 0-d one, or the checked host value itself); None for absent zps."""
     import dask.array as da
@@ -372,7 +388,7 @@ def _param(obj, argname, scheme, ct, kind, pchunks, check_values):
         return None
     if isinstance(obj, da.Array):
         pkind = _chunk_kind(obj, argname)
-        if pkind == "cupy" and kind == "numpy":
+        if is_device_array(pkind) and not is_device_array(kind):
             raise TypeError(f"{argname} has CuPy (device) chunks but src has NumPy chunks; gpuq does not "
                             f"copy between host and device behind your back")
         _known_shape(obj, argname)
@@ -380,33 +396,32 @@ def _param(obj, argname, scheme, ct, kind, pchunks, check_values):
             raise TypeError(f"{argname} must be a floating array (float32), got {obj.dtype}")
         if not scales and obj.dtype.kind not in "iu":
             raise TypeError(f"{argname} must be integers (int8, uint8 or int32), got {obj.dtype}")
-        _check_shape(obj, scheme, argname)
+        check_shape(obj, scheme, argname)
         if scheme.kind == "tensor":
             return obj.reshape(()).rechunk(())
         # map_blocks/blockwise pair blocks by position: the parameters take the data's chunks.
         return obj if obj.chunks == pchunks else obj.rechunk(pchunks)
-    if kind == "cupy" and is_device_array(obj):
+    if is_device_array(kind) and is_device_array(obj):
         # A device array: its dtype and shape now, its values on the device per chunk (check_values).
-        import cupy
-
-        dev = obj if isinstance(obj, cupy.ndarray) else cupy.asarray(obj)
+        dev = backend_for(obj, argname)[1]
         if scales and dev.dtype.kind != "f":
             raise TypeError(f"{argname} must be a floating array (float32), got {dev.dtype}")
         if not scales and dev.dtype.kind not in "iu":
             raise TypeError(f"{argname} must be integers (int8, uint8 or int32), got {dev.dtype}")
-        _check_shape(dev, scheme, argname)
+        check_shape(dev, scheme, argname)
         dev = dev.reshape(scheme.param_shape)
         if scheme.kind == "tensor":
             return dev
-        return da.from_array(dev, chunks=pchunks, asarray=False, meta=_meta("cupy", dev.ndim, dev.dtype),
+        return da.from_array(dev, chunks=pchunks, asarray=False, meta=_meta(kind, dev.ndim, dev.dtype),
                              name=f"gpuq-{argname}-{uuid.uuid4().hex}")
-    from .backends.host.backend import NumpyBackend
-
     # Host values: gpuq's own checks, all of them, now (a device array with NumPy chunks: TypeError).
+    backend = backend_for(_meta(kind, 0, np.uint8))[0]
     if scales:
-        host = scales_param(obj, scheme, ct, NumpyBackend, None, argname=argname)
+        host = scales_param(obj, scheme, ct, backend, argname=argname)
     else:
-        host = zps_param(obj, scheme, NumpyBackend, None, argname=argname)
+        host = zps_param(obj, code, scheme, backend, argname=argname)
+        if host is None:  # zeros of a code type without zero points
+            return None
     if scheme.kind == "tensor":
         return host
     return da.from_array(host, chunks=pchunks)
@@ -422,15 +437,17 @@ def _qparams(public, name, x, a):
     # gpuq's own argument checks, with the in-memory messages: the same call on a one-element
     # host array of x's rank and dtype (microseconds; the data is never looked at here).
     public(np.zeros((1,) * x.ndim, x.dtype), **a)
-    qdtype = as_dtype(a["dtype"], "dtype", _QUANT_DTYPES)
-    no_zps = bool(a["symmetric"]) and QUANT_RANGE[qdtype][0] < 0
-    scheme = Scheme.build(x.shape, a["axis"], a["group_size"])
+    code = as_code_type(a["dtype"])
+    symmetric = code.zero_point == "none" if a["symmetric"] is None else bool(a["symmetric"])
+    no_zps = code.zero_point == "none" or (symmetric and code.symmetric_zp == 0)
+    qdtype, in_codes = backend_for(_meta(kind, 0, np.uint8))[0].code_storage(code)
+    scheme = Scheme.build(x.shape, a["axis"], a["group_size"], a["block_size"])
     x = _align_groups(x, scheme)
     ind = _indices(x.ndim)
     pind = _param_indices(scheme, ind)
     pchunks = _param_chunks(scheme, x.chunks)
     reduced = [d for d in range(x.ndim) if scheme.kind == "tensor" or d not in scheme.axes]
-    if scheme.kind == "group":
+    if scheme.kind in ("group", "block"):  # aligned: every block inside one chunk
         reduced = []
     dynamic = name == "quantize_dynamic"
     if all(len(x.chunks[d]) == 1 for d in reduced):
@@ -440,12 +457,11 @@ def _qparams(public, name, x, a):
                              token=f"gpuq-{name}-chunk")
         outs = []
         if dynamic:
-            outs.append(_pick(inter, ind, 0, ind, {}, qdtype, kind))
+            outs.append(_codes_of(_pick(inter, ind, 0, ind, {}, qdtype, kind), code, in_codes))
         first = 1 if dynamic else 0
         adjust = {}
-        if scheme.kind == "group":
-            (k,) = scheme.axes
-            adjust = {ind[k]: pchunks[k]}
+        if scheme.kind in ("group", "block"):  # a chunk's parameters: its blocks, per dim
+            adjust = {ind[d]: pchunks[d] for d in range(x.ndim) if pchunks[d] != x.chunks[d]}
         outs.append(_pick(inter, ind, first, pind, adjust, np.float32, kind))
         outs.append(None if no_zps else _pick(inter, ind, first + 1, pind, adjust, np.int32, kind))
         return tuple(outs)
@@ -463,15 +479,20 @@ def _qparams(public, name, x, a):
         return scales, zps
     axis = None if scheme.kind == "tensor" else scheme.axes
     args = [x, ind, scales, pind] + ([zps, pind] if zps is not None else [None, None])
-    q = da.blockwise(functools.partial(_quantize_chunk, axis=axis, dtype=qdtype), ind, *args,
+    q = da.blockwise(functools.partial(_quantize_chunk, axis=axis, code=code), ind, *args,
                      dtype=qdtype, meta=_meta(kind, x.ndim, qdtype), align_arrays=False,
                      token="gpuq-quantize_dynamic-codes")
-    return q, scales, zps
+    return _codes_of(q, code, in_codes), scales, zps
 
 
 def _call_tuple(public, kwargs, block):
     with _threads_shared():
-        return tuple(public(block, **kwargs))
+        return tuple(r.data if isinstance(r, Codes) else r for r in public(block, **kwargs))
+
+
+def _codes_of(q, code, in_codes):
+    """Codes held as their bits (CuPy fp8) come back as the Codes of the Dask array of bits."""
+    return Codes(q, tuple(q.shape), code.name) if in_codes else q
 
 
 def _pick(inter, inter_ind, i, out_ind, adjust, dtype, kind):
@@ -487,15 +508,13 @@ def _item(v, i):
 
 
 def _tree(x, scheme, kind, ind, reduced):
-    """Per-slot (min, max) of ``x``: an array of shape ``(2,) + x.shape`` with 1 on reduced
-    dims, combined over chunks in a tree. Host: NaN-free floats (an empty slot is
-    ``(+inf, -inf)``); CuPy: the CUDA reduction's uint32 order keys."""
+    """Per-slot (min, max) of ``x``: a float32 array of shape ``(2,) + x.shape`` with 1 on
+    reduced dims, combined over chunks in a tree; an empty slot is ``(+inf, -inf)``. float64
+    data's min and max are rounded to float32 per chunk: rounding is monotone, so the global
+    ones are the rounded global min and max, as the parameters use them."""
     import dask.array as da
 
-    if kind == "numpy":
-        pdtype = np.dtype(np.float64) if native(x.dtype).itemsize == 8 else np.dtype(np.float32)
-    else:
-        pdtype = np.dtype(np.uint32)
+    pdtype = np.dtype(np.float32)
     axis = None if scheme.kind == "tensor" else scheme.axes
     part = da.blockwise(functools.partial(_partial, axis=axis, dtype=pdtype), ("lohi",) + ind, x, ind,
                         new_axes={"lohi": 2}, adjust_chunks={ind[d]: 1 for d in reduced},
@@ -507,29 +526,28 @@ def _tree(x, scheme, kind, ind, reduced):
 
 
 def _partial(block, axis, dtype):
-    scheme = Scheme.build(block.shape, axis)
-    keep = tuple(s if scheme.kind != "tensor" and d in scheme.axes else 1 for d, s in enumerate(block.shape))
-    if isinstance(block, np.ndarray):
-        from .backends.host import qparams as host_qparams
-
-        b = host_native(host_base(block, "x"))
-        with _threads_shared():
-            lo, hi = host_qparams.minmax(b, scheme)
-        lo, hi = lo.astype(dtype), hi.astype(dtype)  # float16/bfloat16 widen exactly
-        out = np.empty((2,) + keep, dtype)
-        out[0] = np.where(np.isnan(lo), np.inf, lo).reshape(keep)  # a slot with no number
-        out[1] = np.where(np.isnan(hi), -np.inf, hi).reshape(keep)
-        return out
-    import cupy
-
-    from .backends.cuda import qparams as cuda_qparams
-
-    with cupy.cuda.Device(block.device.id):
-        lo, hi = cuda_qparams.minmax_keys(block, scheme)
-        out = cupy.empty((2,) + keep, cupy.uint32)
-        out[0] = lo.reshape(keep)
-        out[1] = hi.reshape(keep)
+    """One chunk's per-slot ``(lo, hi)`` as ``(2,) + keepdims`` floats, a slot with no number
+    as ``(+inf, -inf)`` (the identities of the tree's min and max)."""
+    backend, b = backend_for(block, "x")
+    scheme = Scheme.build(b.shape, axis)
+    keep = tuple(s if scheme.kind != "tensor" and d in scheme.axes else 1 for d, s in enumerate(b.shape))
+    with _device(b), _threads_shared():
+        lo, hi = (v.astype(dtype).reshape(keep) for v in backend.minmax(b, scheme))  # widen exactly
+        out = backend.empty(b, (2,) + keep, dtype)
+        out[0] = _where_bits(lo, lo != lo, _POS_INF)
+        out[1] = _where_bits(hi, hi != hi, _NEG_INF)
     return out
+
+
+#: float32 bit patterns: +inf, -inf, +0.0.
+_POS_INF, _NEG_INF, _ZERO = 0x7F800000, 0xFF800000, 0
+
+
+def _where_bits(a, mask, bits):
+    """float32 ``a`` with the float32 of ``bits`` where ``mask``: a select in unsigned arithmetic
+    modulo 2**32 (exact for every pattern, NaN and Inf included), which every chunk type has."""
+    u = a.view(np.uint32)
+    return (u + mask.astype(np.uint32) * (np.uint32(bits) - u)).view(np.float32)
 
 
 def _identity(p, axis=None, keepdims=True):
@@ -551,12 +569,7 @@ def _combine(parts, axis=None, keepdims=True):
     if len(parts) == 1:
         return first
     with _device(first):
-        if isinstance(first, np.ndarray):
-            stack = np.empty((len(parts),) + first.shape, first.dtype)
-        else:
-            import cupy
-
-            stack = cupy.empty((len(parts),) + first.shape, first.dtype)
+        stack = backend_for(first)[0].empty(first, (len(parts),) + first.shape, first.dtype)
         for i, p in enumerate(parts):
             stack[i] = p
         out = stack[0].copy()
@@ -576,39 +589,28 @@ def _finish(public, kwargs, kept, v):
     pshape = tuple(b.shape[1 + d] for d in kept)
     with _device(b):
         lo, hi = b[0].reshape(pshape), b[1].reshape(pshape)
-        if isinstance(b, np.ndarray):
-            empty = lo > hi
-            t = np.empty((2,) + pshape, b.dtype)
-            t[0] = np.where(empty, 0, lo)
-            t[1] = np.where(empty, 0, hi)
-        else:
-            import cupy
-
-            empty = (lo > hi).astype(cupy.uint32)
-            lo = lo + empty * (_KEY_ZERO - lo)  # uint32 arithmetic, modulo 2**32
-            hi = hi + empty * (_KEY_ZERO - hi)
-            t = cupy.empty((2,) + pshape, cupy.float32)
-            # An order key back to the float's bits: flip the sign bit of a positive, all bits of a negative.
-            t[0] = (lo ^ (((lo >> 31) - 1) | _KEY_ZERO)).view(cupy.float32)
-            t[1] = (hi ^ (((hi >> 31) - 1) | _KEY_ZERO)).view(cupy.float32)
+        t = backend_for(b)[0].empty(b, (2,) + pshape, b.dtype)
+        empty = lo > hi
+        t[0] = _where_bits(lo, empty, _ZERO)
+        t[1] = _where_bits(hi, empty, _ZERO)
         axis = None if not kept else (1 if len(kept) == 1 else tuple(range(1, len(kept) + 1)))
-        return tuple(public(t, **dict(kwargs, axis=axis, group_size=None)))
+        result = public(t, **dict(kwargs, axis=axis, group_size=None))
+        return tuple(r.data if isinstance(r, Codes) else r for r in result)
 
 
-def _quantize_chunk(src, scales, zps, *, axis, dtype):
+def _quantize_chunk(src, scales, zps, *, axis, code):
     """One chunk's codes from parameters this module computed (``quantize_dynamic``, tree path):
     what ``gpuq.quantize`` does with them (the same validation helpers and backend call), on the
-    chunk's device and CuPy's current stream there."""
-    from ._dispatch import backend_for
-
+    chunk's device and CuPy's current stream there; fp8 codes of CuPy chunks as their bits."""
     backend, arr = backend_for(src, "x")
     with _device(arr):
         scheme = Scheme.build(arr.shape, axis)
         ct = compute_dtype(native(arr.dtype))
-        s = scales_param(scales, scheme, ct, backend, arr, check_values=False)
-        z = zps_param(zps, scheme, backend, arr, check_values=False)
-        out = backend.empty(arr, arr.shape, dtype)
+        s = scales_param(scales, scheme, ct, backend, check_values=False)
+        z = zps_param(zps, code, scheme, backend, check_values=False)
+        out = backend.empty(arr, arr.shape, backend.code_storage(code)[0])
         if arr.size:
             with _threads_shared():
-                backend.quantize(host_native(arr), scheme, s, z, out)
+                backend.quantize(code, arr, scheme, backend.to_param(s, arr), backend.to_param(z, arr), out,
+                                 True)
     return out

@@ -77,6 +77,42 @@ def host_native(arr):
     return arr.astype(arr.dtype.newbyteorder("="))
 
 
+def host_backend():
+    """The backend of host (NumPy) arrays: where host values are checked, whatever src is.
+
+    >>> host_backend().name
+    'numpy'
+    """
+    from .backends.host.backend import NumpyBackend
+
+    return NumpyBackend
+
+
+def source_codes(src):
+    """``(backend, code, data, shape)`` of codes to dequantize: their backend, the row of their
+    code type, the array of their storage there, and their logical shape.
+
+    ``src`` is a :class:`gpuq.Codes` (packed int4/uint4, fp8 bits), an fp8 array (ml_dtypes'
+    on the host), or an int8/uint8 array; anything else is a ``TypeError``, an array of
+    ml_dtypes' int4/uint4 (one nibble a byte: not gpuq's packed storage) with the way to pack it.
+    """
+    from ._codes import Codes
+    from ._codetypes import CODE_TYPES
+
+    codes = src if isinstance(src, Codes) else None
+    backend, arr = backend_for(src if codes is None else codes.data, "src" if codes is None else "src.data")
+    if codes is not None:
+        return backend, CODE_TYPES[codes.dtype], arr, codes.shape
+    code = CODE_TYPES.get(arr.dtype.name) if arr.dtype.itemsize == 1 else None
+    if code is None:
+        raise TypeError(f"src must be int8 or uint8 codes, an fp8 array or gpuq.Codes to "
+                        f"dequantize, got {arr.dtype}")
+    if code.storage == "packed":
+        raise TypeError(f"src must be a gpuq.Codes for {code.name} codes (packed two per byte), "
+                        f"got an unpacked ml_dtypes {arr.dtype} array: gpuq.pack(src) packs it")
+    return backend, code, arr, tuple(arr.shape)
+
+
 def backend_for(src, argname: str = "src"):
     """The backend for ``src`` and ``src`` as that backend's array type (host: a base ndarray,
     see :func:`host_base`; in the byte order it has, see :func:`host_native`)."""
@@ -89,9 +125,10 @@ def backend_for(src, argname: str = "src"):
 
         return NumpyBackend, np.asarray(src)
     if is_device_array(src):
-        from .backends.cuda import backend
+        from .backends.cuda.backend import CudaBackend
+        from .backends.cuda.launch import as_cupy
 
-        return backend.CudaBackend, backend.as_cupy(src)
+        return CudaBackend, as_cupy(src)
     raise TypeError(
         f"{argname} must be a NumPy array or a CUDA array (CuPy, or an object exposing "
         f"__cuda_array_interface__ or a CUDA __dlpack__), got {type(src).__module__}."

@@ -11,8 +11,6 @@ CUDA instantiations are the same whether ``ml_dtypes`` is installed or not.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 
 # oneDNN Graph short names beside the NumPy ones.
@@ -24,10 +22,6 @@ _SHORT_NAMES = {
     "f32": "float32",
     "f64": "float64",
     "bf16": "bfloat16",
-    "s4": "int4",
-    "u4": "uint4",
-    "f8_e4m3": "float8_e4m3fn",
-    "f8_e5m2": "float8_e5m2",
 }
 
 #: The name of the bfloat16 dtype (ml_dtypes, JAX, TensorFlow all use it).
@@ -111,22 +105,15 @@ def dtype_name(dt) -> str:
     dt = np.dtype(dt)
     return BFLOAT16 if is_bfloat16(dt) else native(dt).name
 
-#: Quantized (code) dtypes and their saturation range [qmin, qmax].
-QUANT_RANGE = {
-    np.dtype(np.int8): (-128, 127),
-    np.dtype(np.uint8): (0, 255),
-}
-
 #: Floating dtypes accepted as quantize input and dequantize output (bfloat16:
 #: ml_dtypes', see the module docstring). ``FLOAT_DTYPES.names`` lists them all,
 #: whatever is installed.
 FLOAT_DTYPES = DtypeSet(("float16", "float32", "float64", BFLOAT16))
 
-#: The one dtype name -> C type table the CUDA kernels are instantiated from
-#: (``__half`` and ``gpuq_bf16`` are 2-byte storage types of kernels/contract.cuh).
+#: The float dtypes' (and int32's) C types the CUDA kernels are instantiated with (``__half``
+#: and ``gpuq_bf16`` are 2-byte storage types of kernels/contract.cuh); the code dtypes' are
+#: in their rows of :mod:`gpuq._codetypes`.
 C_TYPES = {
-    "int8": "signed char",
-    "uint8": "unsigned char",
     "int32": "int",
     "float16": "__half",
     "float32": "float",
@@ -135,85 +122,6 @@ C_TYPES = {
 }
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
-
-
-class CodeFormat(NamedTuple):
-    """A code dtype beyond NumPy's int8/uint8: how its codes are stored and their range.
-
-    ``kind`` is ``"int4"`` (two codes per byte, ONNX's nibble order) or ``"fp8"``
-    (one byte, an ml_dtypes float8 type); ``qmin``/``qmax`` the saturating range
-    (fp8: +-max_finite, which is also the divisor of symmetric scales);
-    ``fmt`` the kernels' name of the fp8 layout (``"e4m3fn"``/``"e5m2"``).
-    """
-
-    name: str
-    kind: str
-    qmin: int
-    qmax: int
-    signed: bool
-    fmt: str | None = None
-
-
-#: The code formats NumPy has no dtype for, by name (DESIGN.md section 1).
-CODE_FORMATS = {
-    "int4": CodeFormat("int4", "int4", -8, 7, True),
-    "uint4": CodeFormat("uint4", "int4", 0, 15, False),
-    "float8_e4m3fn": CodeFormat("float8_e4m3fn", "fp8", -448, 448, True, "e4m3fn"),
-    "float8_e5m2": CodeFormat("float8_e5m2", "fp8", -57344, 57344, True, "e5m2"),
-}
-C_TYPES.update({"float8_e4m3fn": "gpuq_e4m3", "float8_e5m2": "gpuq_e5m2"})
-
-
-def code_format(value):
-    """The :class:`CodeFormat` of a dtype or name (``"int4"``, ``"s4"``, ml_dtypes' fp8 dtype),
-    or None for anything else (int8, uint8, unknown names).
-
-    >>> code_format("u4").qmax, code_format("f8_e5m2").fmt, code_format("int8")
-    (15, 'e5m2', None)
-    """
-    if isinstance(value, CodeFormat):
-        return value
-    if isinstance(value, str):
-        return CODE_FORMATS.get(_SHORT_NAMES.get(value.lower(), value))
-    if isinstance(value, np.dtype) and value.kind in "fV" and value.itemsize == 1:
-        return CODE_FORMATS.get(value.name)
-    if isinstance(value, type) and value.__name__ in CODE_FORMATS:  # ml_dtypes.float8_e4m3fn
-        return CODE_FORMATS[value.__name__]
-    return None
-
-
-def as_code_dtype(value, argname: str = "dtype"):
-    """A code dtype: the :class:`CodeFormat` of int4/uint4/fp8, or NumPy's int8/uint8.
-
-    Errors list every code dtype (``ValueError`` for names, ``TypeError`` for dtypes).
-
-    >>> as_code_dtype("s4").name, as_code_dtype("u8")
-    ('int4', dtype('uint8'))
-    """
-    fmt = code_format(value)
-    if fmt is not None:
-        return fmt
-    try:
-        return as_dtype(value, argname, tuple(QUANT_RANGE))
-    except (TypeError, ValueError) as exc:
-        names = ", ".join(("int8", "uint8", *CODE_FORMATS))
-        got = str(exc).rsplit("got ", 1)[-1]  # as_dtype's word for what came
-        raise type(exc)(f"{argname} must be one of {names}, got {got}") from None
-
-
-def fp8_dtype(name: str) -> np.dtype:
-    """NumPy's dtype of an fp8 format (ml_dtypes', imported here on first need).
-
-    >>> fp8_dtype("float8_e4m3fn").itemsize             # doctest: +SKIP
-    1
-    """
-    try:
-        import ml_dtypes
-    except ImportError as exc:
-        raise ImportError(
-            f"{name} codes on the host are ml_dtypes arrays: pip install ml_dtypes (or gpuq[cli])"
-        ) from exc
-    return np.dtype(getattr(ml_dtypes, name))
 
 
 def native(dt: np.dtype) -> np.dtype:

@@ -88,7 +88,14 @@ def _on(device_id: int, stream=None):
                 yield
 
 
-_FP8_NAMES = ("float8_e4m3fn", "float8_e5m2")
+def _fp8_names():
+    """The code dtypes torch and ml_dtypes have and NumPy/CuPy lack (the table's float8 rows)."""
+    from ._codetypes import CODE_TYPES
+
+    return tuple(row.torch for row in CODE_TYPES.values() if row.codec == "float8")
+
+
+_FP8_NAMES = _fp8_names()
 
 
 def _torch_from_numpy(torch):
@@ -119,7 +126,7 @@ def _from_torch(t, torch):
 
             return _Adapted(t.view(torch.int16).numpy().view(bfloat16()), _torch_from_numpy(torch))
         if fp8 is not None:  # .numpy() refuses fp8 too: ml_dtypes' type of the same bits
-            from ._dtypes import fp8_dtype
+            from ._codetypes import fp8_dtype
 
             return _Adapted(t.view(torch.uint8).numpy().view(fp8_dtype(fp8)), _torch_from_numpy(torch))
         return _Adapted(t.numpy(), _torch_from_numpy(torch))
@@ -187,9 +194,9 @@ def adapt(src) -> _Adapted:
         if jax is not None:  # a JAX array on the host
             return _Adapted(np.asarray(src), jax.numpy.asarray)
         return _Adapted(src)  # unsupported: the dispatcher names it in its TypeError
-    from .backends.cuda.backend import as_cupy
+    from .backends.cuda.backend import CudaBackend
 
-    arr = as_cupy(src)
+    arr = CudaBackend.as_array(src)
     jax = _jax_array(src)
     wrap = None if jax is None else jax.dlpack.from_dlpack
     return _Adapted(arr, wrap, functools.partial(_on, arr.device.id))
@@ -251,6 +258,12 @@ def _call_on(fn, adapted, args, kwargs):
         return result if adapted.wrap is None else _wrap_results(result, adapted.wrap, keep)
 
 
+def _is_codes(obj) -> bool:
+    from ._codes import Codes
+
+    return isinstance(obj, Codes)
+
+
 def callers_type(fn=None, *, arg=0):
     """Decorate a public function whose argument ``arg`` is ``src``: run it on the adapted
     array, under src's device and stream, and return results in the caller's type.
@@ -269,7 +282,7 @@ def callers_type(fn=None, *, arg=0):
             op = torch_ops.route(fn)
             if op is not None:  # else (the op objects) the eager call: a graph break
                 return op(*args, **kwargs)
-        if is_dask_array(src):
+        if is_dask_array(src) or is_dask_array(getattr(src, "data", None)) and _is_codes(src):
             from . import _dask  # lazy graphs: gpuq._dask maps this same call over the chunks
 
             return _dask.call(call, fn, arg, args, kwargs)

@@ -19,10 +19,11 @@ dtype) and ``shape=`` (the logical shape). ``choose_qparams`` and
 ``quantize_dynamic`` return lists: the zero points are left out exactly where
 the eager call returns None for them (symmetric int8/int4, fp8).
 
-Every argument after the tensors is keyword-only, so a new one with a default
-(``block_size`` for block scales) is appended to each schema without changing
-any existing call; the dispatcher drops arguments equal to their defaults from
-graphs and exported programs, which therefore stay valid as well.
+Every argument after the tensors is keyword-only, so a new one with a default is
+appended to a schema without changing any existing call; the dispatcher drops
+arguments equal to their defaults from graphs and exported programs, which
+therefore stay valid as well. ``block_size`` (block scales) came that way: the
+last keyword of each schema.
 
 The ops record nothing for autograd, as the eager calls read their inputs as
 ``detach()`` does: outputs never require grad (registered, so ``opcheck``'s
@@ -36,11 +37,11 @@ import math
 import numpy as np
 import torch
 
-from . import api, qparams
+from . import _scheme, api, qparams
 from ._codes import Codes
-from ._dtypes import (CODE_FORMATS, FLOAT_DTYPES, as_code_dtype, as_dtype, bfloat16, code_format, dtype_name,
-                      fp8_dtype)
-from ._params import _check_shape
+from ._codetypes import CODE_TYPES, fp8_dtype
+from ._dtypes import FLOAT_DTYPES, as_dtype, bfloat16, dtype_name
+from ._params import check_saturate, check_shape, quantize_code
 from ._scheme import Scheme
 
 __all__ = ["SCHEMAS", "scheme", "eager_axis", "dtype_name_of", "register"]
@@ -49,14 +50,14 @@ __all__ = ["SCHEMAS", "scheme", "eager_axis", "dtype_name_of", "register"]
 SCHEMAS = {
     "quantize": "(Tensor src, Tensor scales, Tensor? zps=None, *, int[]? axis=None, "
                 "int? group_size=None, str dtype=\"int8\", bool saturate=True, "
-                "bool check_values=True) -> Tensor",
+                "bool check_values=True, int[]? block_size=None) -> Tensor",
     "dequantize": "(Tensor src, Tensor scales, Tensor? zps=None, *, int[]? axis=None, "
                   "int? group_size=None, str? packed=None, SymInt[]? shape=None, "
-                  "str dtype=\"float32\", bool check_values=True) -> Tensor",
+                  "str dtype=\"float32\", bool check_values=True, int[]? block_size=None) -> Tensor",
     "choose_qparams": "(Tensor x, *, int[]? axis=None, int? group_size=None, str dtype=\"int8\", "
-                      "bool? symmetric=None, float? eps=None) -> Tensor[]",
+                      "bool? symmetric=None, float? eps=None, int[]? block_size=None) -> Tensor[]",
     "quantize_dynamic": "(Tensor x, *, int[]? axis=None, int? group_size=None, "
-                        "str dtype=\"int8\", bool? symmetric=None) -> Tensor[]",
+                        "str dtype=\"int8\", bool? symmetric=None, int[]? block_size=None) -> Tensor[]",
 }
 
 
@@ -74,18 +75,27 @@ def eager_axis(axis):
     return axis[0] if len(axis) == 1 else tuple(axis)
 
 
-def scheme(shape, axis, group_size) -> Scheme:
+def scheme(shape, axis, group_size, block_size=None) -> Scheme:
     """The :class:`Scheme` of a shape whose sizes may be symbolic (``torch.SymInt``).
 
-    ``axis`` and ``group_size`` are checked by gpuq's own ``Scheme`` on a stand-in of
-    the same rank (those errors depend on the rank alone); the shape is kept as torch
-    gives it, so that ``param_shape`` stays symbolic instead of guarding on each size.
+    Plain sizes get gpuq's own ``Scheme``, built as the eager call builds it. Symbolic ones
+    are kept as torch gives them, so that ``param_shape`` stays symbolic instead of turning
+    each size into an int: ``axis`` and ``group_size`` are checked on a stand-in of the same
+    rank (those errors depend on the rank alone), and blocks are normalised against the
+    sizes themselves (comparisons, which torch turns into guards, not ints).
 
     >>> scheme((4, 6), 1, 4).param_shape, scheme((4, 6), (0, 1), None).kind
     ((4, 2), 'axes')
+    >>> scheme((300, 200), None, None, (128, -1)).param_shape
+    (3, 1)
     """
-    like = Scheme._build((1,) * len(shape), axis, group_size)  # not build(): no lru_cache under dynamo
-    return Scheme(tuple(shape), like.kind, like.axes, like.group_size)
+    shape = tuple(shape)
+    if all(type(d) is int for d in shape):  # _build: no lru_cache (dynamo warns of one it skips)
+        return Scheme._build(shape, axis, group_size, block_size)
+    if block_size is not None:
+        return Scheme(shape, "block", (), None, _scheme._blocks(block_size, shape, axis, group_size))
+    like = Scheme._build((1,) * len(shape), axis, group_size)
+    return Scheme(shape, like.kind, like.axes, like.group_size)
 
 
 def dtype_name_of(t) -> str:
@@ -95,11 +105,6 @@ def dtype_name_of(t) -> str:
     ('bfloat16', 'int8')
     """
     return str(t.dtype).rpartition(".")[2]
-
-
-def _torch_dtype(name: str):
-    """torch's dtype of a gpuq dtype name (the same name)."""
-    return getattr(torch, name)
 
 
 def _check_params(scales, zps, scheme_, src):
@@ -120,78 +125,79 @@ def _check_params(scales, zps, scheme_, src):
                             f"(float32), got {dtype_name_of(t)}")
         if argname == "zps" and not (integer or (t.is_floating_point() and not on_device and t.numel() == 0)):
             raise TypeError(f"zps must be integers (int8, uint8 or int32), got {dtype_name_of(t)}")
-        _check_shape(t, scheme_, argname)
+        check_shape(t, scheme_, argname)
 
 
 # -- quantize ----------------------------------------------------------------------------------
 
 def _quantize(src, scales, zps=None, *, axis=None, group_size=None, dtype="int8", saturate=True,
-              check_values=True):
-    out = _quantize_fake(src, scales, zps, axis=axis, group_size=group_size, dtype=dtype, saturate=saturate)
-    code = code_format(dtype)
-    into = Codes(out, tuple(src.shape), code.name) if code is not None and code.kind == "int4" else out
-    api.quantize(src, scales, zps, axis=eager_axis(axis), group_size=group_size, dtype=dtype, out=into,
-                 saturate=saturate, check_values=check_values)
+              check_values=True, block_size=None):
+    out = _quantize_fake(src, scales, zps, axis=axis, group_size=group_size, dtype=dtype, saturate=saturate,
+                         block_size=block_size)
+    code = quantize_code(dtype, None)
+    into = Codes(out, tuple(src.shape), code.name) if code.storage == "packed" else out
+    api.quantize(src, scales, zps, axis=eager_axis(axis), group_size=group_size, block_size=block_size,
+                 dtype=dtype, out=into, saturate=saturate, check_values=check_values)
     return out
 
 
 def _quantize_fake(src, scales, zps=None, *, axis=None, group_size=None, dtype="int8", saturate=True,
-                   check_values=True):
+                   check_values=True, block_size=None):
     """The codes tensor ``quantize`` makes, empty, after the eager call's metadata checks in its
     order (gpuq/api.py). The fake, and the kernel's output: torch's allocator, on torch's current
     stream and, while a CUDA graph is captured, in its pool (CuPy's would allocate outside it)."""
     if dtype_name_of(src) not in FLOAT_DTYPES.names:
         raise TypeError(f"src must be float16, float32, float64 or bfloat16 to quantize, "
                         f"got {dtype_name_of(src)}")
-    code = code_format(dtype)
-    api._check_saturate(saturate, code)
-    code = code or as_code_dtype(dtype)  # int8/uint8: NumPy's dtype
-    s = scheme(src.shape, eager_axis(axis), group_size)
-    _check_params(scales, zps, s, src)
+    code = quantize_code(dtype, None)
+    check_saturate(saturate, code)
+    _check_params(scales, zps, scheme(src.shape, eager_axis(axis), group_size, block_size), src)
     return _codes_like(src, code)
 
 
 def _codes_like(src, code):
-    """An empty tensor of the codes ``quantize`` makes of ``src`` for code dtype ``code``."""
-    if getattr(code, "kind", None) == "int4":
-        return src.new_empty(((src.numel() + 1) // 2,), dtype=torch.uint8)
-    return src.new_empty(src.shape, dtype=_torch_dtype(code.name))
+    """An empty tensor of the codes ``quantize`` makes of ``src`` for the code type ``code``:
+    one per element in torch's dtype of them, or packed bytes."""
+    if code.storage == "packed":
+        return src.new_empty((code.packed_size(src.numel()),), dtype=torch.uint8)
+    return src.new_empty(src.shape, dtype=getattr(torch, code.torch))
 
 
 # -- dequantize --------------------------------------------------------------------------------
 
 def _dequantize(src, scales, zps=None, *, axis=None, group_size=None, packed=None, shape=None,
-                dtype="float32", check_values=True):
+                dtype="float32", check_values=True, block_size=None):
     out = _dequantize_fake(src, scales, zps, axis=axis, group_size=group_size, packed=packed, shape=shape,
-                           dtype=dtype)
+                           dtype=dtype, block_size=block_size)
     codes = src if packed is None else Codes(src, tuple(out.shape), packed)
-    return api.dequantize(codes, scales, zps, axis=eager_axis(axis), group_size=group_size, dtype=dtype,
-                          out=out, check_values=check_values)
+    return api.dequantize(codes, scales, zps, axis=eager_axis(axis), group_size=group_size,
+                          block_size=block_size, dtype=dtype, out=out, check_values=check_values)
 
 
 def _dequantize_fake(src, scales, zps=None, *, axis=None, group_size=None, packed=None, shape=None,
-                     dtype="float32", check_values=True):
+                     dtype="float32", check_values=True, block_size=None):
     """The float tensor ``dequantize`` makes, empty, after the eager call's metadata checks:
     the fake, and the kernel's output (as for quantize)."""
-    logical = tuple(src.shape) if packed is None else _check_packed(src, packed, shape)
-    if packed is None and dtype_name_of(src) not in ("int8", "uint8", *_FP8):
-        raise TypeError(f"src must be int8 or uint8 codes, an fp8 array or gpuq.Codes to dequantize, "
-                        f"got {dtype_name_of(src)}")
-    out_dtype = as_dtype(dtype, "dtype", FLOAT_DTYPES)
-    s = scheme(logical, eager_axis(axis), group_size)
-    _check_params(scales, zps, s, src)
-    return src.new_empty(logical, dtype=_torch_dtype(dtype_name(out_dtype)))
-
-
-_FP8 = tuple(name for name, fmt in CODE_FORMATS.items() if fmt.kind == "fp8")
+    if packed is None:  # codes one per element: a dtype of the table's (gpuq/_dispatch.py: source_codes)
+        code = CODE_TYPES.get(dtype_name_of(src)) if src.dtype.itemsize == 1 else None
+        if code is None or code.storage == "packed":
+            raise TypeError(f"src must be int8 or uint8 codes, an fp8 array or gpuq.Codes to dequantize, "
+                            f"got {dtype_name_of(src)}")
+        logical = tuple(src.shape)
+    else:
+        logical = _check_packed(src, packed, shape)
+    out_dtype = dtype_name(as_dtype(dtype, "dtype", FLOAT_DTYPES))
+    _check_params(scales, zps, scheme(logical, eager_axis(axis), group_size, block_size), src)
+    return src.new_empty(logical, dtype=getattr(torch, out_dtype))
 
 
 def _check_packed(src, packed, shape):
-    """The logical shape of packed int4/uint4 bytes ``src``, checked as :class:`gpuq.Codes`
-    checks them (its messages), without turning symbolic sizes into ints."""
-    fmt = CODE_FORMATS.get(packed)
-    if fmt is None or fmt.kind != "int4":
-        raise ValueError(f"packed must be 'int4' or 'uint4' (src holds packed codes), got {packed!r}")
+    """The logical shape of packed codes ``src``, checked as :class:`gpuq.Codes` checks them
+    (its messages), without turning symbolic sizes into ints."""
+    code = CODE_TYPES.get(packed)
+    if code is None or code.storage != "packed":
+        names = [name for name, row in CODE_TYPES.items() if row.storage == "packed"]
+        raise ValueError(f"packed must be one of {', '.join(names)} (src holds packed codes), got {packed!r}")
     if shape is None:
         raise ValueError(f"shape is required with packed={packed!r}: the codes' logical shape")
     shape = tuple(shape)
@@ -199,7 +205,7 @@ def _check_packed(src, packed, shape):
         raise ValueError(f"shape must be a tuple of non-negative ints, got {shape!r}")
     if src.dtype != torch.uint8:  # "Tensor": the eager call's word for a real tensor
         raise TypeError(f"data must be a uint8 array, got Tensor of dtype {src.dtype}")
-    want = ((math.prod(shape) + 1) // 2,)
+    want = (code.packed_size(math.prod(shape)),)
     if tuple(src.shape) != want:
         raise ValueError(f"data must hold ceil(prod(shape) / 2) bytes, 1-D for {packed} codes of shape "
                          f"{shape}: expected data.shape {want}, got {tuple(src.shape)}")
@@ -211,25 +217,26 @@ def _check_packed(src, packed, shape):
 
 # -- choose_qparams and quantize_dynamic -------------------------------------------------------
 
-def _choose_qparams(x, *, axis=None, group_size=None, dtype="int8", symmetric=None, eps=None):
-    return _present(qparams.choose_qparams(x, axis=eager_axis(axis), group_size=group_size, dtype=dtype,
-                                           symmetric=symmetric, eps=eps))
+def _choose_qparams(x, *, axis=None, group_size=None, dtype="int8", symmetric=None, eps=None, block_size=None):
+    return _present(qparams.choose_qparams(x, axis=eager_axis(axis), group_size=group_size,
+                                           block_size=block_size, dtype=dtype, symmetric=symmetric, eps=eps))
 
 
-def _choose_qparams_fake(x, *, axis=None, group_size=None, dtype="int8", symmetric=None, eps=None):
-    s, with_zps = _qparams_meta(x, axis, group_size, dtype, symmetric, eps)
+def _choose_qparams_fake(x, *, axis=None, group_size=None, dtype="int8", symmetric=None, eps=None,
+                         block_size=None):
+    _, s, with_zps = _qparams_meta(x, axis, group_size, block_size, dtype, symmetric, eps)
     return _params_like(x, s, with_zps)
 
 
-def _quantize_dynamic(x, *, axis=None, group_size=None, dtype="int8", symmetric=None):
-    q, scales, zps = qparams.quantize_dynamic(x, axis=eager_axis(axis), group_size=group_size, dtype=dtype,
-                                              symmetric=symmetric)
+def _quantize_dynamic(x, *, axis=None, group_size=None, dtype="int8", symmetric=None, block_size=None):
+    q, scales, zps = qparams.quantize_dynamic(x, axis=eager_axis(axis), group_size=group_size,
+                                              block_size=block_size, dtype=dtype, symmetric=symmetric)
     return _present((q.data if isinstance(q, Codes) else q, scales, zps))
 
 
-def _quantize_dynamic_fake(x, *, axis=None, group_size=None, dtype="int8", symmetric=None):
-    s, with_zps = _qparams_meta(x, axis, group_size, dtype, symmetric, None)
-    return [_codes_like(x, as_code_dtype(dtype)), *_params_like(x, s, with_zps)]
+def _quantize_dynamic_fake(x, *, axis=None, group_size=None, dtype="int8", symmetric=None, block_size=None):
+    code, s, with_zps = _qparams_meta(x, axis, group_size, block_size, dtype, symmetric, None)
+    return [_codes_like(x, code), *_params_like(x, s, with_zps)]
 
 
 def _present(results):
@@ -237,14 +244,14 @@ def _present(results):
     return [r for r in results if r is not None]
 
 
-def _qparams_meta(x, axis, group_size, dtype, symmetric, eps):
-    """``(scheme, with_zps)`` of a choose_qparams/quantize_dynamic call, its arguments checked
-    by the eager call's own validation on a NumPy stand-in of x's dtype and rank."""
-    _, _, _, code, symmetric, _ = qparams._validate(_stand_in(x), eager_axis(axis), group_size, dtype,
-                                                    symmetric, eps)
-    signed = code.signed if hasattr(code, "signed") else code.kind == "i"  # CodeFormat, or int8/uint8
-    # Zero points are None exactly for symmetric signed codes (int8, int4; fp8 always).
-    return scheme(x.shape, eager_axis(axis), group_size), not (symmetric and signed)
+def _qparams_meta(x, axis, group_size, block_size, dtype, symmetric, eps):
+    """``(code, scheme, with_zps)`` of a choose_qparams/quantize_dynamic call, its arguments
+    checked by the eager call's own validation on a NumPy stand-in of x (its dtype and shape)."""
+    _, _, _, code, symmetric, _ = qparams._validate(_stand_in(x), eager_axis(axis), group_size, block_size,
+                                                    dtype, symmetric, eps)
+    # Zero points are None where they are all 0 by the formula: symmetric codes centred on 0.
+    with_zps = not symmetric or bool(code.symmetric_zp)
+    return code, scheme(x.shape, eager_axis(axis), group_size, block_size), with_zps
 
 
 def _params_like(x, s, with_zps):
@@ -253,19 +260,20 @@ def _params_like(x, s, with_zps):
 
 
 def _stand_in(t):
-    """A one-element NumPy array of ``t``'s dtype and rank (zero strides): what the eager
-    validation reads of ``t`` (its dtype, its rank) without touching its data."""
+    """A NumPy array of ``t``'s dtype and shape (one element behind zero strides; ones for
+    symbolic sizes): what the eager validation reads of ``t``, without its data."""
     name = dtype_name_of(t)
     if name == "bfloat16":
         dt = bfloat16()
-    elif name in _FP8:
+    elif CODE_TYPES.get(name) is not None and CODE_TYPES[name].codec == "float8":
         dt = fp8_dtype(name)
     else:
         try:
             dt = np.dtype(name)
         except TypeError:  # a torch dtype NumPy lacks (complex32, qint8...): never a float gpuq takes
             raise TypeError(f"x must be float16, float32, float64 or bfloat16, got {name}") from None
-    return np.lib.stride_tricks.as_strided(np.zeros(1, dt), (1,) * t.dim(), (0,) * t.dim())
+    shape = tuple(d if type(d) is int else 1 for d in t.shape)
+    return np.lib.stride_tricks.as_strided(np.zeros(1, dt), shape, (0,) * len(shape))
 
 
 # -- registration ------------------------------------------------------------------------------

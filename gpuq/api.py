@@ -35,64 +35,24 @@ and the op objects), with the compiled and the NumPy loops alike:
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from ._dispatch import backend_for, host_native, is_device_array
-from ._interop import callers_type
-from . import _formats
 from ._codes import Codes
-from ._dtypes import CODE_FORMATS, FLOAT_DTYPES, QUANT_RANGE, as_code_dtype, as_dtype, code_format, compute_dtype, native
-from ._params import out_array, scales_param, zps_param
+from ._dispatch import backend_for, source_codes
+from ._dtypes import FLOAT_DTYPES, compute_dtype, native
+from ._interop import callers_type
+from ._params import (check_saturate, codes_out, float_dtype, floats_out, quantize_code, scales_param,
+                      zps_param)
 from ._scheme import Scheme
 
 __all__ = ["quantize", "dequantize"]
 
-_QUANT_DTYPES = tuple(QUANT_RANGE)
-
-
-def _code_target(dtype, out):
-    """The CodeFormat quantize writes (fp8, int4), or None for int8/uint8 (and bad names,
-    which ``_result_dtype`` reports)."""
-    if dtype is None:
-        return _formats.source_format(out, "out") if out is not None else None
-    return code_format(dtype)
-
-
-def _check_saturate(saturate, code):
-    if not isinstance(saturate, (bool, np.bool_)):
-        raise TypeError(f"saturate must be True or False, got {saturate!r}")
-    if not saturate and (code is None or code.kind != "fp8"):
-        name = code.name if code is not None else "integer"
-        raise ValueError(f"saturate=False applies to fp8 codes only (ONNX), got it with {name} codes")
-
-
-def _result_dtype(dtype, out, allowed, default):
-    if dtype is None:
-        out_dtype = None if out is None else _array_dtype(out)
-        if out_dtype is not None:
-            return as_dtype(out_dtype, "out.dtype", allowed, any_byte_order=True)
-        return np.dtype(default)
-    return as_dtype(dtype, "dtype", allowed)
-
-
-def _array_dtype(a):
-    """The NumPy dtype of ``a``, a CUDA array of another library (torch) included; None if it has none."""
-    dt = getattr(a, "dtype", None)
-    if dt is None:
-        return None
-    try:
-        return np.dtype(dt)
-    except TypeError:  # torch.uint8 and the like: ask the zero-copy CuPy view
-        if is_device_array(a):
-            from .backends.cuda.backend import as_cupy
-
-            return as_cupy(a).dtype
-        return None
-
 
 @callers_type
-def quantize(src, scales, zps=None, *, axis=None, group_size=None, dtype=None, out=None,
-             check_values=True, saturate=True):
+def quantize(src, scales, zps=None, *, axis=None, group_size=None, block_size=None, dtype=None,
+             out=None, check_values=True, saturate=True):
     """Quantize floats to codes: ``q = clamp(rint(src / s) + zp, qmin, qmax)``, or fp8(src / s).
 
     One IEEE division in float32 (float64 for float64 ``src``; float16 and
@@ -151,34 +111,33 @@ def quantize(src, scales, zps=None, *, axis=None, group_size=None, dtype=None, o
     >>> gpuq.quantize(np.array([1.0, 500.0, -0.3], np.float32), 1.0, dtype="float8_e4m3fn")
     array([1, 448, -0.3125], dtype='float8_e4m3fn')
     """
-    backend, src_arr = backend_for(src)
-    fdtype = native(src_arr.dtype)  # >f4 holds float32 values
+    backend, x = backend_for(src)
+    fdtype = native(x.dtype)  # >f4 holds float32 values
     if fdtype not in FLOAT_DTYPES:
-        raise TypeError(f"src must be float16, float32, float64 or bfloat16 to quantize, "
-                        f"got {src_arr.dtype}")
-    code = _code_target(dtype, out)
-    _check_saturate(saturate, code)
-    if code is None:
-        qdtype = np.dtype(np.int8) if dtype is None and out is None else (
-            _result_dtype(dtype, out, _QUANT_DTYPES, np.int8) if dtype is None else as_code_dtype(dtype))
-    scheme = Scheme.build(src_arr.shape, axis, group_size)
-    ct = compute_dtype(fdtype)
-    s = scales_param(scales, scheme, ct, backend, src_arr, check_values=check_values)
-    if code is not None:
-        return _formats.quantize(code, backend, host_native(src_arr), scheme, s, zps, out,
-                                 bool(saturate), check_values)
-    z = zps_param(zps, scheme, backend, src_arr, check_values=check_values)
-    result, copy_to = out_array(out, src_arr, qdtype, backend)
-    if src_arr.size:
-        backend.quantize(host_native(src_arr), scheme, s, z, result)
-    if copy_to is not None:
-        np.copyto(copy_to, result)
-    return out if out is not None else result
+        raise TypeError(f"src must be float16, float32, float64 or bfloat16 to quantize, got {x.dtype}")
+    code = quantize_code(dtype, out)
+    check_saturate(saturate, code)
+    scheme = Scheme.build(x.shape, axis, group_size, block_size)
+    s = scales_param(scales, scheme, compute_dtype(fdtype), backend, check_values=check_values)
+    z = zps_param(zps, code, scheme, backend, check_values=check_values)
+    target = codes_out(out, code, x.shape, backend)
+    if target is None:
+        stored, in_codes = backend.code_storage(code)
+        shape = (code.packed_size(x.size),) if code.storage == "packed" else x.shape
+        target = backend.empty(x, shape, stored)
+        result = Codes(target, x.shape, code.name) if in_codes else target
+    else:
+        backend.check_out(target, x)
+        result = out
+    if x.size:
+        backend.quantize(code, x, scheme, backend.to_param(s, x), backend.to_param(z, x), target,
+                         bool(saturate))
+    return result
 
 
 @callers_type
-def dequantize(src, scales, zps=None, *, axis=None, group_size=None, dtype=None, out=None,
-               check_values=True):
+def dequantize(src, scales, zps=None, *, axis=None, group_size=None, block_size=None, dtype=None,
+               out=None, check_values=True):
     """Dequantize int8/uint8 codes: ``y = (q - zp) * s``.
 
     ``q - zp`` in integer arithmetic (any int32 zp), converted once to the
@@ -207,34 +166,18 @@ def dequantize(src, scales, zps=None, *, axis=None, group_size=None, dtype=None,
     >>> gpuq.dequantize(np.array([1, 3, 127], np.int8), 0.1, dtype="bf16")  # doctest: +SKIP
     array([0.100098, 0.300781, 12.6875], dtype=bfloat16)
     """
-    code = _formats.source_format(src)
-    if code is not None:
-        return _dequantize_codes(src, scales, zps, axis, group_size, dtype, out, check_values)
-    backend, src_arr = backend_for(src)
-    if src_arr.dtype not in _QUANT_DTYPES:  # one byte: no byte order
-        raise TypeError(f"src must be int8 or uint8 codes, an fp8 array or gpuq.Codes to "
-                        f"dequantize, got {src_arr.dtype}")
-    fdtype = _result_dtype(dtype, out, FLOAT_DTYPES, np.float32)
-    scheme = Scheme.build(src_arr.shape, axis, group_size)
-    ct = compute_dtype(fdtype)
-    s = scales_param(scales, scheme, ct, backend, src_arr, check_values=check_values)
-    z = zps_param(zps, scheme, backend, src_arr, check_values=check_values)
-    result, copy_to = out_array(out, src_arr, fdtype, backend)
-    if src_arr.size:
-        backend.dequantize(src_arr, scheme, s, z, result)
+    backend, code, data, shape = source_codes(src)
+    fdtype = float_dtype(dtype, out, FLOAT_DTYPES, np.float32)
+    scheme = Scheme.build(shape, axis, group_size, block_size)
+    s = scales_param(scales, scheme, compute_dtype(fdtype), backend, check_values=check_values)
+    z = zps_param(zps, code, scheme, backend, check_values=check_values)
+    target, copy_to = floats_out(out, fdtype, shape, backend)
+    if out is not None:
+        backend.check_out(target if copy_to is None else copy_to, data)
+    if target is None:  # no out, or a host out in another byte order: computed natively first
+        target = backend.empty(data, shape, fdtype)
+    if math.prod(shape):
+        backend.dequantize(code, data, scheme, backend.to_param(s, data), backend.to_param(z, data), target)
     if copy_to is not None:
-        np.copyto(copy_to, result)
-    return out if out is not None else result
-
-
-def _dequantize_codes(src, scales, zps, axis, group_size, dtype, out, check_values):
-    """:func:`dequantize` of fp8 arrays and :class:`gpuq.Codes` (``gpuq._formats``)."""
-    code, backend, data, shape = _formats.dequantize_codes(src)
-    fdtype = _result_dtype(dtype, out, FLOAT_DTYPES, np.float32)
-    scheme = Scheme.build(shape, axis, group_size)
-    s = scales_param(scales, scheme, compute_dtype(fdtype), backend, data, check_values=check_values)
-    result, copy_to = out_array(out, data, fdtype, backend, shape=shape)
-    _formats.dequantize(code, backend, data, scheme, s, zps, result, check_values)
-    if copy_to is not None:
-        np.copyto(copy_to, result)
-    return out if out is not None else result
+        np.copyto(copy_to, target)
+    return out if out is not None else target

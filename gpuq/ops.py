@@ -9,14 +9,16 @@ per-tensor, stays on the host: the kernel takes it by value).
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
-from ._dispatch import backend_for, host_base
+from ._dispatch import backend_for, host_base, source_codes
 from ._interop import callers_type, is_dask_array
 from ._codes import Codes
-from . import _formats
-from ._dtypes import FLOAT_DTYPES, CodeFormat, as_code_dtype, as_dtype, code_format, compute_dtype, native
-from ._params import scales_param, zps_param
+from ._codetypes import CODE_TYPES, as_code_type
+from ._dtypes import FLOAT_DTYPES, as_dtype, compute_dtype, native
+from ._params import check_saturate, scales_param, zps_param
 from ._scheme import Scheme
 from .api import dequantize, quantize
 
@@ -56,10 +58,8 @@ class _Static:
             raise ValueError(f"scales must have exactly 1 element for qtype='per_tensor', got {s.size}")
         # Checked against a stand-in scheme whose shape fits; the call checks the real shape.
         self._stand_in = Scheme.build((s.size,), None if self._axis is None else 0)
-        from .backends.host.backend import NumpyBackend
-
-        self._host = NumpyBackend
-        scales_param(scales, self._stand_in, ct, NumpyBackend, None)
+        self._host = backend_for(np.empty(0))[0]  # the values are checked on the host, now
+        scales_param(scales, self._stand_in, ct, self._host)
         # Copies, as given (a base ndarray): the op must not follow later changes to the
         # caller's arrays, and each compute type rounds the given values once.
         self._scales = np.array(scales)
@@ -69,38 +69,40 @@ class _Static:
             z = np.asarray(zps)
             if z.shape != s.shape:
                 raise ValueError(f"zps must have {s.size} elements like scales, got shape {z.shape}")
-            self._zps = zps_param(zps, self._stand_in, NumpyBackend, None).copy()
-        self._device_params = {}
+            # Shape and int32 range here; a code type without zero points checks them at use.
+            self._zps = zps_param(zps, CODE_TYPES["int8"], self._stand_in, self._host).copy()
+        self._device_params = {}  # (device, compute type) -> ((scales, zps), StreamReaders)
+        # The uploads stay alive until the streams that read them have passed (StreamReaders).
+        weakref.finalize(self, _release_uploads, self._device_params)
 
     def _scales_in(self, ct):
         """The scales in compute type ``ct``, checked there (once per ct), 1-D."""
         scales = self._by_ct.get(ct)
         if scales is None:
-            scales = scales_param(self._scales, self._stand_in, ct, self._host, None).reshape(-1)
+            scales = scales_param(self._scales, self._stand_in, ct, self._host).reshape(-1)
             self._by_ct[ct] = scales
         return scales
 
-    def _params(self, src, ct):
+    def _params(self, src, ct, code):
+        """``((scales, zps), readers)``: the parameters for ``src``'s device in compute type
+        ``ct``, and what to tell after the call (``readers.note_read()``). Zero points are None
+        where ``code``'s row has none (checked zeros at construction or here)."""
         backend, arr = backend_for(src.data if isinstance(src, Codes) else src)
         scales = self._scales_in(ct)
-        if backend.name == "numpy":
-            return scales, self._zps
-        key = (backend.device_key(arr), ct)
+        has_zps = self._zps is not None and code.zero_point != "none"
+        if self._zps is not None and not has_zps:
+            zps_param(self._zps, code, self._stand_in, self._host)  # zeros only: ValueError else
+        key = (backend.device_key(arr), ct, has_zps)
         if key not in self._device_params:
             params = (
                 backend.to_param(scales, arr),
-                None if self._zps is None else backend.to_param(self._zps.reshape(-1), arr),
+                backend.to_param(self._zps.reshape(-1), arr) if has_zps else None,
             )
             # Uploaded once, reused from any stream: the first use waits for the upload,
             # later ones neither wait nor synchronise (CUDA graph capture stays possible).
             backend.settle()
-            self._device_params[key] = params
+            self._device_params[key] = (params, backend.track_reads(params))
         return self._device_params[key]
-
-    def _check_fp8_zps(self, code):
-        # Calls pass check_values=False with the uploaded zps: the host copy is checked here.
-        if code is not None and code.kind == "fp8" and self._zps is not None:
-            _formats.check_fp8_zps(self._zps)
 
     def _reshaped(self, params):
         # per_tensor takes one element of any shape; per-channel a 1-D list.
@@ -114,6 +116,11 @@ class _Static:
         which that call checks and lines up with the chunks."""
         scales, zps = self._reshaped((self._scales, self._zps))
         return self._function(src, scales, zps, axis=self._axis, dtype=self.dtype, out=out, **self._extra)
+
+
+def _release_uploads(device_params) -> None:
+    for _params, readers in device_params.values():
+        readers.release()
 
 
 class Quantize(_Static):
@@ -136,7 +143,9 @@ class Quantize(_Static):
         super().__init__(scales, zps, qtype, axis, np.dtype(np.float64))
         self.dtype, self.saturate = _code_attrs(dtype, saturate)
         self._extra = dict(saturate=self.saturate)
-        self._check_fp8_zps(code_format(self.dtype))
+        self._code = as_code_type(self.dtype)
+        if self._zps is not None:
+            zps_param(self._zps, self._code, self._stand_in, self._host)  # fp8: zeros only, now
 
     @callers_type(arg=1)
     def __call__(self, src, *, out=None):
@@ -145,23 +154,20 @@ class Quantize(_Static):
         kw = dict(axis=self._axis, dtype=self.dtype, out=out, saturate=self.saturate)
         if dt not in FLOAT_DTYPES:  # quantize() raises its TypeError for src first
             return quantize(src, self._scales, **kw)
-        scales, zps = self._reshaped(self._params(arr, compute_dtype(dt)))
-        return quantize(src, scales, zps, check_values=False, **kw)
+        params, readers = self._params(arr, compute_dtype(dt), self._code)
+        scales, zps = self._reshaped(params)
+        result = quantize(src, scales, zps, check_values=False, **kw)
+        if readers is not None:
+            readers.note_read()
+        return result
 
 
 def _code_attrs(dtype, saturate):
-    """The code dtype attribute (a dtype, or the name of int4/uint4/fp8) and ``saturate``,
-    checked as :func:`gpuq.quantize` checks them."""
-    code = as_code_dtype(dtype)
-    if not isinstance(saturate, (bool, np.bool_)):
-        raise TypeError(f"saturate must be True or False, got {saturate!r}")
-    if isinstance(code, CodeFormat):
-        if not saturate and code.kind != "fp8":
-            raise ValueError(f"saturate=False applies to fp8 codes only (ONNX), got it with {code.name} codes")
-        return code.name, bool(saturate)
-    if not saturate:
-        raise ValueError("saturate=False applies to fp8 codes only (ONNX), got it with integer codes")
-    return code, True
+    """The code dtype attribute (NumPy's int8/uint8 dtype, or the name of int4/uint4/fp8) and
+    ``saturate``, checked as :func:`gpuq.quantize` checks them."""
+    code = as_code_type(dtype)
+    check_saturate(saturate, code)
+    return code.dtype_attribute, bool(saturate)
 
 
 class Dequantize(_Static):
@@ -190,17 +196,22 @@ class Dequantize(_Static):
 
     @callers_type(arg=1)
     def __call__(self, src, *, out=None):
-        self._check_fp8_zps(_formats.source_format(src))
-        scales, zps = self._reshaped(self._params(src, compute_dtype(self.dtype)))
-        return dequantize(src, scales, zps, axis=self._axis, dtype=self.dtype, out=out,
-                          check_values=False)
+        code = source_codes(src)[1]
+        params, readers = self._params(src, compute_dtype(self.dtype), code)
+        scales, zps = self._reshaped(params)
+        result = dequantize(src, scales, zps, axis=self._axis, dtype=self.dtype, out=out,
+                            check_values=False)
+        if readers is not None:
+            readers.note_read()
+        return result
 
 
 class DynamicQuantize:
     """oneDNN Graph DynamicQuantize: inputs ``(src, scales, zps=None)``.
 
-    ``qtype="per_group"`` with ``group_shape`` (one entry per dim of src, each
-    dividing it) takes scales/zps of shape ``src.shape / group_shape``.
+    ``qtype="per_group"`` with ``group_shape`` (one entry per dim of src: gpuq's
+    ``block_size``, the last block along a dim may be shorter) takes scales/zps of shape
+    ``ceil(src.shape / group_shape)``.
 
     Examples
     --------
@@ -283,14 +294,9 @@ def _check_dynamic_qtype(qtype, axis, group_shape):
 
 
 def _per_group(fn, group_shape, src, scales, zps, **kwargs):
-    """oneDNN per_group on top of gpuq's schemes.
-
-    One group dim > 1 is gpuq's ``axis=k, group_size=g``; none is one scale per
-    element (all axes); several split each grouped dim ``d`` into
-    ``(d / g, g)`` (a view) and quantize per multi-axis slot. A Dask ``src`` is
-    reshaped by Dask there, which may rechunk it: the result has the same bits,
-    not always ``src``'s chunks.
-    """
+    """oneDNN per_group as gpuq's block scales: ``group_shape`` is ``block_size`` (one entry per
+    dim of src; the last block along a dim may be shorter), scales/zps of shape
+    ``ceil(src.shape / group_shape)``."""
     if isinstance(src, Codes) or is_dask_array(src):  # packed Codes: the logical shape
         shape = tuple(src.shape)
     else:
@@ -298,43 +304,13 @@ def _per_group(fn, group_shape, src, scales, zps, **kwargs):
     if len(group_shape) != len(shape):
         raise ValueError(f"group_shape must have one entry per dim of src: src shape {shape}, "
                          f"got group_shape {list(group_shape)}")
-    for i, (d, g) in enumerate(zip(shape, group_shape)):
-        if d % g:
-            raise ValueError(f"group_shape {list(group_shape)} must divide src shape {shape}: "
-                             f"dim {i} of size {d} is not a multiple of {g}")
-    pshape = tuple(d // g for d, g in zip(shape, group_shape))
+    pshape = tuple(-(-d // g) for d, g in zip(shape, group_shape))
     for name, p in (("scales", scales), ("zps", zps)):
         got = _shape_of(p)
         if p is not None and got is not None and got != pshape:
             raise ValueError(f"{name} must have shape {pshape} (src shape {shape} / group_shape "
-                             f"{list(group_shape)}), got shape {got}")
-    grouped = [i for i, g in enumerate(group_shape) if g > 1]
-    if len(grouped) <= 1:
-        if grouped:
-            (k,) = grouped
-            return fn(src, scales, zps, axis=k, group_size=group_shape[k], **kwargs)
-        return fn(src, scales, zps, axis=tuple(range(len(shape))), **kwargs)
-    split, axes = [], []
-    for d, g in zip(shape, group_shape):
-        axes.append(len(split))
-        split += [d // g, g] if g > 1 else [d]
-    out = kwargs.pop("out", None)
-    # Splitting a dim in two is always a view, so results land in ``out`` itself
-    # (an ndarray subclass through its base ndarray: np.matrix has no 3-D reshape).
-    result = fn(_reshaped(src, split), scales, zps, axis=tuple(axes),
-                out=None if out is None else _reshaped(out, split), **kwargs)
-    return out if out is not None else _reshaped(result, shape)
-
-
-def _reshaped(a, shape):
-    """``a`` seen with ``shape`` (a view): an array, its base ndarray, or Codes (same bytes)."""
-    if isinstance(a, Codes):  # packed bytes are flat already; fp8 bits take the shape
-        return Codes(a.data if a.dtype in ("int4", "uint4") else a.data.reshape(shape), shape, a.dtype)
-    if isinstance(a, np.ndarray):
-        return host_base(a, "out").reshape(shape)
-    if is_dask_array(a):
-        return a.reshape(shape)
-    return backend_for(a)[1].reshape(shape)
+                             f"{list(group_shape)}, rounded up), got shape {got}")
+    return fn(src, scales, zps, block_size=tuple(group_shape), **kwargs)
 
 
 def _shape_of(obj):

@@ -27,7 +27,7 @@ bfloat16 widened exactly, float64 min/max rounded to float32 once):
 * ``scale = max(scale, eps)`` (``eps`` defaults to the smallest normal
   float32), so an all-zero or empty block gets ``scale = eps``, never 0, Inf
   or NaN. (ONNX uses scale 1/255 for an all-zero input; the codes agree.)
-* NaN is ignored by the min/max: a block's range is that of its numbers, and
+* NaN, quiet or signalling, is ignored by the min/max: a block's range is that of its numbers, and
   a block of NaN only is treated as all zero. NaN then quantizes to the zero
   point, as in :func:`gpuq.quantize`.
 * +/-Inf (or a float64 value beyond the float32 range) raises
@@ -52,9 +52,10 @@ import numbers
 
 import numpy as np
 
-from ._dispatch import backend_for, host_native
+from ._dispatch import backend_for
 from ._interop import callers_type
-from ._dtypes import FLOAT_DTYPES, QUANT_RANGE, CodeFormat, as_code_dtype, native
+from ._codetypes import as_code_type
+from ._dtypes import FLOAT_DTYPES, native
 from ._scheme import Scheme
 from .api import quantize
 
@@ -65,13 +66,14 @@ EPS = float(np.finfo(np.float32).tiny)
 
 
 @callers_type
-def choose_qparams(x, *, axis=None, group_size=None, dtype="int8", symmetric=None, eps=None):
+def choose_qparams(x, *, axis=None, group_size=None, block_size=None, dtype="int8", symmetric=None,
+                   eps=None):
     """Scales and zero points that cover ``x``, block by block (see the module docstring).
 
     Parameters
     ----------
     x : float16/float32/float64/bfloat16 array (NumPy, or a CUDA array)
-        Not modified. NaN is ignored; +/-Inf raises ``ValueError``.
+        Not modified. NaN (quiet or signalling) is ignored; +/-Inf raises ``ValueError``.
     axis : None, int or tuple of ints
         ``None`` per-tensor, ``k`` per-channel, a tuple for multi-axis.
     group_size : int, optional
@@ -106,13 +108,12 @@ def choose_qparams(x, *, axis=None, group_size=None, dtype="int8", symmetric=Non
     >>> gpuq.choose_qparams(np.zeros((2, 5), np.float32), axis=1, group_size=4)[0].shape
     (2, 2)
     """
-    backend, arr, scheme, qdtype, symmetric, eps = _validate(x, axis, group_size, dtype, symmetric, eps)
-    qmin, qmax = _code_range(qdtype)
-    return _impl(backend).choose_qparams(arr, scheme, qmin, qmax, symmetric, eps)
+    backend, arr, scheme, code, symmetric, eps = _validate(x, axis, group_size, block_size, dtype, symmetric, eps)
+    return backend.choose_qparams(code, arr, scheme, symmetric, eps)
 
 
 @callers_type
-def quantize_dynamic(x, *, axis=None, group_size=None, dtype="int8", symmetric=None):
+def quantize_dynamic(x, *, axis=None, group_size=None, block_size=None, dtype="int8", symmetric=None):
     """Codes, scales and zero points of ``x`` in one call.
 
     The same as :func:`choose_qparams` followed by :func:`gpuq.quantize`,
@@ -143,43 +144,31 @@ def quantize_dynamic(x, *, axis=None, group_size=None, dtype="int8", symmetric=N
     >>> s, z
     (array([0.01574803, 0.15748031], dtype=float32), None)
     """
-    backend, arr, scheme, qdtype, symmetric, eps = _validate(x, axis, group_size, dtype, symmetric, None)
-    qmin, qmax = _code_range(qdtype)
-    impl = _impl(backend)
-    fused = getattr(impl, "quantize_dynamic", None)
-    if fused is not None and not isinstance(qdtype, CodeFormat):  # fused: int8/uint8 only
-        result = fused(arr, scheme, qdtype, symmetric, eps)
-        if result is not None:
-            return result
-    scales, zps = impl.choose_qparams(arr, scheme, qmin, qmax, symmetric, eps)
-    q = quantize(arr, scales, zps, axis=axis, group_size=group_size,
-                 dtype=qdtype.name if isinstance(qdtype, CodeFormat) else qdtype, check_values=False)
+    backend, arr, scheme, code, symmetric, eps = _validate(x, axis, group_size, block_size, dtype, symmetric, None)
+    fused = backend.quantize_dynamic(code, arr, scheme, symmetric, eps)  # one pass where the backend can
+    if fused is not None:
+        return fused
+    scales, zps = backend.choose_qparams(code, arr, scheme, symmetric, eps)
+    q = quantize(arr, scales, zps, axis=axis, group_size=group_size, block_size=block_size, dtype=code.name,
+                 check_values=False)
     return q, scales, zps
 
 
-def _validate(x, axis, group_size, dtype, symmetric, eps):
+def _validate(x, axis, group_size, block_size, dtype, symmetric, eps):
     backend, arr = backend_for(x, "x")  # an ndarray subclass: its base ndarray; masked: TypeError
     if native(arr.dtype) not in FLOAT_DTYPES:
         raise TypeError(f"x must be float16, float32, float64 or bfloat16, got {arr.dtype}")
-    qdtype = as_code_dtype(dtype)
-    fp8 = isinstance(qdtype, CodeFormat) and qdtype.kind == "fp8"
+    code = as_code_type(dtype)
     if symmetric is None:
-        symmetric = fp8
+        symmetric = code.zero_point == "none"  # no zero point: symmetric by nature (fp8)
     if not isinstance(symmetric, (bool, np.bool_)):
         raise TypeError(f"symmetric must be True or False, got {symmetric!r}")
-    if fp8 and not symmetric:
-        raise ValueError(f"symmetric must be True for {qdtype.name} codes (fp8 has no zero point), "
+    if code.zero_point == "none" and not symmetric:
+        raise ValueError(f"symmetric must be True for {code.name} codes (fp8 has no zero point), "
                          f"got symmetric=False")
-    scheme = Scheme.build(arr.shape, axis, group_size)
+    scheme = Scheme.build(arr.shape, axis, group_size, block_size)
     eps = _check_eps(eps)
-    return backend, host_native(arr), scheme, qdtype, bool(symmetric), eps
-
-
-def _code_range(qdtype):
-    """``(qmin, qmax)`` of a code dtype or CodeFormat (fp8: +-max_finite)."""
-    if isinstance(qdtype, CodeFormat):
-        return qdtype.qmin, qdtype.qmax
-    return QUANT_RANGE[qdtype]
+    return backend, arr, scheme, code, bool(symmetric), eps
 
 
 def _check_eps(eps):
@@ -192,14 +181,3 @@ def _check_eps(eps):
     if not (np.isfinite(e) and e > 0):
         raise ValueError(f"eps must be finite and > 0 as a float32, got {eps!r} (float32: {e})")
     return float(e)
-
-
-def _impl(backend):
-    # The qparams modules sit beside their backends; the CUDA one is imported only for device x.
-    if backend.name == "numpy":
-        from .backends.host import qparams as host_qparams
-
-        return host_qparams
-    from .backends.cuda import qparams as cuda_qparams
-
-    return cuda_qparams

@@ -48,7 +48,8 @@ if not hasattr(torch.library, "custom_op"):
 
 from . import _interop, api, qparams
 from ._codes import Codes
-from ._dtypes import FLOAT_DTYPES, as_code_dtype, as_dtype, code_format
+from ._codetypes import CODE_TYPES, as_code_type, code_type
+from ._dtypes import FLOAT_DTYPES, as_dtype
 from ._torch_ops import SCHEMAS, dtype_name_of, register, scheme
 
 __all__ = ["OPS", "SCHEMAS"]
@@ -91,13 +92,16 @@ def route(fn):
 
 # -- arguments in, results out -----------------------------------------------------------------
 
-def _op_axis(src, axis, group_size):
-    """``axis`` as the ops take it (``int[]?``), checked by gpuq's own rules first: the
-    ops cannot tell ``axis=k`` from ``axis=(k,)``, which refuses a ``group_size``."""
-    scheme(src.shape, axis, group_size)
-    if axis is None:
-        return None
-    return [operator.index(a) for a in (axis if isinstance(axis, (tuple, list)) else (axis,))]
+def _granularity(src, axis, group_size, block_size):
+    """``axis``, ``group_size`` and ``block_size`` as the ops take them (``int[]?``, ``int?``,
+    ``int[]?``), checked by gpuq's own rules first: the ops cannot tell ``axis=k`` from
+    ``axis=(k,)``, which refuses a ``group_size``."""
+    scheme(src.shape, axis, group_size, block_size)
+    if axis is not None:
+        axis = [operator.index(a) for a in (axis if isinstance(axis, (tuple, list)) else (axis,))]
+    if block_size is not None:
+        block_size = [operator.index(b) for b in block_size]
+    return dict(axis=axis, group_size=group_size, block_size=block_size)
 
 
 def _param(value, argname):
@@ -177,50 +181,49 @@ def _out_dtype(out, default):
 
 
 def _as_codes(q, src, dtype):
-    """An op's codes as the eager call returns them: int4/uint4 bytes as Codes."""
-    code = code_format(dtype)
-    return _codes(q, src.shape, code.name) if code is not None and code.kind == "int4" else q
+    """An op's codes as the eager call returns them: packed bytes (int4/uint4) as Codes."""
+    code = code_type(dtype)
+    return _codes(q, src.shape, code.name) if code is not None and code.storage == "packed" else q
 
 
 # -- the four routes ---------------------------------------------------------------------------
 
-def _quantize(src, scales, zps=None, *, axis=None, group_size=None, dtype=None, out=None,
+def _quantize(src, scales, zps=None, *, axis=None, group_size=None, block_size=None, dtype=None, out=None,
               check_values=True, saturate=True):
-    dtype = _dtype_name(dtype, as_code_dtype) if dtype is not None else _out_dtype(out, "int8")
-    q = torch.ops.gpuq.quantize(src, _param(scales, "scales"), _param(zps, "zps"),
-                                axis=_op_axis(src, axis, group_size), group_size=group_size, dtype=dtype,
-                                saturate=saturate, check_values=check_values)
+    dtype = _dtype_name(dtype, as_code_type) if dtype is not None else _out_dtype(out, "int8")
+    q = torch.ops.gpuq.quantize(src, _param(scales, "scales"), _param(zps, "zps"), dtype=dtype,
+                                saturate=saturate, check_values=check_values,
+                                **_granularity(src, axis, group_size, block_size))
     q = _as_codes(q, src, dtype)
     return q if out is None else _into(out, q)
 
 
-def _dequantize(src, scales, zps=None, *, axis=None, group_size=None, dtype=None, out=None,
+def _dequantize(src, scales, zps=None, *, axis=None, group_size=None, block_size=None, dtype=None, out=None,
                 check_values=True):
     data, packed, shape = src, None, None
     if isinstance(src, Codes):
-        code = code_format(src.dtype)
-        if code.kind == "int4":
+        code = CODE_TYPES[src.dtype]
+        if code.storage == "packed":
             data, packed, shape = src.data, code.name, list(src.shape)
         else:  # fp8 bits: torch's fp8 tensor of them
-            data = src.data.view(getattr(torch, code.name))
+            data = src.data.view(getattr(torch, code.torch))
     dtype = _dtype_name(dtype, _float_dtype) if dtype is not None else _out_dtype(out, "float32")
-    y = torch.ops.gpuq.dequantize(data, _param(scales, "scales"), _param(zps, "zps"),
-                                  axis=_op_axis(src, axis, group_size), group_size=group_size, packed=packed,
-                                  shape=shape, dtype=dtype, check_values=check_values)
+    y = torch.ops.gpuq.dequantize(data, _param(scales, "scales"), _param(zps, "zps"), packed=packed,
+                                  shape=shape, dtype=dtype, check_values=check_values,
+                                  **_granularity(src, axis, group_size, block_size))
     return y if out is None else _into(out, y)
 
 
-def _choose_qparams(x, *, axis=None, group_size=None, dtype="int8", symmetric=None, eps=None):
-    scales, *zps = torch.ops.gpuq.choose_qparams(x, axis=_op_axis(x, axis, group_size),
-                                                 group_size=group_size, dtype=_dtype_name(dtype, as_code_dtype),
-                                                 symmetric=symmetric, eps=eps)
+def _choose_qparams(x, *, axis=None, group_size=None, block_size=None, dtype="int8", symmetric=None, eps=None):
+    scales, *zps = torch.ops.gpuq.choose_qparams(x, dtype=_dtype_name(dtype, as_code_type), symmetric=symmetric,
+                                                 eps=eps, **_granularity(x, axis, group_size, block_size))
     return scales, (zps[0] if zps else None)
 
 
-def _quantize_dynamic(x, *, axis=None, group_size=None, dtype="int8", symmetric=None):
-    dtype = _dtype_name(dtype, as_code_dtype)
-    q, scales, *zps = torch.ops.gpuq.quantize_dynamic(x, axis=_op_axis(x, axis, group_size),
-                                                      group_size=group_size, dtype=dtype, symmetric=symmetric)
+def _quantize_dynamic(x, *, axis=None, group_size=None, block_size=None, dtype="int8", symmetric=None):
+    dtype = _dtype_name(dtype, as_code_type)
+    q, scales, *zps = torch.ops.gpuq.quantize_dynamic(x, dtype=dtype, symmetric=symmetric,
+                                                      **_granularity(x, axis, group_size, block_size))
     return _as_codes(q, x, dtype), scales, (zps[0] if zps else None)
 
 

@@ -149,42 +149,57 @@ struct GroupMap {
     __device__ long long index() const { return p; }
 };
 
-// The general map (multi-axis on non-adjacent axes): src as merged dims
-// (m0 = nd <= kMaxDims), dims = [shape[0..nd), pstride[0..nd)] in device
-// memory, pstride 0 along broadcast dims. An odometer over the coordinates.
+// The general map (multi-axis on non-adjacent axes, blocks of any shape): src as merged dims
+// (m0 = nd <= kMaxDims), dims = [shape[0..nd), pstride[0..nd), block[0..nd)] in device memory;
+// the parameter of coordinates c is sum_d (c_d / block_d) * pstride_d (pstride 0 along a dim a
+// block covers: its block is the dim). An odometer over the coordinates and their offsets
+// inside their blocks: no division per element, a new parameter only where a block ends.
 constexpr int kMaxDims = 8;
 struct StridedMap {
     int nd;
     const long long* dims;
     long long coord[kMaxDims];
+    long long rem[kMaxDims];  // coord[d] % block[d]
     long long p;
     __device__ StridedMap(long long m0, long long, long long, const long long* d)
         : nd(static_cast<int>(m0)), dims(d), p(0) {}
-    // The scheme is rare: the dims loops stay loops (no unrolling), which keeps
-    // the code small at the price of coord[] living in local memory.
+    // The dims loops stay loops (no unrolling): coord[] and rem[] live in local memory.
     __device__ void seek(long long i) {
         p = 0;
 #pragma unroll 1
         for (int d = nd - 1; d >= 0; --d) {
-            long long q;
+            long long q, blk;
             divmod(i, dims[d], q, coord[d]);
-            p += coord[d] * dims[nd + d];
+            divmod(coord[d], dims[2 * nd + d], blk, rem[d]);
+            p += blk * dims[nd + d];
             i = q;
         }
     }
-    __device__ bool uniform() const { return false; }  // rare scheme: the general walk
+    // The unit's 16 elements in one block of the last dim (and one row of it).
+    __device__ bool uniform() const {
+        const int l = nd - 1;
+        return rem[l] + kUnit <= dims[2 * nd + l] && coord[l] + kUnit <= dims[l];
+    }
     __device__ bool next() {
+        const long long before = p;
 #pragma unroll 1
         for (int d = nd - 1; d >= 0; --d) {
-            const long long ps = dims[nd + d];
+            const long long ps = dims[nd + d], b = dims[2 * nd + d];
             if (++coord[d] < dims[d]) {
-                p += ps;
-                return true;
+                if (++rem[d] == b) {
+                    rem[d] = 0;
+                    p += ps;
+                }
+                return p != before;
             }
-            p -= (dims[d] - 1) * ps;
+            // Carry: back to the dim's first block, on to the next coordinate of the dim above.
+            long long last, unused;
+            divmod(dims[d] - 1, b, last, unused);
+            p -= last * ps;
             coord[d] = 0;
+            rem[d] = 0;
         }
-        return true;
+        return p != before;
     }
     __device__ long long index() const { return p; }
 };

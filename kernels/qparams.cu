@@ -32,6 +32,7 @@
 //   gpuq::dynamic_quantize_segments<__half, signed char, false>
 //   gpuq::minmax_columns<gpuq_bf16>
 #include "contract.cuh"
+#include "elementwise.cuh"
 
 namespace gpuq {
 
@@ -222,6 +223,56 @@ minmax_columns(const T* __restrict__ x, long long outer, long long n, long long 
     const T* p = x + (o * n + c0) * inner + i;
     for (long long c = c0; c < c1; ++c, p += inner) acc.add(*p);
     flush(lo, hi, t, acc.lo32(), acc.hi32());
+}
+
+// Blocks of any shape: x C-contiguous as merged dims (nd <= kMaxBlockDims), dims =
+// [shape[0..nd), pstride[0..nd), block[0..nd)] (the strided map's, kernels/elementwise.cuh):
+// the slot of coordinates c is sum_d (c_d / block_d) * pstride_d (pstride 0 where a block
+// covers its dim). One thread block per slot: its threads walk the block's elements in C
+// order (a 128x128 tile of float32 is 128 rows of 512 bytes, two rows at a time), reduce
+// them together and flush once. Slots are numbered in the param grid, C order.
+constexpr int kMaxBlockDims = 8;
+template <typename T>
+__global__ void __launch_bounds__(256)
+minmax_blocks(const T* __restrict__ x, int nd, const long long* __restrict__ dims, long long slots,
+              unsigned* __restrict__ lo, unsigned* __restrict__ hi) {
+    for (long long s = blockIdx.x; s < slots; s += gridDim.x) {
+        // The slot's first element and its block's extent along each dim (ragged at the ends).
+        long long rest = s, origin = 0, stride = 1, volume = 1, p = 0;
+        long long extent[kMaxBlockDims], step[kMaxBlockDims];
+#pragma unroll 1
+        for (int d = nd - 1; d >= 0; --d) {
+            const long long n = dims[d], ps = dims[nd + d], b = dims[2 * nd + d];
+            long long blk = 0;
+            if (ps != 0) {  // a dim the parameters follow: its block index is part of the slot
+                long long count, unused, above;
+                divmod(n + b - 1, b, count, unused);
+                divmod(rest, count, above, blk);
+                rest = above;
+                p += blk * ps;
+            }
+            origin += blk * b * stride;
+            extent[d] = min(b, n - blk * b);
+            step[d] = stride;
+            volume *= extent[d];
+            stride *= n;
+        }
+        Acc<T> acc;
+        for (long long e = threadIdx.x; e < volume; e += blockDim.x) {
+            long long r = e, off = origin;
+#pragma unroll 1
+            for (int d = nd - 1; d >= 0; --d) {
+                long long q, c;
+                divmod(r, extent[d], q, c);
+                off += c * step[d];
+                r = q;
+            }
+            acc.add(x[off]);
+        }
+        float l = acc.lo32(), h = acc.hi32();
+        team_minmax<false>(l, h);
+        if (threadIdx.x == 0) flush(lo, hi, p, l, h);
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -101,11 +101,11 @@ def fp8_values(fmt, finite=True):
 # naive statement of the contract
 
 
-def quotient(x, scales, axis=None, group_size=None):
+def quotient(x, scales, axis=None, group_size=None, block_size=None):
     """x / s in the compute type (float32; float64 for float64 x), s expanded to x's shape."""
     x = np.asarray(x)
     ct = np.float64 if x.dtype == np.float64 else np.float32
-    s = expand(np.asarray(scales, ct), x.shape, axis, group_size)
+    s = expand(np.asarray(scales, ct), x.shape, axis, group_size, block_size)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         return x.astype(ct) / s
 
@@ -119,9 +119,9 @@ def fp8_from_float32(t, fmt, saturate=True):
     return t.astype(FP8[fmt])
 
 
-def naive_quantize(x, scales, zps=None, *, axis=None, group_size=None, dtype, saturate=True):
+def naive_quantize(x, scales, zps=None, *, axis=None, group_size=None, block_size=None, dtype, saturate=True):
     """Codes as arrays: ml_dtypes fp8 (fp8), int8/uint8 unpacked values (int4/uint4)."""
-    t = quotient(x, scales, axis, group_size)
+    t = quotient(x, scales, axis, group_size, block_size)
     if dtype in FP8:
         with np.errstate(over="ignore"):
             t32 = t.astype(np.float32)  # float64: the quotient rounded to float32 once
@@ -131,22 +131,22 @@ def naive_quantize(x, scales, zps=None, *, axis=None, group_size=None, dtype, sa
     r = np.where(np.isnan(r), 0, r)
     r = np.clip(r, -(2.0**40), 2.0**40).astype(np.int64)
     if zps is not None:
-        r = r + expand(np.asarray(zps, np.int64), t.shape, axis, group_size)
+        r = r + expand(np.asarray(zps, np.int64), t.shape, axis, group_size, block_size)
     return np.clip(r, qmin, qmax).astype(INT4_UNPACKED[dtype])
 
 
-def naive_dequantize(q, scales, zps=None, *, axis=None, group_size=None, out_dtype=np.float32):
+def naive_dequantize(q, scales, zps=None, *, axis=None, group_size=None, block_size=None, out_dtype=np.float32):
     """(q - zp) * s, or widen(fp8) * s, in float32 (float64 for float64 output), then narrowed."""
     q = np.asarray(q)
     out_dtype = np.dtype(out_dtype)
     ct = np.float64 if out_dtype == np.float64 else np.float32
-    s = expand(np.asarray(scales, ct), q.shape, axis, group_size)
+    s = expand(np.asarray(scales, ct), q.shape, axis, group_size, block_size)
     if q.dtype in FP8.values():
         d = q.astype(ct)  # exact
     else:
         d = q.astype(np.int64)
         if zps is not None:
-            d = d - expand(np.asarray(zps, np.int64), q.shape, axis, group_size)
+            d = d - expand(np.asarray(zps, np.int64), q.shape, axis, group_size, block_size)
         d = d.astype(ct)
     with np.errstate(over="ignore", invalid="ignore"):
         return (d * s).astype(out_dtype)
@@ -363,7 +363,7 @@ def ref_dequantize(q, scales, zps=None, *, axis=None, block_size=None, dtype, ou
 
 
 @np.errstate(over="ignore", invalid="ignore")
-def naive_choose_qparams(x, *, axis=None, group_size=None, dtype, symmetric=None, eps=None):
+def naive_choose_qparams(x, *, axis=None, group_size=None, block_size=None, dtype, symmetric=None, eps=None):
     """The documented choose_qparams for the new code dtypes, one slot at a time.
 
     int4/uint4: as int8 (tests/reference.py) with the range [-8, 7] / [0, 15]
@@ -372,9 +372,10 @@ def naive_choose_qparams(x, *, axis=None, group_size=None, dtype, symmetric=None
     """
     x = np.asarray(x)
     eps = np.float32(np.finfo(np.float32).tiny if eps is None else eps)
-    pshape = param_shape(x.shape, axis, group_size)
+    pshape = param_shape(x.shape, axis, group_size, block_size)
     nslots = int(np.prod(pshape, dtype=np.int64))
-    slot = np.asarray(expand(np.arange(nslots).reshape(pshape), x.shape, axis, group_size)).reshape(-1)
+    slot = np.asarray(expand(np.arange(nslots).reshape(pshape), x.shape, axis, group_size,
+                             block_size)).reshape(-1)
     flat = x.reshape(-1)
     scales = np.empty(nslots, np.float32)
     zps = np.empty(nslots, np.int32)

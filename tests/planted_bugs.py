@@ -57,13 +57,13 @@ BUGS = {
         "the warp reduction misses half of the warp",
     ),
     "head+1": (
-        "gpuq/backends/cuda/backend.py",
+        "gpuq/backends/cuda/launch.py",
         "np.int64(n), np.int64(head),",
         "np.int64(n), np.int64(head + 1),",
         "the launch path's head is one too far",
     ),
     "int32-for-long-long": (
-        "gpuq/backends/cuda/backend.py",
+        "gpuq/backends/cuda/launch.py",
         "args = (src, out, scales, scales if not has_zp else zps, np.int64(n),",
         "args = (src, out, scales, scales if not has_zp else zps, np.int32(n),",
         "an int32 argument for a long long parameter",
@@ -73,6 +73,18 @@ BUGS = {
         "__syncthreads();  // the previous segment's readers are done with s_lo/s_hi",
         "// (removed) the previous segment's readers are done with s_lo/s_hi",
         "a fast warp overwrites the shared partials before the others have read them",
+    ),
+    "warp-store-swizzle": (
+        "kernels/elementwise.cuh",
+        "*dst = mine[L * kVecs + (v ^ ((L / kLanesPerRow) % kVecs))];",
+        "*dst = mine[L * kVecs + v];",
+        "the warp-wide store of float outputs reads the staged vectors unswizzled",
+    ),
+    "warp-store-lane": (
+        "kernels/elementwise.cuh",
+        "store_units_coalesced(out, head + (u - lane - 1) * kUnit, y, full && vec_out);",
+        "store_units_coalesced(out, head + (u - lane) * kUnit, y, full && vec_out);",
+        "the warp's span starts one unit late",
     ),
     "packed-align-4": (
         "gpuq/backends/cuda/formats.py",

@@ -13,9 +13,19 @@ import numpy as np
 QRANGE = {np.dtype(np.int8): (-128, 127), np.dtype(np.uint8): (0, 255)}
 
 
-def expand(param, shape, axis=None, group_size=None):
-    """``param`` broadcast to ``shape`` for the given scheme."""
+def _blocks(shape, block_size):
+    return tuple(n if b == -1 or b >= n else b for n, b in zip(shape, block_size))
+
+
+def expand(param, shape, axis=None, group_size=None, block_size=None):
+    """``param`` broadcast to ``shape`` for the given scheme (blocks: each entry repeated over
+    its block along every dim, the ragged last block cut)."""
     param = np.asarray(param)
+    if block_size is not None:
+        full = param
+        for d, b in enumerate(_blocks(shape, block_size)):
+            full = np.repeat(full, max(b, 1), axis=d)
+        return full[tuple(slice(0, n) for n in shape)]
     if axis is None:
         return np.broadcast_to(param.reshape(()), shape)
     if group_size is not None:
@@ -28,33 +38,35 @@ def expand(param, shape, axis=None, group_size=None):
 
 
 @np.errstate(over="ignore", invalid="ignore")
-def quantize(x, scales, zps=None, *, axis=None, group_size=None, dtype=np.int8):
+def quantize(x, scales, zps=None, *, axis=None, group_size=None, block_size=None, dtype=np.int8):
     dtype = np.dtype(dtype)
     ct = np.float64 if x.dtype == np.float64 else np.float32
-    s = expand(np.asarray(scales, ct), x.shape, axis, group_size)
+    s = expand(np.asarray(scales, ct), x.shape, axis, group_size, block_size)
     r = np.rint(x.astype(ct) / s)
     r = np.where(np.isnan(r), 0, r)
     r = np.clip(r, -(2.0**40), 2.0**40).astype(np.int64)
     if zps is not None:
-        r = r + expand(np.asarray(zps, np.int64), x.shape, axis, group_size)
+        r = r + expand(np.asarray(zps, np.int64), x.shape, axis, group_size, block_size)
     qmin, qmax = QRANGE[dtype]
     return np.clip(r, qmin, qmax).astype(dtype)
 
 
 @np.errstate(over="ignore", invalid="ignore")
-def dequantize(q, scales, zps=None, *, axis=None, group_size=None, dtype=np.float32):
+def dequantize(q, scales, zps=None, *, axis=None, group_size=None, block_size=None, dtype=np.float32):
     dtype = np.dtype(dtype)
     ct = np.float64 if dtype == np.float64 else np.float32
     d = q.astype(np.int64)
     if zps is not None:
-        d = d - expand(np.asarray(zps, np.int64), q.shape, axis, group_size)
-    s = expand(np.asarray(scales, ct), q.shape, axis, group_size)
+        d = d - expand(np.asarray(zps, np.int64), q.shape, axis, group_size, block_size)
+    s = expand(np.asarray(scales, ct), q.shape, axis, group_size, block_size)
     return (d.astype(ct) * s).astype(dtype)
 
 
-def param_shape(shape, axis=None, group_size=None):
+def param_shape(shape, axis=None, group_size=None, block_size=None):
     """The shape scales/zps take for ``shape`` and the scheme (DESIGN.md section 2)."""
     shape = tuple(shape)
+    if block_size is not None:
+        return tuple(-(-n // max(b, 1)) for n, b in zip(shape, _blocks(shape, block_size)))
     if axis is None:
         return ()
     if group_size is not None:
@@ -65,7 +77,7 @@ def param_shape(shape, axis=None, group_size=None):
 
 
 @np.errstate(over="ignore", invalid="ignore")
-def choose_qparams(x, *, axis=None, group_size=None, dtype=np.int8, symmetric=False, eps=None):
+def choose_qparams(x, *, axis=None, group_size=None, block_size=None, dtype=np.int8, symmetric=False, eps=None):
     """The documented choose_qparams (gpuq/qparams.py), one slot at a time with a Python loop.
 
     Returns ``(scales, zps)``, or raises ``ValueError`` where a block's min or
@@ -74,9 +86,9 @@ def choose_qparams(x, *, axis=None, group_size=None, dtype=np.int8, symmetric=Fa
     dtype = np.dtype(dtype)
     qmin, qmax = QRANGE[dtype]
     eps = np.float32(np.finfo(np.float32).tiny if eps is None else eps)
-    pshape = param_shape(x.shape, axis, group_size)
+    pshape = param_shape(x.shape, axis, group_size, block_size)
     nslots = int(np.prod(pshape, dtype=np.int64))
-    slot = expand(np.arange(nslots).reshape(pshape), x.shape, axis, group_size)
+    slot = expand(np.arange(nslots).reshape(pshape), x.shape, axis, group_size, block_size)
     flat_slot = np.asarray(slot).reshape(-1)
     order = np.argsort(flat_slot, kind="stable")
     by_slot = x.reshape(-1)[order]

@@ -29,7 +29,7 @@ CASES = [
 def small_blocks(monkeypatch):
     monkeypatch.setattr(blocks, "BLOCK", 1024)
     monkeypatch.setattr(blocks, "INNER_MIN", 16)
-    monkeypatch.setattr("gpuq.backends.host.backend.PARALLEL_MIN", 0)  # threads even on small input
+    monkeypatch.setattr("gpuq.backends.host.threads.PARALLEL_MIN", 0)  # threads even on small input
     monkeypatch.setattr(blocks, "SMALL", 0)  # no direct kernel call for small tensors: the layouts
 
 

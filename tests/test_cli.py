@@ -78,7 +78,11 @@ def check_row(row, exp, *, quantized_bytes):
     assert row["max_abs_error"] == exp["max_err"]
 
 
-# -- safetensors: bfloat16/float16/float32, per-channel asymmetric (the defaults) -------------
+# -- safetensors: bfloat16/float16/float32, asymmetric, the default schemes ------------------
+
+#: The default int8 scheme of each tensor: one scale per row of the last dimension (axis 0 at
+#: rank 2; every leading axis at rank 3, so each of the 4 "experts" has its own 8 scales).
+DEFAULT_AXIS = {"layer.w_bf16": 0, "layer.w_f16": (0, 1), "layer.w_f32": 0}
 
 @pytest.fixture(scope="module")
 def st_case(tmp_path_factory):
@@ -105,11 +109,15 @@ def test_quantize_safetensors_writes_library_codes(st_case):
     assert proc.returncode == 0, proc.stderr
     out, meta = load_safetensors(d / "q.safetensors")
     assert meta["format"] == "pt"  # the input's metadata passes through
-    scheme = json.loads(meta["gpuq"])["tensors"]
+    gpuq_meta = json.loads(meta["gpuq"])
+    assert gpuq_meta["format_version"] == 3  # a multi-axis tensor: the version that has them
+    scheme = gpuq_meta["tensors"]
     assert set(scheme) == {"layer.w_bf16", "layer.w_f16", "layer.w_f32"}
     for name in scheme:
-        exp = expected(tensors[name], axis=0)
-        assert scheme[name] == {"dtype": "int8", "symmetric": False, "axis": 0,
+        axis = DEFAULT_AXIS[name]
+        exp = expected(tensors[name], axis=axis)
+        assert scheme[name] == {"dtype": "int8", "symmetric": False,
+                                "axis": list(axis) if isinstance(axis, tuple) else axis,
                                 "group_size": None, "source_dtype": tensors[name].dtype.name}
         assert same_bits(out[name], exp["q"])
         assert same_bits(out[name + ".scales"], exp["scales"])
@@ -125,8 +133,8 @@ def test_quantize_report_matches_float64(st_case):
     rows = {r["name"]: r for r in report["tensors"]}
     signal = error = 0.0
     for name in ("layer.w_bf16", "layer.w_f16", "layer.w_f32"):
-        exp = expected(tensors[name], axis=0)
-        n = tensors[name].shape[0]
+        exp = expected(tensors[name], axis=DEFAULT_AXIS[name])
+        n = exp["scales"].size  # 48, 4 * 8, 64
         check_row(rows[name], exp, quantized_bytes=tensors[name].size + 5 * n)
         assert rows[name]["bytes_before"] == tensors[name].nbytes
         assert rows[name]["shape"] == list(tensors[name].shape)
@@ -151,7 +159,8 @@ def test_dequantize_safetensors_round_trip(st_case):
     q, _ = load_safetensors(d / "q.safetensors")
     # Each tensor comes back in its source dtype (the default of --dtype).
     for name, dtype in (("layer.w_bf16", "bfloat16"), ("layer.w_f16", "float16"), ("layer.w_f32", "float32")):
-        want = gpuq.dequantize(q[name], q[name + ".scales"], q[name + ".zps"], axis=0, dtype=dtype)
+        want = gpuq.dequantize(q[name], q[name + ".scales"], q[name + ".zps"],
+                               axis=DEFAULT_AXIS[name], dtype=dtype)
         assert back[name].dtype.name == dtype and same_bits(back[name], want)
     for name in ("layer.norm", "layer.small", "ids"):  # bit for bit, bfloat16 included
         assert same_bits(back[name], tensors[name])

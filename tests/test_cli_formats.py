@@ -117,8 +117,15 @@ def unpack_nibbles(data, n, signed):
 def broadcast(p, shape, scheme):
     axis, g = scheme["axis"], scheme["group_size"]
     p = np.asarray(p)
+    if scheme.get("block_size") is not None:  # version 4: p[i_0 // b_0, ..., i_r // b_r]
+        for d, (n, b) in enumerate(zip(shape, scheme["block_size"])):
+            b = n if b == -1 else b
+            p = np.repeat(p, b, axis=d).take(np.arange(n), axis=d)
+        return p
     if axis is None:
         return p.reshape(())
+    if isinstance(axis, list):  # several axes: p is the shape projected onto them
+        return p.reshape([d if i in axis else 1 for i, d in enumerate(shape)])
     if g is None:
         view = [1] * len(shape)
         view[axis] = -1
@@ -126,8 +133,10 @@ def broadcast(p, shape, scheme):
     return np.repeat(p, g, axis=axis).take(np.arange(shape[axis]), axis=axis)
 
 
-def naive_dequantize(tensors, name, scheme, fmt):
-    """float32 ``(q - zp) * s`` from the stored bytes (fp8: ml_dtypes' exact widening * s)."""
+def naive_dequantize(tensors, name, scheme, fmt, out=np.float32):
+    """``(q - zp) * s`` from the stored bytes (fp8: ml_dtypes' exact widening * s), multiplied
+    in float32, or in float64 for a float64 ``out``."""
+    work = np.float64 if np.dtype(out) == np.float64 else np.float32
     dtype, q = scheme["dtype"], tensors[name]
     if dtype in ("int4", "uint4"):
         shape = tuple(scheme["shape"])
@@ -140,13 +149,13 @@ def naive_dequantize(tensors, name, scheme, fmt):
     else:
         shape = q.shape
         codes = q.astype(np.int64)
-    s = broadcast(tensors[name + ".scales"].astype(np.float32), shape, scheme)
+    s = broadcast(tensors[name + ".scales"].astype(np.float32).astype(work), shape, scheme)
     zps = tensors.get(name + ".zps")
     if dtype in FP8:
         assert zps is None
-        return codes * s
+        return (codes.astype(work) * s).astype(out)
     z = 0 if zps is None else broadcast(zps.astype(np.int64), shape, scheme)
-    return (codes - z).astype(np.float32) * s
+    return ((codes - z).astype(work) * s).astype(out)
 
 
 def same_bits(a, b):
@@ -188,9 +197,17 @@ def run(*args):
     return cli.main([str(a) for a in args])
 
 
-SCHEMES = {  # name -> (flags, axis, group_size, symmetric)
-    "pc": ([], 0, None, False),
-    "pc_sym": (["--symmetric"], 0, None, True),
+def default_for(dtype, ndim):
+    """The defaults table (no --axis, --per-tensor, --group-size): ``(axis, group_size)``."""
+    if dtype in ("int4", "uint4"):
+        return ndim - 1, 128  # groups of 128 along the last dimension, at every rank
+    return (0 if ndim == 2 else tuple(range(ndim - 1))), None  # one scale per row
+
+
+SCHEMES = {  # name -> (flags, axis, group_size, symmetric); axis "default": the table
+    "default": ([], "default", None, False),
+    "pc": (["--axis", "0"], 0, None, False),
+    "pc_sym": (["--symmetric", "--axis", "0"], 0, None, True),
     "g8": (["--group-size", "8"], -1, 8, False),
     "g5_axis0_sym": (["--group-size", "5", "--axis", "0", "--symmetric"], 0, 5, True),
     "tensor": (["--per-tensor"], None, None, False),
@@ -209,7 +226,9 @@ def test_round_trip_matches_the_api_and_a_naive_dequantization(tmp_path, capsys,
                "--device", "cpu", "-q", "--json", *flags) == 0, capsys.readouterr().err
     report = json.loads(capsys.readouterr().out)
     tensors, meta, extra = read(out)
-    assert meta["format_version"] == 2 and meta["source_format"] == fmt
+    # Version 3 only for a file holding a multi-axis tensor (model.b.weight is rank 3).
+    multi = axis == "default" and dtype not in ("int4", "uint4")
+    assert meta["format_version"] == (3 if multi else 2) and meta["source_format"] == fmt
     if fmt == "safetensors":
         assert extra == {"format": "pt"}
     quantized = sorted(meta["tensors"])
@@ -220,8 +239,12 @@ def test_round_trip_matches_the_api_and_a_naive_dequantization(tmp_path, capsys,
     for name in quantized:
         x = source[name]
         s = meta["tensors"][name]
-        k = None if axis is None else axis % x.ndim
-        assert (s["dtype"], s["axis"], s["group_size"]) == (dtype, k, group)
+        if axis == "default":
+            k, group = default_for(dtype, x.ndim)
+        else:
+            k = None if axis is None else axis % x.ndim
+        assert (s["dtype"], s["axis"], s["group_size"]) == (
+            dtype, list(k) if isinstance(k, tuple) else k, group)
         assert s["symmetric"] == (sym or fp8) and s["source_dtype"] == x.dtype.name
         if dtype in ("int4", "uint4"):
             assert s["shape"] == list(x.shape) and s["packing"] == "onnx_nibbles"
@@ -262,24 +285,28 @@ def test_round_trip_matches_the_api_and_a_naive_dequantization(tmp_path, capsys,
     native = tmp_path / f"native.{fmt}"
     assert run("dequantize", out, "-o", native, "--device", "cpu", "-q") == 0
     got, _, _ = read(native)
-    for name in quantized:
-        want = naive_dequantize(tensors, name, meta["tensors"][name], fmt)
-        restored = source[name].dtype if source[name].dtype != np.float64 else np.float32
-        assert same_bits(got[name], want.astype(restored)), name  # float64 comes back float32
+    for name in quantized:  # float64 comes back float64, multiplied in float64
+        want = naive_dequantize(tensors, name, meta["tensors"][name], fmt, out=source[name].dtype)
+        assert same_bits(got[name], want), name
 
 
 def test_int8_output_stays_version_1(tmp_path, capsys):
-    """int8/uint8 files are written as before (version 1, the same keys), so a gpuq from
-    before version 2 still reads them."""
+    """int8/uint8 files with one axis per tensor are written as before (version 1, the same
+    keys), so a gpuq from before version 2 still reads them; a multi-axis tensor (the default
+    at rank 3) makes the file version 3, with the same keys."""
     src, _ = make_source(tmp_path, "safetensors")
     for dtype in ("int8", "uint8"):
-        out = tmp_path / f"{dtype}.safetensors"
-        assert run("quantize", src, "-o", out, "--dtype", dtype, "--min-size", "16",
-                   "--device", "cpu", "-q") == 0
-        _, meta, _ = read(out)
-        assert meta["format_version"] == 1
-        for s in meta["tensors"].values():
-            assert set(s) == {"dtype", "symmetric", "axis", "group_size", "source_dtype"}
+        for flags, version in ((["--exclude", "model.b.weight"], 1), (["--axis", "0"], 1),
+                               ([], 3)):
+            out = tmp_path / f"{dtype}-{version}.safetensors"
+            assert run("quantize", src, "-o", out, "--dtype", dtype, "--min-size", "16",
+                       "--device", "cpu", "-q", *flags) == 0
+            _, meta, _ = read(out)
+            assert meta["format_version"] == version, flags
+            for s in meta["tensors"].values():
+                assert set(s) == {"dtype", "symmetric", "axis", "group_size", "source_dtype"}
+            assert ([s["axis"] for s in meta["tensors"].values()] == [0, [0, 1], 0, 0]) == (
+                version == 3)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -302,32 +329,40 @@ def test_version_1_relabelled_2_reads_the_same(tmp_path, capsys, fmt):
 V2_VARIANTS = ["g16_asym_int4", "pc_sym_uint4", "g16_asym_uint4", "rows_e4m3fn", "tensor_e5m2"]
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("variant", V2_VARIANTS)
-def test_version_2_fixture_reads_the_same(tmp_path, capsys, variant, fmt):
-    q, meta, _ = read(V2 / f"{variant}.{fmt}")
-    assert meta["format_version"] == 2
-    v2_f32, _, _ = read(V2 / f"{variant}.f32.{fmt}")
-    source, _, _ = read(V2 / f"source.{fmt}")
+def fixture_reads_the_same(folder, variant, fmt, version, tmp_path, capsys) -> dict:
+    """A fixture file of format ``version``: today's ``gpuq dequantize`` and the fixture's own
+    ``.f32`` file both give the naive dequantization of its stored bytes, and every other
+    tensor of its source comes back bit for bit. Returns the file's gpuq metadata."""
+    q, meta, _ = read(folder / f"{variant}.{fmt}")
+    assert meta["format_version"] == version
+    old_f32, _, _ = read(folder / f"{variant}.f32.{fmt}")
+    source, _, _ = read(folder / f"source.{fmt}")
     out = tmp_path / f"out.{fmt}"
-    assert run("dequantize", V2 / f"{variant}.{fmt}", "-o", out, "--dtype", "float32",
+    assert run("dequantize", folder / f"{variant}.{fmt}", "-o", out, "--dtype", "float32",
                "--device", "cpu", "-q") == 0, capsys.readouterr().err
     back, back_meta, _ = read(out)
     assert back_meta is None and set(back) == set(source)
-    assert sorted(meta["tensors"]) == ["model.layers.0.w", "model.layers.10.w",
-                                       "model.layers.2.w"]
     for name, scheme in meta["tensors"].items():
         want = naive_dequantize(q, name, scheme, fmt)
         assert same_bits(back[name], want), (variant, name)
-        assert same_bits(v2_f32[name], want), (variant, name)
-    for name in ("model.norm", "ids", "small"):
+        assert same_bits(old_f32[name], want), (variant, name)
+    for name in set(source) - set(meta["tensors"]):
         assert same_bits(back[name], source[name])
+    return meta
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("variant", V2_VARIANTS)
+def test_version_2_fixture_reads_the_same(tmp_path, capsys, variant, fmt):
+    meta = fixture_reads_the_same(V2, variant, fmt, 2, tmp_path, capsys)
+    assert sorted(meta["tensors"]) == ["model.layers.0.w", "model.layers.10.w",
+                                       "model.layers.2.w"]
 
 
 def test_fixture_v2_matches_todays_writer(tmp_path, capsys):
     """Today's quantize writes the fixture's bytes (a change of layout must be a new version)."""
     flags = {"g16_asym_int4": ["--dtype", "int4", "--group-size", "16"],
-             "rows_e4m3fn": ["--dtype", "float8_e4m3fn"],
+             "rows_e4m3fn": ["--dtype", "float8_e4m3fn", "--axis", "0"],  # the default then
              "tensor_e5m2": ["--dtype", "float8_e5m2", "--per-tensor"]}
     for variant, f in flags.items():
         for fmt in FORMATS:
@@ -451,17 +486,23 @@ CORRUPT = [
      "which needs uint8 (packed bytes)"),
     ("shape disagrees", ("int4", "uint4"), _scheme(shape=[13, 10]),
      "pack into 65 bytes"),
-    ("shape missing", ("int4",), _drop_key("shape"), "missing keys ['shape']"),
+    ("shape missing", ("int4",), _drop_key("shape"),
+     "tensor 'w': missing keys 'shape' for int4 codes"),
     ("shape not sizes", ("uint4",), _scheme(shape=[9, -13]), "shape [9, -13] is not a list"),
-    ("packing missing", ("int4",), _drop_key("packing"), "missing keys ['packing']"),
+    ("packing missing", ("int4",), _drop_key("packing"),
+     "tensor 'w': missing keys 'packing' for int4 codes"),
     ("packing unknown", ("uint4",), _scheme(packing="high_first"),
      "packing 'high_first' is unknown"),
-    ("shape on fp8", ("float8_e4m3fn",), _scheme(shape=[9, 13]), "unknown keys ['shape']"),
+    ("shape on fp8", ("float8_e4m3fn",), _scheme(shape=[9, 13]),
+     "tensor 'w': unknown keys 'shape' for float8_e4m3fn codes"),
     ("unknown dtype", NEW, _scheme(dtype="int2"),
      "dtype 'int2' is not one of int8, uint8, int4, uint4, float8_e4m3fn, float8_e5m2"),
     ("new dtype in version 1", NEW, _version(1), "needs format version 2, but the file says "
      "version 1"),
-    ("version 3", NEW, _version(3), "format version 3, newer than this gpuq reads (version 2)"),
+    ("version 5", NEW, _version(5), "format version 5, newer than this gpuq reads (version 4)"),
+    ("block_size in version 3", NEW, lambda t, m: (_version(3)(t, m), m["tensors"]["w"].update(
+        axis=None, group_size=None, block_size=[4, 4])),
+     "block_size [4, 4] needs format version 4, but the file says version 3"),
     ("zps with fp8", ("float8_e4m3fn", "float8_e5m2"), _add_zps,
      "the file has 'w.zps', but the gpuq metadata says float8_e"),
     ("fp8 asymmetric", ("float8_e5m2",), _scheme(symmetric=False),
@@ -540,9 +581,9 @@ def test_compare_matches_the_quantize_reports(tmp_path, capsys):
     capsys.readouterr()
     assert run("compare", path, "--device", "cpu", "--json") == 0
     report = json.loads(capsys.readouterr().out)
-    assert [s["scheme"] for s in report["schemes"]] == ["int8", "int4:g128", "float8_e4m3fn"]
-    flags = {"int8": [], "int4:g128": ["--dtype", "int4", "--group-size", "128"],
-             "float8_e4m3fn": ["--dtype", "float8_e4m3fn"]}
+    # The default columns are gpuq quantize's defaults for each code type.
+    assert [s["scheme"] for s in report["schemes"]] == ["int8", "int4", "float8_e4m3fn"]
+    flags = {"int8": [], "int4": ["--dtype", "int4"], "float8_e4m3fn": ["--dtype", "float8_e4m3fn"]}
     for k, (scheme, f) in enumerate(flags.items()):
         out = tmp_path / f"q{k}.safetensors"
         assert run("quantize", path, "-o", out, "--device", "cpu", "-q", "--json", *f) == 0
@@ -563,7 +604,9 @@ def test_compare_matches_the_quantize_reports(tmp_path, capsys):
 @pytest.mark.parametrize("spec,message", [
     ("int3", "the code type 'int3' is not one of"),
     ("int4:g0", "'g0' is not an option"),
-    ("int4:tensor:g8", "'tensor' takes no axis or group size"),
+    ("int4:tensor:g8", "give one of 'tensor', 'bAxB' and an axis or group size"),
+    ("int8:b4x4:g8", "give one of 'tensor', 'bAxB' and an axis or group size"),
+    ("int8:b4x0", "'b4x0' must be AxB, two positive integers (e.g. 128x128), got '4x0'"),
     ("int8:fast", "'fast' is not an option"),
 ])
 def test_compare_refuses_bad_schemes(tmp_path, capsys, spec, message):
@@ -630,7 +673,7 @@ def _fuzz_edits():
                                        "packing", "other"]),
                       st.sampled_from([None, 0, 1, 2, 4, 5, -1, True, False, "int4", "uint4",
                                        "int8", "float8_e4m3fn", "float8_e5m2", "onnx_nibbles",
-                                       [9, 13], [13, 9], [117], [9, 14], []]))
+                                       [9, 13], [13, 9], [117], [9, 14], [], [0, 1], [1, 0]]))
     return st.one_of(
         field,
         st.tuples(st.just("drop"), st.sampled_from(["dtype", "symmetric", "axis", "group_size",
@@ -699,12 +742,12 @@ def _apply(tensors, meta, e, fmt):
 
 def _layout_ok(tensors, meta, fmt):
     """What a file gpuq reads must be (the module docstring of gpuq/cli/quantized.py)."""
-    assert meta["format_version"] in (1, 2)
+    assert meta["format_version"] in (1, 2, 3)
     s = meta["tensors"]["w"]
     dtype = s["dtype"]
     assert dtype in NEW or dtype in ("int8", "uint8")
     if dtype in NEW:
-        assert meta["format_version"] == 2
+        assert meta["format_version"] >= 2
     packed = dtype in ("int4", "uint4")
     base = {"dtype", "symmetric", "axis", "group_size", "source_dtype"}
     assert set(s) == base | ({"shape", "packing"} if packed else set())
@@ -725,6 +768,9 @@ def _layout_ok(tensors, meta, fmt):
     assert sc.dtype == np.float32
     if axis is None:
         assert g is None and sc.shape in ((), (1,))
+    elif isinstance(axis, list):
+        assert meta["format_version"] == 3 and g is None and axis == sorted(set(axis))
+        assert len(axis) >= 2 and sc.shape == tuple(shape[k] for k in axis)
     elif g is None:
         assert sc.shape == (shape[axis],)
     else:

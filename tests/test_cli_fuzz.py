@@ -405,7 +405,8 @@ meta_edit = st.one_of(
     st.tuples(st.just("version"), st.sampled_from([0, 2, 3, 99, "1", 1.0, None, True])),
     st.tuples(st.just("field"), st.sampled_from(["dtype", "symmetric", "axis", "group_size",
                                                  "source_dtype", "other"]),
-              st.sampled_from([None, 0, 1, 2, 3, 4, -1, True, "int8", "uint8", "int4", 8, []])),
+              st.sampled_from([None, 0, 1, 2, 3, 4, -1, True, "int8", "uint8", "int4", 8, [],
+                               [0, 1], [1, 0], [0, 0], [0, 5]])),
     st.tuples(st.just("drop_field"), st.sampled_from(["dtype", "symmetric", "axis", "group_size",
                                                       "source_dtype"])),
     st.tuples(st.just("drop_tensor")),
@@ -503,8 +504,8 @@ def check_dequantized_output(src, out):
     tensors, metadata = oracle_load(src)
     meta = json.loads(metadata["gpuq"] if src.suffix == ".safetensors"
                       else str(tensors.pop("__gpuq__")))
-    # Version 2 is a superset of 1: an int8/uint8 file relabelled 2 reads the same.
-    assert meta["format_version"] in (1, 2)
+    # Versions 2 and 3 are supersets of 1: an int8/uint8 file relabelled reads the same.
+    assert meta["format_version"] in (1, 2, 3)
     got, _ = oracle_load(out)
     companions = set()
     for name, s in meta["tensors"].items():
@@ -515,6 +516,11 @@ def check_dequantized_output(src, out):
         axis, g = s["axis"], s["group_size"]
         if axis is None:
             assert g is None and scales.shape in ((), (1,))
+        elif isinstance(axis, list):  # several axes: version 3, no groups
+            assert meta["format_version"] == 3 and g is None
+            assert len(axis) >= 2 and axis == sorted(set(axis)) and max(axis) < q.ndim
+            assert scales.shape == tuple(q.shape[k] for k in axis)
+            axis = tuple(axis)
         elif g is None:
             assert scales.shape == (q.shape[axis],)
         else:
@@ -527,7 +533,7 @@ def check_dequantized_output(src, out):
             assert zps.dtype == q.dtype and zps.shape == scales.shape
         # The source dtype recorded in the file comes back (bfloat16 in, bfloat16 back).
         src_dtype = s.get("source_dtype")
-        out_dtype = src_dtype if src_dtype in ("bfloat16", "float16", "float32") else "float32"
+        out_dtype = src_dtype if src_dtype in FLOATS else "float32"
         want = gpuq.dequantize(q, scales, zps, axis=axis, group_size=g, dtype=out_dtype)
         assert same_bits(got[name], want), name
         companions |= {name + ".scales", name + ".zps"}
@@ -602,7 +608,8 @@ def test_property_round_trip_safetensors():
                     continue
                 s = schemes[name]
                 xw = x.astype(np.float32) if x.dtype == BF16 else x
-                kw = dict(axis=s["axis"], group_size=s["group_size"])
+                axis = tuple(s["axis"]) if isinstance(s["axis"], list) else s["axis"]
+                kw = dict(axis=axis, group_size=s["group_size"])
                 scales, zps = gpuq.choose_qparams(xw, dtype=s["dtype"],
                                                   symmetric=s["symmetric"], **kw)
                 assert same_bits(q[name], gpuq.quantize(xw, scales, zps, dtype=s["dtype"], **kw))

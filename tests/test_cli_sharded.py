@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -158,7 +159,7 @@ def _fail_in(monkeypatch, shard, exc):
     orig = files._SafetensorsWriter._write
 
     def write(self, name, arr):
-        if os.path.basename(self.path) == shard:
+        if os.path.basename(self.path).endswith(shard):  # its staged name
             raise exc
         return orig(self, name, arr)
 
@@ -167,18 +168,20 @@ def _fail_in(monkeypatch, shard, exc):
 
 @pytest.mark.parametrize("exc, code", [(OSError(28, "No space left on device"), 2),
                                        (KeyboardInterrupt(), 130)])
-def test_failure_in_the_second_shard_leaves_nothing(tmp_path, monkeypatch, capsys, exc, code):
+def test_failure_in_the_second_shard_leaves_out_as_it_was(tmp_path, monkeypatch, capsys, exc,
+                                                          code):
     make_sharded(tmp_path / "in")
     out = tmp_path / "out"
     assert gpuq_main("quantize", tmp_path / "in", "-o", out, *OPTIONS) == 0  # an earlier run
+    before = file_bytes(out)
     capsys.readouterr()
     _fail_in(monkeypatch, shard_name(1, 3), exc)
-    assert gpuq_main("quantize", tmp_path / "in", "-o", out, *OPTIONS) == code
+    assert gpuq_main("quantize", tmp_path / "in", "-o", out, *OPTIONS, "--symmetric") == code
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and err.startswith("gpuq: ")
-    # The old index went first; the first shard (complete) was removed; no temporary file;
-    # the earlier run's second and third shards are as they were.
-    assert sorted(p.name for p in out.iterdir()) == [shard_name(1, 3), shard_name(2, 3)]
+    # The first shard (complete) was never put in place: the earlier run's index and shards
+    # are as they were, and no staged or temporary file is left.
+    assert file_bytes(out) == before
     out2 = tmp_path / "fresh"
     assert gpuq_main("quantize", tmp_path / "in", "-o", out2, *OPTIONS) == code
     assert not out2.exists()  # created by the run, removed with it
@@ -316,3 +319,45 @@ def test_workers_flag_from_the_shell(tmp_path):
     report = json.loads(proc.stdout)
     assert report["cluster"] == {"scheduler": None, "workers": 2} and report["device"] == "cpu"
     assert file_bytes(tmp_path / "dask") == file_bytes(tmp_path / "local")
+
+
+def test_failed_cluster_run_waits_for_its_tasks(tmp_path, cluster):
+    """--scheduler: the cluster outlives the run. A failing shard (an Inf under --nonfinite
+    error, in its last tensor) stops the other tasks at their next tensor, and the client
+    waits for them before removing the run's files: no shard lands in OUT once the command
+    has returned."""
+    from distributed import Client
+
+    from test_cli_stop import SLOW_GPUQ, poison
+
+    make_sharded(tmp_path / "in", n_shards=3)
+    poison(tmp_path / "in" / shard_name(0, 3), np.inf)
+    (tmp_path / "slow_gpuq.py").write_text(SLOW_GPUQ)
+    env = {"SLOW_MARKER": str(tmp_path / "marker"), "SLOW_WHEN": "write", "SLOW_DELAY": "0.2"}
+
+    def slow_writes():  # on each worker: the script's patch of the writer
+        os.environ.update(env)
+        sys.path.insert(0, str(tmp_path))
+        import slow_gpuq  # noqa: F401
+
+    def restore():
+        from gpuq.cli import files
+
+        files._SafetensorsWriter._write = sys.modules.pop("slow_gpuq")._write
+
+    def busy(dask_worker):
+        return len(dask_worker.active_threads)
+
+    with Client(cluster) as client:
+        client.run(slow_writes)
+        try:
+            assert gpuq_main("quantize", tmp_path / "in", "-o", tmp_path / "out", *OPTIONS,
+                             "--nonfinite", "error", "--scheduler",
+                             cluster.scheduler_address) == 2
+            deadline = time.monotonic() + 10
+            while any(client.run(busy).values()) and time.monotonic() < deadline:
+                time.sleep(0.05)  # a task the client did not wait for runs on: let it end
+        finally:
+            client.run(restore)
+    assert (tmp_path / "marker").exists()  # shards were being written
+    assert not (tmp_path / "out").exists()

@@ -135,7 +135,8 @@ CASES = [
      "tensor 'w': group_size 0 is not null or an integer >= 1 with an axis"),
     ("negative axis", "asym_i8", _scheme(axis=-1), "tensor 'w': axis -1 is not null"),
     ("unknown key", "asym_i8", _scheme(scale_dtype="float16"),
-     "tensor 'w': missing keys [], unknown keys ['scale_dtype']"),
+     "tensor 'w': unknown keys 'scale_dtype' for int8 codes (expected axis, dtype, group_size, "
+     "source_dtype, symmetric)"),
     ("scheme not a table", "asym_i8", _meta(lambda m: m["tensors"].update(w=[0, 1])),
      "tensor 'w': the scheme is [0, 1], not a table"),
     ("no tensors table", "asym_i8", _meta(lambda m: m.pop("tensors")), "no 'tensors' table"),

@@ -18,7 +18,7 @@ import pytest
 
 import gpuq
 from conftest import _cuda_skip_reason
-from gpuq.backends.cuda import backend as cuda_backend
+from gpuq.backends.cuda import launch as cuda_backend
 
 
 _REASON = _cuda_skip_reason()
@@ -43,22 +43,22 @@ def _fake(ptr, itemsize):
 def test_alignment_head_reaches_a_16_byte_boundary(offset):
     for isz in (2, 4, 8):
         if offset % isz:
-            assert cuda_backend._alignment(_fake(4096 + offset, isz), _fake(0, 1), 100) == (0, 0)
+            assert cuda_backend.alignment(_fake(4096 + offset, isz), _fake(0, 1), 100) == (0, 0)
             continue
-        head, vec = cuda_backend._alignment(_fake(4096 + offset, isz), _fake(8192 + 7, 1), 100)
+        head, vec = cuda_backend.alignment(_fake(4096 + offset, isz), _fake(8192 + 7, 1), 100)
         assert (4096 + offset + head * isz) % 16 == 0 and 0 <= head < 16 and vec & 1
         assert bool(vec & 2) == ((8192 + 7 + head) % 16 == 0)
 
 
 def test_alignment_head_never_exceeds_n():
-    assert cuda_backend._alignment(_fake(4, 4), _fake(0, 1), 2) == (2, 1)
+    assert cuda_backend.alignment(_fake(4, 4), _fake(0, 1), 2) == (2, 1)
 
 
 def test_grid_is_one_unit_per_thread():
     """Never capped at one wave: resident blocks per SM depend on each kernel's registers."""
-    assert [cuda_backend._grid(u) for u in (1, 256, 257)] == [1, 1, 2]
+    assert [cuda_backend.grid(u) for u in (1, 256, 257)] == [1, 1, 2]
     units = 1 + -(-(2**33) // 16)  # 8 Gi elements
-    assert cuda_backend._grid(units) * cuda_backend.THREADS >= units and cuda_backend._grid(units) < 2**31
+    assert cuda_backend.grid(units) * cuda_backend.THREADS >= units and cuda_backend.grid(units) < 2**31
 
 
 def test_index_map_expands_only_beyond_max_dims():
@@ -236,13 +236,15 @@ def test_launches_on_the_current_stream(cp, monkeypatch):
 @needs_gpu
 def test_static_op_uploads_once_per_device(cp, monkeypatch):
     calls = []
-    real = cuda_backend.CudaBackend.to_param
+    from gpuq.backends.cuda.backend import CudaBackend
+
+    real = CudaBackend.to_param
 
     def counting(arr, src):
         calls.append(isinstance(arr, np.ndarray))
         return real(arr, src)
 
-    monkeypatch.setattr(cuda_backend.CudaBackend, "to_param", staticmethod(counting))
+    monkeypatch.setattr(CudaBackend, "to_param", staticmethod(counting))
     op = gpuq.Quantize(scales=[0.5, 0.25], zps=[1, -1], qtype="per_channel", axis=1)
     x = cp.ones((3, 2), cp.float32)
     first = op(x)
@@ -317,8 +319,40 @@ def test_static_ops_with_one_value_on_device(cp, monkeypatch, qdtype):
         assert np.array_equal(cp.asnumpy(y).view(np.uint16), dop(qop(x)).view(np.uint16))
     value = f", {cuda_backend.registry.MAPS['value']}>"
     assert len(names) == 4 and all(n.endswith(value) for n in names), names
-    params = qop._device_params[next(iter(qop._device_params))]
+    params, _readers = qop._device_params[next(iter(qop._device_params))]
     assert all(isinstance(p, np.ndarray) for p in params)
+
+
+@needs_gpu
+def test_op_uploads_outlive_the_op_until_other_streams_pass(cp):
+    """Issue 26: an op object collected while a kernel on another stream may still read its
+    uploaded parameters must not return them to CuPy's pool (whose next allocation on the
+    uploading stream would reuse the block at once): they wait until that stream passes."""
+    import gc
+    import weakref
+
+    from gpuq.backends.cuda.launch import StreamReaders
+
+    host = np.arange(2 * 4099, dtype=np.float32).reshape(4099, 2) - 4000.0
+    op = gpuq.Quantize(scales=[0.5, 0.25], qtype="per_channel", axis=1)
+    xx = cp.asarray(host)
+    want = op(host)
+    np.testing.assert_array_equal(cp.asnumpy(op(xx)), want)  # uploads on the default stream
+    (params, readers), = [v for k, v in op._device_params.items() if k[0][0] == "cuda"]
+    alive = weakref.ref(params[0])
+    side = cp.cuda.Stream(non_blocking=True)
+    with side:
+        got = op(xx)  # read on another stream
+    assert set(readers.events) == {side.ptr}
+    del op, params, readers
+    gc.collect()
+    if not side.done:  # still queued (always on the CPU execution): the block is held
+        assert alive() is not None
+    side.synchronize()
+    StreamReaders._sweep()
+    gc.collect()
+    assert alive() is None and not StreamReaders._waiting
+    np.testing.assert_array_equal(cp.asnumpy(got), want)
 
 
 class _CAIOnly:

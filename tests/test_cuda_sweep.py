@@ -29,7 +29,10 @@ import pytest
 
 import gpuq
 from conftest import CUDA_MODE, _cuda_skip_reason
-from gpuq._dtypes import FLOAT_DTYPES, QUANT_RANGE
+from gpuq._dtypes import FLOAT_DTYPES
+
+#: The one-byte integer codes of quantize.cu/dequantize.cu and their ranges.
+QUANT_RANGE = {np.dtype(np.int8): (-128, 127), np.dtype(np.uint8): (0, 255)}
 from gpuq.backends.cuda import qparams as cuda_qparams
 from gpuq.backends.cuda import registry
 
@@ -64,6 +67,7 @@ class Case:
     shape: tuple = ()
     axis: object = None
     code: str = ""  # the code format of formats.cu ("int4", "float8_e4m3fn", ...); "" for int8/uint8
+    block: tuple = None  # block_size= (the general block map and its reduction)
 
 
 def _cases() -> dict:
@@ -80,6 +84,9 @@ def _cases() -> dict:
         cases[registry.segments_name(f, False)] = Case("choose_qparams", f, np.dtype(np.uint8),
                                                        block_cap=True, shape=(3, 1100), axis=0)
         cases[registry.columns_name(f)] = Case("choose_qparams", f, np.dtype(np.uint8), shape=(7, 33), axis=1)
+        # Ragged 2-D blocks, the grid capped: each thread block reduces several blocks in turn.
+        cases[registry.blocks_name(f)] = Case("choose_qparams", f, np.dtype(np.int8), block_cap=True,
+                                              shape=(37, 41), block=(16, 16))
         for q in QUANT_RANGE:
             cases[registry.fused_name(f, q, True)] = Case("quantize_dynamic", f, q, warp=True,
                                                           shape=(5, 33), axis=0)
@@ -254,7 +261,7 @@ def _qparams(cp, case, seed):
     xd = _offset_view(cp, x)
     pairs = []
     for symmetric in (False, True):
-        kw = dict(axis=case.axis, dtype=case.qdtype, symmetric=symmetric)
+        kw = dict(axis=case.axis, dtype=case.qdtype, symmetric=symmetric, block_size=case.block)
         if case.op == "choose_qparams":
             h, d = gpuq.choose_qparams(x, **kw), gpuq.choose_qparams(xd, **kw)
         else:

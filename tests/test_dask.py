@@ -29,6 +29,8 @@ SCHEMES = [
     dict(axis=2, group_size=4),   # chunks (5, 5, 3) along it: not aligned, rechunked
     dict(axis=1, group_size=3),   # chunks (4, 3): not aligned
     dict(axis=2, group_size=5),   # aligned
+    dict(block_size=(3, 2, 4)),   # blocks on every dim: rechunked to their multiples
+    dict(block_size=(2, -1, 5)),  # a block covering a dim: that dim in one chunk
 ]
 # Small chunks; one chunk; uneven chunks with an empty one along the last axis.
 CHUNKS = [(3, 4, 5), (7, 7, 13), (2, (1, 6), (5, 0, 5, 3))]
@@ -119,6 +121,59 @@ def test_every_scheme_same_bits_as_in_memory(backend, kw, chunks):
     for out in ("float32", "float16", "float64"):
         y = gpuq.dequantize(dq, s0p, z0p, dtype=out, **kw)
         _same(_compute(y, backend), gpuq.dequantize(q0, s0, z0, dtype=out, **kw))
+
+
+def _fp8_bits(q, backend):
+    """fp8 codes of a Dask call as uint8 bits on the host: ml_dtypes chunks (NumPy), or the
+    Codes of the Dask array of bits (CuPy, which has no fp8 dtype)."""
+    if isinstance(q, gpuq.Codes):
+        assert backend.name == "cuda" and q.data.dtype == np.uint8
+        return _compute(q.data, backend)
+    return _compute(q, backend).view(np.uint8)
+
+
+@pytest.mark.parametrize("fmt", ["float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("kw", [dict(axis=None), dict(axis=0), dict(axis=2, group_size=4), dict(axis=(0, 2))],
+                         ids=["tensor", "axis0", "group4", "multi"])
+def test_fp8_codes_with_the_in_memory_bits(backend, fmt, kw):
+    """Issue 27: Dask takes fp8 through the code-type table, for all four functions: NumPy
+    chunks as ml_dtypes fp8 arrays, CuPy chunks as the Codes of their bits, as in memory."""
+    x = _data()
+    x[2, 3, 4] = 1e6  # saturates
+    d = _lazy(x, (3, 4, 5), backend)
+    s0, z0 = gpuq.choose_qparams(x, dtype=fmt, **kw)
+    s, z = gpuq.choose_qparams(d, dtype=fmt, **kw)
+    assert z is None and z0 is None
+    _same(_compute(s, backend), s0)
+    q0 = gpuq.quantize(x, s0, dtype=fmt, **kw)
+    q = gpuq.quantize(d, backend.put(s0), dtype=fmt, **kw)
+    np.testing.assert_array_equal(_fp8_bits(q, backend), q0.view(np.uint8))
+    qd, sd, zd = gpuq.quantize_dynamic(d, dtype=fmt, **kw)
+    qd0, sd0, _ = gpuq.quantize_dynamic(x, dtype=fmt, **kw)
+    np.testing.assert_array_equal(_fp8_bits(qd, backend), qd0.view(np.uint8))
+    _same(_compute(sd, backend), sd0)
+    assert zd is None
+    for out in ("float32", "bfloat16"):
+        y = gpuq.dequantize(q, backend.put(s0), dtype=out, **kw)
+        want = gpuq.dequantize(q0, s0, dtype=out, **kw)
+        np.testing.assert_array_equal(_compute(y, backend).view(np.uint8), want.view(np.uint8))
+
+
+@pytest.mark.parametrize("kw", [dict(axis=None), dict(axis=0), dict(axis=1, group_size=8)],
+                         ids=["tensor", "axis0", "group8"])
+def test_signalling_nans_skipped_across_chunks(backend, kw):
+    """Issue 26: a signalling NaN is skipped like a quiet one, in the chunks and in the tree
+    reduction that joins them (chunks cut rows and groups, one chunk all NaN)."""
+    import reference as ref
+    from test_qparams import _with_signalling_nans
+
+    x = _with_signalling_nans("float32")
+    d = da.from_array(backend.put(x), chunks=(3, 10))
+    with np.errstate(invalid="ignore"):
+        want_s, want_z = ref.choose_qparams(x.astype(np.float32), **kw)
+    s, z = gpuq.choose_qparams(d, **kw)
+    np.testing.assert_array_equal(backend.get(s.compute()).view(np.uint32), want_s.view(np.uint32))
+    np.testing.assert_array_equal(backend.get(z.compute()), want_z)
 
 
 def test_assert_eq_and_laziness():
@@ -212,6 +267,17 @@ def test_argument_errors_at_the_call_data_errors_at_compute():
         gpuq.DynamicQuantize(qtype="per_group", group_shape=[1, 3])(unknown, np.ones((2, 2), np.float32))
     with pytest.raises(TypeError, match="not supported on Dask arrays"):
         gpuq.Quantize(scales=[0.5], dtype="int4")(d)
+    # Issue 26: a code dtype named by ml_dtypes' type or dtype gets the same message as its name.
+    import ml_dtypes
+
+    packed = r"codes \(packed two per byte\) are not supported on Dask arrays yet"
+    for dt in ("int4", ml_dtypes.int4, np.dtype(ml_dtypes.uint4), "u4"):
+        with pytest.raises(TypeError, match=packed):
+            gpuq.quantize(d, 0.5, dtype=dt)
+        with pytest.raises(TypeError, match=packed):
+            gpuq.quantize_dynamic(d, dtype=dt)
+    with pytest.raises(TypeError, match=packed):
+        gpuq.dequantize(gpuq.Codes(da.zeros(4, dtype=np.uint8, chunks=2), (8,), "uint4"), 0.5)
     with pytest.raises(TypeError, match="src must be int8 or uint8"):
         gpuq.Dequantize(scales=[0.5])(d)
     # Values held in a Dask array, Inf in the data: at compute.
@@ -231,7 +297,7 @@ def test_no_kernel_runs_while_building_the_graph(monkeypatch):
 
     calls = []
     real = NumpyBackend.quantize
-    monkeypatch.setattr(NumpyBackend, "quantize", staticmethod(lambda *a: calls.append(a[0].shape) or real(*a)))
+    monkeypatch.setattr(NumpyBackend, "quantize", staticmethod(lambda *a: calls.append(a[1].shape) or real(*a)))
     real_minmax = host_qparams.minmax
     monkeypatch.setattr(host_qparams, "minmax", lambda x, s: calls.append(x.shape) or real_minmax(x, s))
     d = da.from_array(_data((8, 8)), chunks=4)

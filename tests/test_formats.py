@@ -381,7 +381,7 @@ def test_pack_refuses_floats_and_lists(monkeypatch, ml_dtypes_loaded):
     if not ml_dtypes_loaded:
         monkeypatch.delitem(sys.modules, "ml_dtypes")
     for bad in (np.array([0.4, 7.9]), [1, -2, 3]):
-        with pytest.raises(TypeError, match="codes must be a int8 array for int4"):
+        with pytest.raises(TypeError, match="codes must be an int8 array for int4"):
             gpuq.pack(bad)
     with pytest.raises(TypeError, match="codes must be a uint8 array for uint4"):
         gpuq.pack(np.array([1.7, 3.2]), "uint4")

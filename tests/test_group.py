@@ -105,27 +105,28 @@ def test_dynamic_group_roundtrip_matches_onnx(backend):
 
 # --- oneDNN per_group op objects ------------------------------------------------------------------
 
-def _expand(p, group_shape):
+def _expand(p, group_shape, shape=None):
     for k, g in enumerate(group_shape):
         p = np.repeat(p, g, axis=k)
-    return p
+    return p if shape is None else p[tuple(slice(0, n) for n in shape)]  # ragged last blocks cut
 
 
 def _naive_quantize(x, s, z, group_shape, qdtype):
-    s, z = _expand(s, group_shape), _expand(z, group_shape).astype(np.int64)
+    s, z = _expand(s, group_shape, x.shape), _expand(z, group_shape, x.shape).astype(np.int64)
     r = np.rint(x / s).astype(np.int64) + z
     info = np.iinfo(qdtype)
     return np.clip(r, info.min, info.max).astype(qdtype)
 
 
 PER_GROUP = [((4, 64), [1, 32]), ((64, 4), [32, 1]), ((4, 6), [2, 3]), ((6, 4, 8), [3, 1, 4]),
-             ((5, 7), [1, 1]), ((2, 3, 4), [2, 3, 4]), ((9,), [3])]
+             ((5, 7), [1, 1]), ((2, 3, 4), [2, 3, 4]), ((9,), [3]),
+             ((5, 7), [2, 3]), ((7, 66), [3, 32]), ((10,), [4])]  # ragged last blocks (issue 28)
 
 
 @pytest.mark.parametrize("shape,group_shape", PER_GROUP, ids=lambda v: "x".join(map(str, v)))
 def test_per_group_ops(backend, shape, group_shape):
     x = _data(shape)
-    pshape = tuple(d // g for d, g in zip(shape, group_shape))
+    pshape = tuple(-(-d // g) for d, g in zip(shape, group_shape))
     s = RNG.uniform(0.5, 4.0, size=pshape).astype(np.float32)
     z = RNG.integers(-20, 20, size=pshape).astype(np.int32)
     want = _naive_quantize(x, s, z, group_shape, np.int8)
@@ -137,8 +138,8 @@ def test_per_group_ops(backend, shape, group_shape):
     np.testing.assert_array_equal(backend.get(out), want)
     dop = gpuq.DynamicDequantize(qtype="per_group", group_shape=group_shape)
     y = backend.get(dop(backend.put(want), s, z))
-    y_want = ((want.astype(np.int64) - _expand(z, group_shape)).astype(np.float32)
-              * _expand(s, group_shape))
+    y_want = ((want.astype(np.int64) - _expand(z, group_shape, shape)).astype(np.float32)
+              * _expand(s, group_shape, shape))
     np.testing.assert_array_equal(y.view(np.uint32), y_want.view(np.uint32))
 
 
@@ -164,11 +165,12 @@ def test_per_group_construction_errors(op, kwargs, exc, match):
 
 
 @pytest.mark.parametrize("group_shape,scale_shape,match", [
-    ([1, 5], (4, 1), r"group_shape \[1, 5\] must divide src shape \(4, 6\): dim 1 of size 6 is not a multiple of 5"),
-    ([3, 1], (1, 6), r"group_shape \[3, 1\] must divide src shape \(4, 6\): dim 0 of size 4 is not a multiple of 3"),
+    # Issue 28: a ragged last block is allowed (gpuq's block_size): ceil(src shape / group_shape).
+    ([1, 5], (4, 1), r"scales must have shape \(4, 2\) \(src shape \(4, 6\) / group_shape \[1, 5\], rounded up\), got shape \(4, 1\)"),
+    ([3, 1], (1, 6), r"scales must have shape \(2, 6\) \(src shape \(4, 6\) / group_shape \[3, 1\], rounded up\), got shape \(1, 6\)"),
     ([2], (2,), r"group_shape must have one entry per dim of src: src shape \(4, 6\), got group_shape \[2\]"),
-    ([1, 2], (4, 2), r"scales must have shape \(4, 3\) \(src shape \(4, 6\) / group_shape \[1, 2\]\), got shape \(4, 2\)"),
-    ([2, 3], (2, 3), r"scales must have shape \(2, 2\) \(src shape \(4, 6\) / group_shape \[2, 3\]\), got shape \(2, 3\)"),
+    ([1, 2], (4, 2), r"scales must have shape \(4, 3\) \(src shape \(4, 6\) / group_shape \[1, 2\], rounded up\), got shape \(4, 2\)"),
+    ([2, 3], (2, 3), r"scales must have shape \(2, 2\) \(src shape \(4, 6\) / group_shape \[2, 3\], rounded up\), got shape \(2, 3\)"),
 ])
 @pytest.mark.parametrize("which", ["quantize", "dequantize"])
 def test_per_group_call_errors(backend, group_shape, scale_shape, match, which):

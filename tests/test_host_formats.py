@@ -14,7 +14,7 @@ import pytest
 
 import gpuq
 from conftest import host_kernels, require_numba
-from gpuq.backends.host import backend as host_backend
+from gpuq.backends.host import affine as host_backend
 from gpuq.backends.host import blocks, formats
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -223,13 +223,13 @@ def test_bfloat16_widening_without_the_dtype_cast(monkeypatch):
     with host_kernels("numpy"):
         want = gpuq.quantize(x, s, 3)
         fp8_want = gpuq.quantize(x, s, dtype="float8_e5m2")
-        monkeypatch.setattr(host_backend, "_bf16_cast_is_shift", lambda dtype: False)
+        monkeypatch.setattr(host_backend, "bf16_cast_is_shift", lambda dtype: False)
         got = gpuq.quantize(x, s, 3)
         fp8_got = gpuq.quantize(x, s, dtype="float8_e5m2")
-    assert host_backend._bf16_cast_is_shift.__name__ == "<lambda>"
+    assert host_backend.bf16_cast_is_shift.__name__ == "<lambda>"
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(_bits(fp8_got), _bits(fp8_want))
 
 
 def test_bfloat16_cast_check():
-    assert host_backend._bf16_cast_is_shift(np.dtype(ml_dtypes.bfloat16)) in (True, False)
+    assert host_backend.bf16_cast_is_shift(np.dtype(ml_dtypes.bfloat16)) in (True, False)

@@ -194,7 +194,7 @@ def small_kernel_blocks(monkeypatch):
     """Blocks of 4096 (not a multiple of most periods here) and threads on small inputs."""
     monkeypatch.setattr(blocks, "BLOCK", 4096)
     monkeypatch.setattr(blocks, "SMALL", 0)
-    monkeypatch.setattr("gpuq.backends.host.backend.PARALLEL_MIN", 0)
+    monkeypatch.setattr("gpuq.backends.host.threads.PARALLEL_MIN", 0)
 
 
 def test_strided_and_multi_axis_blocks_fall_back_exactly(host_loops):
@@ -304,11 +304,11 @@ def _small_case(shape, axis, group_size, view):
 @pytest.mark.parametrize("code,out_dtype", [("int8", "float32"), ("uint8", "float16")])
 def test_small_calls_skip_the_plans_where_they_can(host_loops, monkeypatch, shape, axis, group_size, view,
                                                    code, out_dtype):
-    from gpuq.backends.host import backend as host_backend
+    from gpuq.backends.host import affine as host_backend
 
     planned = []
-    plans = host_backend._plans
-    monkeypatch.setattr(host_backend, "_plans", lambda *a, **k: planned.append(1) or plans(*a, **k))
+    plans = host_backend.plans
+    monkeypatch.setattr(host_backend, "plans", lambda *a, **k: planned.append(1) or plans(*a, **k))
     x, s, z = _small_case(shape, axis, group_size, view)
     kw = {"axis": axis, "group_size": group_size}
     q = gpuq.quantize(x, s, z, dtype=code, **kw)
@@ -323,13 +323,13 @@ def test_small_calls_skip_the_plans_where_they_can(host_loops, monkeypatch, shap
 @pytest.mark.parametrize("shape", [(7, 1025), (40, 1000)], ids=["small", "blocks"])
 def test_float64_takes_the_kernels_with_any_int32_zero_point(kernels, monkeypatch, shape):
     """float64 holds rint(x / s) + zp exactly for every int32 zp: no ufunc fallback there."""
-    from gpuq.backends.host import backend as host_backend
+    from gpuq.backends.host import affine as host_backend
 
     def no_ufuncs(*args, **kwargs):
         raise AssertionError("the ufunc loop ran")
 
-    monkeypatch.setattr(host_backend, "_quantize_block", no_ufuncs)
-    monkeypatch.setattr(host_backend, "_dequantize_block", no_ufuncs)
+    monkeypatch.setattr(host_backend, "quantize_block", no_ufuncs)
+    monkeypatch.setattr(host_backend, "dequantize_block", no_ufuncs)
     s = RNG.uniform(0.5, 2, shape[1])
     z = RNG.choice(np.array([-(2**31), 2**31 - 1, 2**30, -(2**22) - 1, 5]), shape[1]).astype(np.int32)
     # Around -zp * s, where the codes are not all saturated: the big zps decide them.

@@ -236,9 +236,9 @@ def test_device_parameters_and_no_check_mean_no_host_synchronisation(cp, shape, 
     xd = cp.asarray(x)
     kw = dict(axis=axis, group_size=group, check_values=False)
     strided = gpuq._scheme.Scheme.build(shape, axis, group).index_map[0] == "strided"
-    from gpuq.backends.cuda import backend as cuda_backend
+    from gpuq.backends.cuda import launch as cuda_backend
 
-    cuda_backend._dims_array.cache_clear()  # a first call here, whatever ran before
+    cuda_backend.dims_array.cache_clear()  # a first call here, whatever ran before
     for first in (True, False):
         cp._sim.syncs.clear()
         q = gpuq.quantize(xd, s, z, **kw)

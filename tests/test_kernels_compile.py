@@ -197,8 +197,14 @@ _HARNESS = r"""
 #define __host__
 #define __forceinline__ inline
 #define __restrict__
+#include <cstdlib>
+#define __shared__ static
 struct uint4 { unsigned x, y, z, w; };
 template <class T> T __ldg(const T* p) { return *p; }
+// The warp-wide store of float outputs (dequantize direction) needs a warp: the CPU execution
+// of the kernels (tests/cudasim) runs it; this one-thread-at-a-time harness walks quantize only.
+inline unsigned __ballot_sync(unsigned, int) { std::abort(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { std::abort(); }
 struct Dim { unsigned x = 0; };
 static Dim gridDim, blockDim, blockIdx, threadIdx;
 #include "elementwise.cuh"
@@ -231,8 +237,8 @@ int main() {
             continue;
         }
         std::cin >> n >> head >> vec >> m0 >> m1 >> m2 >> blocks >> threads >> nd;
-        std::vector<long long> dims(2 * nd + 1);
-        for (int k = 0; k < 2 * nd; ++k) std::cin >> dims[k];
+        std::vector<long long> dims(3 * nd + 1);
+        for (int k = 0; k < 3 * nd; ++k) std::cin >> dims[k];
         std::vector<long long> in(n), out(n, -1);
         for (long long i = 0; i < n; ++i) in[i] = i;
         const long long* d = dims.data();
@@ -264,6 +270,10 @@ def harness(tmp_path_factory):
 
 def _expected_index(scheme):
     shape = scheme.shape
+    if scheme.kind == "block":
+        grid = np.indices(shape).reshape(len(shape), -1)
+        blocks = np.array(scheme.blocks).reshape(-1, 1)
+        return np.ravel_multi_index(tuple(grid // blocks), scheme.param_shape)
     pshape = scheme.param_shape
     size = int(np.prod(pshape)) if pshape else 1
     ids = np.arange(size).reshape(pshape if pshape else ())
@@ -309,12 +319,22 @@ _CASES = [
     # groups of >= 16 along an axis with elements after it (inner > 1): never uniform
     ((2, 40, 3), 1, 20),
     ((3, 37, 2), 1, 32),
+    # blocks of any shape (issue 28): ragged on every dim, a block covering a dim, -1, 3-D
+    ((37, 41), None, (16, 16)),
+    ((33, 20), None, (8, -1)),
+    ((5, 17, 9), None, (1, 4, 4)),
+    ((3, 40), None, (2, 16)),
+    ((40, 3), None, (16, 2)),
+    ((7, 100), None, (3, 32)),
+    ((6, 64), None, (4, 32)),
+    ((2, 3, 50), None, (2, 2, 17)),
 ]
 
 
 @pytest.mark.parametrize("shape, axis, group", _CASES, ids=[f"{s}-axis{a}-g{g}" for s, a, g in _CASES])
 def test_traversal_and_index_maps_on_host(harness, shape, axis, group):
-    scheme = Scheme.build(shape, axis, group)
+    scheme = (Scheme.build(shape, block_size=group) if isinstance(group, tuple)
+              else Scheme.build(shape, axis, group))
     name, m0, m1, m2, dims = scheme.index_map
     assert name != "expand"
     n = int(np.prod(shape))
@@ -325,7 +345,7 @@ def test_traversal_and_index_maps_on_host(harness, shape, axis, group):
         for vec in (0, 1, 3):
             for blocks, threads in ((1, 1), (3, 5)):
                 dims_t = dims or ()
-                nd = len(dims_t) // 2
+                nd = len(dims_t) // 3
                 lines.append(" ".join(map(str, (registry.MAPS[name], n, head, vec, m0, m1, m2,
                                                 blocks, threads, nd) + tuple(dims_t))))
                 runs.append((head, vec, blocks, threads))
@@ -365,7 +385,7 @@ def test_scale_bits_reach_the_kernel_unchanged(harness):
     """cuda_backend._by_value's m0 decoded by the kernels' scale_from_bits (same
     little-endian layout on the host as on the device): every class of float32
     and float64 scale, subnormals and the largest finite included."""
-    from gpuq.backends.cuda.backend import _by_value
+    from gpuq.backends.cuda.launch import _by_value
 
     f32 = np.array([0.5, 1 / 3, 1e-40, np.finfo(np.float32).smallest_subnormal, np.finfo(np.float32).tiny,
                     np.finfo(np.float32).max, 0.0173], np.float32)
@@ -380,7 +400,7 @@ def test_scale_bits_reach_the_kernel_unchanged(harness):
 
 
 def test_by_value_only_for_host_values():
-    from gpuq.backends.cuda.backend import _by_value
+    from gpuq.backends.cuda.launch import _by_value
 
     s = np.array(0.25, np.float32)
     assert _by_value(s, np.array([-(2**31)], np.int32)) == (int(s.view(np.int32)), -(2**31))

@@ -26,10 +26,10 @@ LAYERS = (
     ("gpuq.__main__",),
     ("gpuq.cli",),
     ("gpuq", "gpuq.api", "gpuq.ops", "gpuq.qparams"),
-    ("gpuq._formats",),
     ("gpuq._params", "gpuq._interop", "gpuq._dask", "gpuq._dispatch"),
     ("gpuq.backends",),
     ("gpuq._codes",),
+    ("gpuq._codetypes",),
     ("gpuq._dtypes", "gpuq._scheme"),
 )
 
@@ -157,3 +157,106 @@ def test_the_circle_check_sees_deferred_imports(tmp_path, source, expected):
     for mod, text in source.items():
         (pkg / f"{mod}.py").write_text(text + "\n")
     assert cycles(import_graph(pkg)) == expected
+
+
+# ---------------------------------------------------------------------------------------------
+# One table of code types, one Backend protocol (issue 27)
+
+#: What a branch on a format would compare with: code dtype names, short names and kinds.
+_FORMAT_WORDS = {"int8", "uint8", "int4", "uint4", "float8_e4m3fn", "float8_e5m2", "fp8", "s4", "u4",
+                 "f8_e4m3", "f8_e5m2", "e4m3fn", "e5m2"}
+#: Where knowledge of the formats and backends lives: the table and the backends themselves.
+_FORMAT_HOMES = ("gpuq._codetypes", "gpuq.backends")
+
+
+def _strings(node):
+    """The string constants of an expression (a constant, or a tuple/list/set of them)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value}
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return set().union(*(_strings(e) for e in node.elts)) if node.elts else set()
+    return set()
+
+
+def format_branches(path: Path) -> list:
+    """``line: source`` of every comparison of a value with a format's or backend's name, and of
+    every ``.kind`` / ``.name`` of a code or backend compared with a string, in one file."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        words = set().union(*(_strings(s) for s in sides))
+        named = any(isinstance(s, ast.Attribute) and s.attr in ("kind", "name") and
+                    isinstance(s.value, ast.Name) and s.value.id in ("backend", "code", "fmt", "qdtype")
+                    for s in sides)
+        if words & _FORMAT_WORDS or (named and words):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_layer_outside_the_backends_branches_on_a_format_or_a_backend():
+    bad = {name: hits for name, path in _modules().items()
+           if not name.startswith(_FORMAT_HOMES) and (hits := format_branches(path))}
+    assert bad == {}
+
+
+def test_the_format_check_sees_branches(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text('if code.kind == "fp8": pass\nif dt in ("int4", "uint4"): pass\n'
+                    'if backend.name == "numpy": pass\nif code.storage == "packed": pass\n')
+    assert [h.split(":")[0] for h in format_branches(path)] == ["1", "2", "3"]
+
+
+def private_imports(root: Path = ROOT / "backends") -> list:
+    """``module: name`` of every private name a module of ``root`` takes from another module of
+    the package (``from .x import _y``, or ``x._y`` where ``x`` is an imported module)."""
+    modules = _modules(root.parent)
+    found = []
+    for name, path in modules.items():
+        if not name.startswith("gpuq.backends"):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        aliases = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                for a in node.names:
+                    if a.name.startswith("_") and not a.name.startswith("__"):
+                        found.append(f"{name}: {a.name}")
+                    aliases[a.asname or a.name] = a.name
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    aliases[a.asname or a.name.split(".")[0]] = a.name
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in aliases and node.attr.startswith("_")
+                    and not node.attr.startswith("__") and not aliases[node.value.id].startswith(("numpy", "cupy"))):
+                found.append(f"{name}: {node.value.id}.{node.attr}")
+    return sorted(set(found))
+
+
+def test_the_backends_share_no_private_names():
+    assert private_imports() == []
+
+
+def test_both_backends_implement_the_protocol_with_its_signatures():
+    import inspect
+
+    from gpuq.backends.cuda.backend import CudaBackend
+    from gpuq.backends.host.backend import NumpyBackend
+    from gpuq.backends.protocol import Backend
+
+    wanted = {n: v for n, v in vars(Backend).items() if not n.startswith("_")}
+    assert len(wanted) == 16
+    attributes = set(Backend.__annotations__)
+    assert attributes == {"name", "arrays"}
+    for backend in (NumpyBackend, CudaBackend):
+        assert all(isinstance(getattr(backend, a), str) for a in attributes)
+        for name, member in wanted.items():
+            got = inspect.getattr_static(backend, name, None)
+            assert isinstance(got, staticmethod), f"{backend.__name__}.{name}: not a static method"
+            assert inspect.signature(got.__func__).parameters.keys() == \
+                inspect.signature(member.__func__).parameters.keys(), f"{backend.__name__}.{name}"
+        extra = {n for n in vars(backend) if not n.startswith("_")} - set(wanted) - attributes
+        assert extra == set(), f"{backend.__name__} has methods outside the protocol: {extra}"

@@ -278,6 +278,58 @@ def test_nan_is_ignored(backend):
     _check(backend, x, axis=1, group_size=7, symmetric=True)
 
 
+#: Signalling NaNs of both signs, the smallest and a large payload (quiet bit clear), per dtype.
+SNAN_BITS = {"float32": (0x7F810000, 0xFF800001, 0x7FBFFFFF), "float64": (0x7FF0000000000001, 0xFFF4000000000000,
+                                                                    0x7FF7FFFFFFFFFFFF),
+             "float16": (0x7C01, 0xFD00, 0x7DFF), "bfloat16": (0x7F81, 0xFF81, 0x7FBF)}
+
+
+def _with_signalling_nans(fdtype):
+    """(7, 37) data of ``fdtype`` with signalling NaNs at the start, middle and end of every row
+    and of several columns, each right after the largest magnitude of its row (so that a
+    reduction restarting after the NaN loses it), row 5 all NaN, and quiet NaNs among them."""
+    dt = np.dtype(fdtype) if fdtype != "bfloat16" else np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    x = RNG.normal(size=(7, 37)).astype(np.float32)
+    cols = (0, 1, 18, 19, 35, 36)
+    for r in range(7):
+        x[r, [17, 34]] = (-1) ** r * (12.0 + r)  # big values just before sNaN slots
+    x = x.astype(dt)
+    bits = x.view(f"u{dt.itemsize}")
+    payloads = SNAN_BITS[fdtype]
+    for r in range(7):
+        for k, c in enumerate(cols):
+            bits[r, c] = payloads[(r + k) % len(payloads)]
+    bits[5, :] = payloads[0]  # a block of NaN only: all zero
+    x[3, 2] = np.nan  # a quiet NaN among them
+    with np.errstate(invalid="ignore"):  # casting a signalling NaN raises the invalid flag
+        assert np.isnan(x.astype(np.float64)).sum() == 7 * len(cols) + 31 + 1
+    return x
+
+
+@pytest.mark.parametrize("fdtype", list(SNAN_BITS))
+@pytest.mark.parametrize("kw", [dict(), dict(axis=0), dict(axis=1), dict(axis=-1, group_size=8),
+                                dict(axis=0, group_size=3), dict(axis=(0, 1))],
+                         ids=["tensor", "axis0", "axis1", "group8", "group3-axis0", "multi"])
+@pytest.mark.parametrize("symmetric", [False, True], ids=["asym", "sym"])
+def test_signalling_nan_is_skipped(backend, fdtype, kw, symmetric):
+    """A signalling NaN is skipped like a quiet one: the range is that of the block's numbers
+    (issue 26: NumPy's fmin/fmax restarted the running min/max after one)."""
+    x = _with_signalling_nans(fdtype)
+    with np.errstate(invalid="ignore"):
+        x32 = x.astype(np.float32)  # the NaNs stay NaN; the reference sees values only
+    want_s, want_z = ref.choose_qparams(x32, symmetric=symmetric, **kw)
+    s, z = gpuq.choose_qparams(backend.put(x), symmetric=symmetric, **kw)
+    _same_bits(backend.get(s), want_s)
+    if want_z is None:
+        assert z is None
+    else:
+        _same_bits(backend.get(z), want_z)
+    q, s2, z2 = gpuq.quantize_dynamic(backend.put(x), symmetric=symmetric, **kw)
+    _same_bits(backend.get(s2), want_s)
+    want_q = ref.quantize(x32, want_s, want_z, axis=kw.get("axis"), group_size=kw.get("group_size"))
+    np.testing.assert_array_equal(backend.get(q), want_q)
+
+
 @pytest.mark.parametrize("bad", [np.inf, -np.inf])
 @pytest.mark.parametrize("kw", [dict(), dict(axis=0), dict(axis=1, group_size=4)],
                          ids=["tensor", "axis0", "group4"])

@@ -399,27 +399,27 @@ def test_every_float16_bit_pattern(backend, qdtype, zp):
 
 def _threads_of_one_call(x, s, z):
     """The threads that ran blocks of one host quantize call, and its codes."""
-    from gpuq.backends.host import backend as host
+    from gpuq.backends.host import threads as host
 
     seen = set()
-    real = host._run_range
+    real = host.run_range
 
     def recording(work, block_fn):
         seen.add(threading.get_ident())
         real(work, block_fn)
 
-    host._run_range = recording
+    host.run_range = recording
     try:
         q = gpuq.quantize(x, s, z, axis=0)
     finally:
-        host._run_range = real
+        host.run_range = real
     return len(seen), q
 
 
 def test_thread_share_caps_a_call_and_the_pool_stays_the_process_size():
     """``thread_share(n)``: calls on that thread use at most n threads (the Dask chunk tasks'
     share); the pool, even when a capped call creates it, serves uncapped calls in full."""
-    from gpuq.backends.host import backend as host
+    from gpuq.backends.host import threads as host
 
     x = _data((4, 4 * 131_072 + 17), np.float32)
     s, z = _scales(4), _zps(4, "int8")

@@ -55,7 +55,9 @@ def _every_code_type(x, xb):
     qd, sd, zd = gpuq.quantize_dynamic(x, axis=0)
     s4, z4 = gpuq.choose_qparams(xb, axis=1, group_size=4, dtype="uint4")
     q4, _, _ = gpuq.quantize_dynamic(xb, axis=1, group_size=4, dtype="uint4")
-    return (q8, f8, c4, u8, qd, sd, zd, s4, z4, q4,
+    fb, sb, _ = gpuq.quantize_dynamic(x, block_size=(4, -1), dtype="float8_e4m3fn")  # block scales
+    return (q8, f8, c4, u8, qd, sd, zd, s4, z4, q4, fb, sb,
+            gpuq.dequantize(fb, sb, block_size=(4, -1), dtype="bfloat16"),
             gpuq.dequantize(q8, 0.05, 3, dtype="bfloat16"),
             gpuq.dequantize(f8, _S10, axis=1),
             gpuq.dequantize(c4, [[0.5, 0.25, 0.125]] * 6, [[1, -2, 0]] * 6, axis=1, group_size=4,
@@ -77,7 +79,7 @@ def test_one_graph_with_the_bits_of_eager_and_numpy():
     # What the eager call returns comes back: torch tensors (fp8 as torch fp8), Codes of packed
     # torch bytes for int4/uint4, None for symmetric zero points.
     assert isinstance(got[2], gpuq.Codes) and isinstance(got[2].data, torch.Tensor)
-    assert got[1].dtype == torch.float8_e4m3fn and got[10].dtype == torch.bfloat16
+    assert got[1].dtype == got[10].dtype == torch.float8_e4m3fn and got[12].dtype == torch.bfloat16
     numpy = _every_code_type(x.numpy(), as_numpy(xb))
     same(as_numpy(got), numpy)
     assert (bits(x), bits(xb)) == before  # inputs never written

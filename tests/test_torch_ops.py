@@ -10,6 +10,7 @@ compiled functions are in tests/test_torch_compile.py.
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 import sys
 import textwrap
@@ -58,7 +59,7 @@ def host(t):
 
         return t.view(torch.int16).numpy().view(bfloat16())
     if name.startswith("float8"):
-        from gpuq._dtypes import fp8_dtype
+        from gpuq._codetypes import fp8_dtype
 
         return t.view(torch.uint8).numpy().view(fp8_dtype(name))
     return t.numpy()
@@ -95,9 +96,10 @@ def test_every_argument_after_the_tensors_is_keyword_only():
 
 
 def test_a_keyword_appended_to_a_schema_keeps_saved_programs_running():
-    """How block_size will be added: an op defined with quantize's schema, a program using it
-    exported and saved, the op redefined with ``int[]? block_size=None`` appended; the saved
-    program loads and runs. (Arguments equal to their defaults are not stored in the program.)"""
+    """How block_size was added (and how the next keyword will be): an op defined with
+    quantize's schema before it, a program using it exported and saved, the op redefined with
+    today's schema; the saved program loads and runs. (Arguments equal to their defaults are
+    not stored in the program.)"""
     ns, calls = "gpuq_schema_evolution", []
 
     def define(schema):
@@ -112,11 +114,13 @@ def test_a_keyword_appended_to_a_schema_keeps_saved_programs_running():
         def forward(self, x):
             return getattr(torch.ops, ns).quantize(x, torch.tensor(0.5), axis=[0], dtype="int8")
 
-    x = _x((3,))
-    define(gpuq.torch.SCHEMAS["quantize"])
+    x, today = _x((3,)), gpuq.torch.SCHEMAS["quantize"]
+    before = today.replace(", int[]? block_size=None) -> Tensor", ") -> Tensor")
+    assert before != today
+    define(before)
     buf = io.BytesIO()
     torch.export.save(torch.export.export(Uses(), (x,)), buf)
-    define(gpuq.torch.SCHEMAS["quantize"].replace(") -> Tensor", ", int[]? block_size=None) -> Tensor"))
+    define(today)
     assert "block_size" in str(getattr(torch.ops, ns).quantize.default._schema)
     buf.seek(0)
     same(torch.export.load(buf).module()(x), torch.round(x / 0.5).to(torch.int8))
@@ -187,6 +191,7 @@ def _opcheck_cases():
         ("quantize", (xb, s7), dict(axis=[1], group_size=4, dtype="s4")),  # oneDNN's short names too
         ("quantize", (grad, s6, z6), dict(axis=[1], dtype="u8")),
         ("quantize", (_x((2, 3, 4)), torch.rand(2, 4) + 0.1), dict(axis=[0, 2], dtype="float8_e5m2")),
+        ("quantize", (_x((5, 7)), torch.rand(3, 1) + 0.1), dict(block_size=[2, -1], dtype="float8_e4m3fn")),
         ("dequantize", (q, s6.clone().requires_grad_(True), z6), dict(axis=[1], dtype="float16")),
         ("dequantize", (packed, s7), dict(axis=[1], group_size=4, packed="uint4", shape=[5, 7],
                                           dtype="bfloat16")),
@@ -196,10 +201,11 @@ def _opcheck_cases():
         ("quantize_dynamic", (grad,), dict(axis=[0])),
         ("quantize_dynamic", (xb,), dict(axis=[1], group_size=4, dtype="int4", symmetric=True)),
         ("quantize_dynamic", (x,), dict(dtype="float8_e4m3fn")),
+        ("quantize_dynamic", (xb,), dict(block_size=[2, 4], dtype="uint8")),
     ]
 
 
-@pytest.mark.parametrize("i", range(12))
+@pytest.mark.parametrize("i", range(14))
 def test_opcheck(i):
     name, args, kwargs = _opcheck_cases()[i]
     utils = torch.library._OPCHECK_DEFAULT_UTILS
@@ -222,10 +228,12 @@ def _eager_kwargs(kwargs):
     kw = dict(kwargs)
     if kw.get("axis") is not None:
         kw["axis"] = gpuq._torch_ops.eager_axis(kw["axis"])
+    if kw.get("block_size") is not None:
+        kw["block_size"] = tuple(kw["block_size"])
     return kw
 
 
-@pytest.mark.parametrize("i", range(12))
+@pytest.mark.parametrize("i", range(14))
 def test_each_op_gives_the_numpy_calls_bits(i):
     name, args, kwargs = _opcheck_cases()[i]
     got = getattr(torch.ops.gpuq, name)(*args, **kwargs)
@@ -289,6 +297,36 @@ def test_fake_shapes_are_symbolic():
     assert shapes["dequantize"] == [("(n0, n1)", torch.bfloat16)]
 
 
+def test_fake_shapes_of_block_scales_are_symbolic():
+    def f(x, s):
+        return gpuq.quantize(x, s, block_size=(2, -1)), gpuq.choose_qparams(x, block_size=(2, 4))[0]
+
+    shapes = _symbolic_shapes(f, _x((6, 10)), torch.rand(3, 1) + 0.1)
+    assert shapes == {"quantize": [("(n0, n1)", torch.int8)],
+                      "choose_qparams": [("(-(((-n0)//2)), -(((-n1)//4)))", torch.float32),
+                                         ("(-(((-n0)//2)), -(((-n1)//4)))", torch.int32)]}
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int4", "uint4", "float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("symmetric", [None, True, False])
+def test_fake_parameters_are_the_real_ones(dtype, symmetric):
+    """choose_qparams' fake gives what its kernel gives: which zero points are left out (None
+    in the eager call), every dtype and shape; or the eager call's error for both."""
+    x = _x((4, 6))
+    kw = dict(axis=[1], dtype=dtype, symmetric=symmetric)
+    try:
+        real = torch.ops.gpuq.choose_qparams(x, **kw)
+    except ValueError as exc:
+        with FakeTensorMode() as mode, pytest.raises(ValueError, match=re.escape(str(exc))):
+            torch.ops.gpuq.choose_qparams(mode.from_tensor(x), **kw)
+        return
+    with FakeTensorMode() as mode:
+        fake = torch.ops.gpuq.choose_qparams(mode.from_tensor(x), **kw)
+    assert [(t.dtype, t.shape) for t in fake] == [(t.dtype, t.shape) for t in real]
+    eager = gpuq.choose_qparams(x, axis=1, dtype=dtype, symmetric=symmetric)
+    assert len(real) == 2 - (eager[1] is None)
+
+
 @pytest.mark.parametrize("dtype, want", [("int8", torch.int8), ("float8_e5m2", torch.float8_e5m2)])
 def test_fake_shapes_per_channel_and_multi_axis(dtype, want):
     def f(x, s):
@@ -325,6 +363,11 @@ def _error_cases():
         (gpuq.choose_qparams, (x,), dict(dtype="int9")),
         (gpuq.quantize_dynamic, (x.to(torch.int8),), {}),
         (gpuq.quantize_dynamic, (x,), dict(axis=(0, 0))),
+        (gpuq.quantize, (x, 0.5), dict(block_size=2)),
+        (gpuq.quantize, (x, 0.5), dict(block_size=(2, 2, 2))),
+        (gpuq.quantize, (x, torch.rand(2, 2) + 0.1), dict(block_size=(2, 2))),
+        (gpuq.dequantize, (q, s6), dict(axis=1, block_size=(1, 1))),
+        (gpuq.choose_qparams, (x,), dict(block_size=(0, 2))),
     ]
 
 
@@ -339,7 +382,7 @@ def _fake(mode, a):
         gpuq.Codes(mode.from_tensor(a.data), a.shape, a.dtype) if isinstance(a, gpuq.Codes) else a)
 
 
-@pytest.mark.parametrize("i", range(19))
+@pytest.mark.parametrize("i", range(24))
 def test_fake_tensors_raise_the_eager_calls_error(i):
     """The public call on fake tensors (what torch.export's tracing does) goes through the op's
     fake implementation and raises what the eager call on real tensors raises, word for word."""
@@ -361,7 +404,7 @@ def test_packed_bytes_are_checked_as_codes_checks_them():
         strided = mode.from_tensor(torch.zeros(24, dtype=torch.uint8)[::2])
         assert _error(torch.ops.gpuq.dequantize, strided, torch.tensor(0.5), packed="int4", shape=[4, 6]) == \
             _error(gpuq.Codes, torch.zeros(24, dtype=torch.uint8)[::2], (4, 6), "int4")
-    for kwargs, words in ((dict(packed="int8", shape=[4, 6]), "packed must be 'int4' or 'uint4'"),
+    for kwargs, words in ((dict(packed="int8", shape=[4, 6]), "packed must be one of int4, uint4"),
                           (dict(packed="uint4"), "shape is required with packed='uint4'")):
         with pytest.raises(ValueError, match=words):  # the kernel
             torch.ops.gpuq.dequantize(torch.zeros(12, dtype=torch.uint8), torch.tensor(0.5), **kwargs)

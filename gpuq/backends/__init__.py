@@ -1,13 +1,14 @@
-"""The backends: where the work of one call is done, below the dispatcher.
+"""The backends: where the work of one call is done, below the validation.
 
-:mod:`.host` runs host (NumPy) arrays on the CPU, :mod:`.cuda` runs device
-arrays with gpuq's CUDA kernels. Each exposes one backend class with the same
-methods (``quantize``, ``dequantize``, ``empty``, ``to_param``, the value
-checks) and a ``qparams`` module for parameters from data; the front end
-(:mod:`gpuq.api`, :mod:`gpuq.qparams`, :mod:`gpuq.ops`) validates everything
-before it calls them, and nothing here re-validates.
+:mod:`.host` runs host (NumPy) arrays on the CPU, :mod:`.cuda` runs device arrays with gpuq's
+CUDA kernels. Each exposes one backend class implementing :class:`.protocol.Backend` completely
+(the same static methods, the same signatures: ``tests/test_layout.py`` checks it): arrays,
+placing parameters, value checks, quantize/dequantize for every row of the code-type table
+(:mod:`gpuq._codetypes`), min/max and parameters from data. The layers above find a backend one
+way (``gpuq._dispatch.backend_for``), validate everything, and call these methods; nothing here
+re-validates, and the rows' codec and storage choose the element operation only in here.
 
-May import: :mod:`gpuq._dtypes` and :mod:`gpuq._scheme` (the core types) and
-their own modules; host and cuda never import each other, and nothing here
-imports the front end above.
+May import: :mod:`gpuq._codetypes`, :mod:`gpuq._dtypes` and :mod:`gpuq._scheme` (the core types)
+and their own modules; host and cuda never import each other, share no private names, and
+nothing here imports the layers above.
 """

@@ -6,9 +6,11 @@ parser, the command table and :func:`main`), :mod:`.convert` (the work of
 formats: checked, streamed reads and writes, atomic outputs), :mod:`.quantized`
 (the quantized-file format and its checks), :mod:`.selection` (which tensors, which scheme),
 :mod:`.report` (tables and JSON), :mod:`.env` (device choice, ``gpuq info``),
-:mod:`.sharded` (sharded checkpoints, here or as tasks on a Dask cluster),
-:mod:`.compare` (``gpuq compare``: code types side by side) and :mod:`.example`
-(the offline example checkpoint).
+:mod:`.sharded` (sharded checkpoints: the index, the all-or-nothing output
+folder, one shard's work), :mod:`.sharded_run` (a sharded run, here or on a
+cluster), :mod:`.cluster` (shards as Dask tasks), :mod:`.signals` (SIGINT and
+SIGTERM), :mod:`.compare` (``gpuq compare``: code types side by side) and
+:mod:`.example` (the offline example checkpoint).
 
 May import: :mod:`gpuq`'s public API (``gpuq.quantize``, ``gpuq.qparams``, ...)
 and, for ``gpuq info`` only, the backends' self-descriptions

@@ -14,8 +14,9 @@
     gpuq info
 
 Exit codes: 0 on success, 2 for bad input or usage (one ``gpuq: error: ...``
-line on stderr, no output file left behind), 130 on Ctrl-C. ``python -m gpuq``
-is the same command.
+line on stderr, no output file left behind), 130 on Ctrl-C (SIGINT) and 143 on
+SIGTERM (one line, what the run wrote removed: :mod:`gpuq.cli.signals`).
+``python -m gpuq`` is the same command.
 
 >>> main(["quantize"])
 2
@@ -26,11 +27,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 
 from .files import CliError
-from .quantized import CODE_DTYPES, FP8_DTYPES
-from .selection import DEFAULT_MIN_SIZE
+from .convert import DEQUANTIZE_DTYPES
+from .quantized import CODE_DTYPES, is_float8
+from .selection import DEFAULT_MIN_SIZE, DEFAULTS_HELP, parse_block
+from .signals import EXIT_STATUS, Terminated, stop_signals
 
 __all__ = ["main", "build_parser"]
 
@@ -41,16 +45,23 @@ Selected: floating tensors (float16, bfloat16, float32, float64) of rank >= 2
 with at least --min-size elements (default {DEFAULT_MIN_SIZE}), filtered by
 --include/--exclude globs; everything else is copied bit for bit.
 
-Scheme: per-channel along --axis (default 0, the output channels of a
-[out, in] weight); --per-tensor for one scale per tensor; --group-size G for
-one scale per G consecutive elements along --axis (default -1 with a group
-size: the input dimension). Scales and zero points come from
-gpuq.choose_qparams on each tensor (min/max; --symmetric for zero point 0).
+Scheme: per-channel along --axis K; --per-tensor for one scale per tensor;
+--group-size G for one scale per G consecutive elements along --axis (default
+-1 with a group size: the input dimension); --block AxB for one scale per AxB
+block of the last two dimensions (blocks of 1 on leading dimensions, so an
+expert of a rank-3 tensor never shares a block; the last blocks may be
+smaller). With none of them, each tensor gets the default of its code type
+and rank:
+
+{DEFAULTS_HELP}
+
+Scales and zero points come from gpuq.choose_qparams on each tensor (min/max;
+--symmetric for zero point 0).
 
 Code types (--dtype): int8 (default), uint8; int4 and uint4 (ranges [-8, 7]
 and [0, 15], two codes per byte in ONNX's nibble order: the codes are a 1-D
-uint8 tensor of ceil(n/2) bytes and the metadata records the shape), usually
-with --group-size 128; float8_e4m3fn and float8_e5m2 (fp8: q = fp8(x / s),
+uint8 tensor of ceil(n/2) bytes and the metadata records the shape; groups of
+128 by default); float8_e4m3fn and float8_e5m2 (fp8: q = fp8(x / s),
 scales max|x| / 448 or / 57344, no zero points, --symmetric implied; stored
 as safetensors F8_E4M3/F8_E5M2, as uint8 bits in an .npz).
 
@@ -58,8 +69,9 @@ Output (same format as IN; an .npz for a .npy IN, whose array is named
 arr_0): for each quantized tensor NAME, the codes under NAME, float32
 NAME.scales and NAME.zps (int8 for int8/int4 codes, uint8 for uint8/uint4; none
 for symmetric int8/int4, zero point 0, nor for fp8), and the scheme in the gpuq
-metadata (file format version 1 for int8/uint8, readable by older gpuq;
-version 2 for int4/fp8). The report compares each tensor with
+metadata (file format version 1 for int8/uint8 with one axis per tensor,
+readable by older gpuq; version 2 for int4/fp8; version 3 for a file with a
+multi-axis tensor, the rank >= 3 default; version 4 for block scales). The report compares each tensor with
 its float32 dequantization: SQNR = 10 log10(sum x^2 / sum (x - x_hat)^2) in
 float64 (inf when exact) and the max abs error.
 
@@ -78,10 +90,11 @@ or that index. Every shard's header is checked against the index first. OUT is
 then a folder (created if missing): one output shard per input shard, same
 file name, each the file a one-file run on that shard writes, plus the index
 under the input's index name, its weight_map listing NAME.scales/NAME.zps
-beside each code tensor. Each shard is written to a temporary file and
-renamed when complete; the index is written last, after every shard, and an
-earlier run's index is removed first, so a failed or interrupted run leaves
-no index (and removes the shards it wrote).
+beside each code tensor. Every shard is written under a hidden name of the
+run's; only when all have succeeded are they renamed into place (an earlier
+run's index removed first, the new index written last). A run that fails, or
+is stopped by Ctrl-C (exit 130) or SIGTERM (exit 143), removes what it wrote
+and leaves OUT exactly as it was.
 
 On a Dask cluster (needs pip install 'gpuq[dask]'): --scheduler ADDRESS or
 --workers N runs one task per shard. Each task quantizes whole tensors on its
@@ -90,26 +103,36 @@ shard itself, so IN and OUT must be on a filesystem the client and every
 worker see at the same paths (the local disk for --workers), and every
 worker must have the same gpuq installed. --workers N starts N local worker
 processes (dask-cuda's LocalCUDACluster, one worker per GPU, when dask-cuda
-is installed and a GPU is visible). A task that fails is retried by Dask
+is installed and a GPU is visible), which never see a Ctrl-C or SIGTERM meant
+for the command: it stops them itself. A task that fails is retried by Dask
 (twice; a dead worker's tasks are rescheduled); the index is written by the
 client once every shard has succeeded, and the result is the same bytes as a
-local run.
+local run. The first shard that fails stops the others at their next tensor;
+the client waits for them (for --workers, closes its cluster) before it
+removes the run's files.
 """
 
 
-_COMPARE_HELP = """\
+_COMPARE_HELP = f"""\
 Quantize each selected tensor of IN in memory with several schemes and print
 the SQNR of each (dB, of the float32 dequantization, as gpuq quantize reports
 it) side by side, with the total SQNR and the bytes each scheme would store.
 Nothing is written. The selection is gpuq quantize's (floating, rank >= 2,
 --min-size, --include/--exclude).
 
---scheme DTYPE[:OPTION]... (repeatable; default int8, int4:g128,
-float8_e4m3fn): DTYPE is int8, uint8, int4, uint4, float8_e4m3fn or
-float8_e5m2; options gG (groups of G, along the last axis unless axisK),
-axisK (per-channel; default 0, -1 with a group size), tensor (per-tensor),
-sym (zero point 0; implied for fp8). Examples: int8:sym, uint4:g64,
-float8_e5m2:tensor.
+IN is a checkpoint file or a sharded one (a folder, or its *.index.json).
+
+--scheme DTYPE[:OPTION]... (repeatable; default int8, int4, float8_e4m3fn):
+DTYPE is int8, uint8, int4, uint4, float8_e4m3fn or float8_e5m2; options gG
+(groups of G, along the last axis unless axisK), axisK (per-channel; -1 with
+a group size), tensor (per-tensor), bAxB (one scale per AxB block of the last
+two dimensions, as quantize --block), sym (zero point 0; implied for fp8).
+Without gG, axisK, tensor or bAxB, a scheme is gpuq quantize's default for its
+code type and each tensor's rank:
+
+{DEFAULTS_HELP}
+
+Examples: int8:sym, uint4:g64, float8_e5m2:tensor, float8_e4m3fn:b128x128.
 """
 
 
@@ -137,8 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "sharded IN")
     g = q.add_mutually_exclusive_group()
     g.add_argument("--axis", type=int, metavar="K",
-                   help="per-channel axis (default 0; -1 with --group-size)")
+                   help="per-channel axis (-1 with --group-size; default: see the table above)")
     g.add_argument("--per-tensor", action="store_true", help="one scale per tensor")
+    g.add_argument("--block", metavar="AxB",
+                   help="one scale per AxB block of the last two dimensions (128x128: the "
+                        "fine-grained fp8 layout; the last blocks may be smaller; leading "
+                        "dimensions get blocks of 1)")
     q.add_argument("--group-size", type=int, metavar="G",
                    help="one scale per G elements along --axis")
     q.add_argument("--dtype", choices=CODE_DTYPES, default="int8",
@@ -182,19 +209,21 @@ def build_parser() -> argparse.ArgumentParser:
                                                "folder (or its *.index.json)")
     d.add_argument("-o", "--output", metavar="OUT", required=True,
                    help="output file, same format as IN; a folder for a sharded IN")
-    d.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
+    d.add_argument("--dtype", choices=DEQUANTIZE_DTYPES, default=None,
                    help="output float type (default: each tensor's source dtype recorded in "
-                        "IN, e.g. bfloat16 in, bfloat16 back; float32 where none is recorded)")
+                        "IN, e.g. bfloat16 in, bfloat16 back; float32 where none is recorded; "
+                        "float64 multiplies in float64)")
     _common(d, json_help="print the summary as JSON")
 
     m = sub.add_parser("compare", help="SQNR per tensor of several code types side by side "
                                         "(int8 vs int4 g128 vs fp8 by default)",
                        description=_COMPARE_HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    m.add_argument("input", metavar="IN", help="a checkpoint file: .safetensors, .npz or .npy")
+    m.add_argument("input", metavar="IN", help="a checkpoint: .safetensors, .npz or .npy, or "
+                                               "a sharded one (a folder, or its *.index.json)")
     m.add_argument("--scheme", action="append", default=[], metavar="SPEC",
                    help="DTYPE[:gG][:axisK][:tensor][:sym], repeatable (default: int8, "
-                        "int4:g128, float8_e4m3fn)")
+                        "int4, float8_e4m3fn)")
     m.add_argument("--include", action="append", default=[], metavar="PATTERN",
                    help="compare only tensors whose name matches this glob (repeatable)")
     m.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
@@ -235,6 +264,9 @@ def _plan(args):
         raise CliError(f"--group-size must be a positive integer, got {args.group_size}")
     if args.per_tensor and args.group_size is not None:
         raise CliError("--group-size needs an axis to group along; drop --per-tensor")
+    block = parse_block(args.block, "--block") if args.block is not None else None
+    if block is not None and args.group_size is not None:
+        raise CliError("--block and --group-size both say which elements share a scale; give one")
     if args.min_size < 0:
         raise CliError(f"--min-size must be >= 0, got {args.min_size}")
     if args.per_tensor:
@@ -242,10 +274,12 @@ def _plan(args):
     elif args.axis is not None:
         axis = args.axis
     else:
-        axis = -1 if args.group_size is not None else 0
+        axis = -1 if args.group_size is not None else None
     # fp8 has no zero point: always symmetric (scales max |x| / max_finite).
     return Plan(axis=axis, group_size=args.group_size, dtype=args.dtype,
-                symmetric=args.symmetric or args.dtype in FP8_DTYPES)
+                symmetric=args.symmetric or is_float8(args.dtype),
+                default=not args.per_tensor and args.axis is None and args.group_size is None
+                and block is None, block=block)
 
 
 def _warn(text: str) -> None:
@@ -260,11 +294,14 @@ def _quantize(args) -> int:
     from .env import pick_device
     from .convert import run_quantize
     from .report import format_table, to_json
+    from .selection import default_note
 
     plan = _plan(args)
     if args.workers is not None and args.workers < 1:
         raise CliError(f"--workers must be a positive integer, got {args.workers}")
-    from .sharded import import_distributed, is_sharded, run_sharded_quantize
+    from .cluster import import_distributed
+    from .sharded import is_sharded
+    from .sharded_run import run_sharded_quantize
 
     cluster = args.scheduler is not None or args.workers is not None
     sharded = is_sharded(args.input)
@@ -278,13 +315,12 @@ def _quantize(args) -> int:
             args.input, args.output, plan, include=args.include, exclude=args.exclude,
             min_size=args.min_size, device=args.device, progress=_show_progress(args),
             nonfinite=args.nonfinite, warn=_warn, scheduler=args.scheduler, workers=args.workers)
-        print(to_json(report) if args.json else format_table(report))
-        return 0
-    device = pick_device(args.device)
-    report = run_quantize(args.input, args.output, plan, include=args.include,
-                          exclude=args.exclude, min_size=args.min_size, device=device,
-                          progress=_show_progress(args), nonfinite=args.nonfinite,
-                          warn=_warn)
+    else:
+        report = run_quantize(args.input, args.output, plan, include=args.include,
+                              exclude=args.exclude, min_size=args.min_size,
+                              device=pick_device(args.device), progress=_show_progress(args),
+                              nonfinite=args.nonfinite, warn=_warn)
+    report["default_scheme"] = default_note(plan.dtype) if plan.default else None
     print(to_json(report) if args.json else format_table(report))
     return 0
 
@@ -293,7 +329,8 @@ def _dequantize(args) -> int:
     from .env import pick_device
     from .convert import run_dequantize
     from .report import format_dequantize, to_json
-    from .sharded import is_sharded, run_sharded_dequantize
+    from .sharded import is_sharded
+    from .sharded_run import run_sharded_dequantize
 
     if is_sharded(args.input):
         report = run_sharded_dequantize(args.input, args.output, dtype=args.dtype,
@@ -379,7 +416,8 @@ def main(argv=None) -> int:
 
 def _run(command, args) -> int:
     try:
-        return command(args)
+        with stop_signals():
+            return command(args)
     except CliError as exc:
         print(f"gpuq: error: {exc}", file=sys.stderr)
         return 2
@@ -391,4 +429,7 @@ def _run(command, args) -> int:
     except KeyboardInterrupt:
         # atomic_output already removed its temporary file on the way up.
         print("gpuq: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_STATUS[signal.SIGINT]
+    except Terminated:
+        print("gpuq: terminated (SIGTERM)", file=sys.stderr)
+        return EXIT_STATUS[signal.SIGTERM]

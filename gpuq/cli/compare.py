@@ -1,23 +1,29 @@
 """``gpuq compare``: several code types side by side on one checkpoint, SQNR per tensor.
 
-Each selected tensor (the same selection as ``gpuq quantize``: floating, rank
->= 2, ``--min-size``, ``--include``/``--exclude``) is quantized in memory with
-every ``--scheme`` in turn, exactly as ``gpuq quantize`` would with those
-options (:func:`gpuq.cli.convert.quantize_tensor`), and compared with its
-float32 dequantization; nothing is written. The default schemes are the
-three of issue 19: int8 per-channel (the ``gpuq quantize`` default), int4 with
-groups of 128 along the input dimension, fp8 e4m3fn per row.
+IN is a checkpoint file or a sharded checkpoint (a folder, or its index:
+:class:`gpuq.cli.sharded.ShardedCheckpoint`), read shard after shard. Each
+selected tensor (the same selection as ``gpuq quantize``, over the whole
+model: floating, rank >= 2, ``--min-size``, ``--include``/``--exclude``) is
+quantized in memory with every ``--scheme`` in turn, exactly as ``gpuq
+quantize`` would with those options (:func:`gpuq.cli.convert.quantize_tensor`),
+and compared with its float32 dequantization; nothing is written. The default
+schemes are ``gpuq quantize``'s defaults for int8, int4 and fp8 e4m3fn (one
+scale per row; groups of 128 along the last dimension; one scale per row).
 
 A scheme is ``DTYPE[:OPTION]...`` with the options ``gG`` (one scale per G
 elements; along the last axis unless ``axisK`` says otherwise), ``axisK``
-(per-channel along K; default 0, or -1 with a group size), ``tensor`` (one
-scale per tensor) and ``sym`` (zero point 0; implied for fp8)::
+(per-channel along K; -1 with a group size), ``tensor`` (one scale per tensor),
+``bAxB`` (one scale per AxB block of the last two dimensions, as ``gpuq quantize
+--block AxB``) and ``sym`` (zero point 0; implied for fp8). Without ``gG``,
+``axisK``, ``tensor`` or ``bAxB`` the scheme is the default of its code type and each tensor's rank
+(:func:`gpuq.cli.selection.default_scheme`)::
 
-    int8                  int8 asymmetric, one scale per output row (axis 0)
+    int8                  int8 asymmetric, one scale per row (axis 0 at rank 2)
     int4:g128             int4 asymmetric, groups of 128 along the inputs
     uint4:g64:sym         uint4 symmetric (zero point 8), groups of 64
     float8_e4m3fn         fp8, one scale per row
     float8_e5m2:tensor    fp8 e5m2, one scale per tensor
+    float8_e4m3fn:b128x128  fp8, one scale per 128x128 block (DeepSeek's layout)
 """
 
 from __future__ import annotations
@@ -25,20 +31,25 @@ from __future__ import annotations
 import math
 
 from .files import Checkpoint, CliError
-from .quantized import CODE_DTYPES, FP8_DTYPES, codes_shape, has_zps, param_shape, zps_dtype
+from .quantized import (CODE_DTYPES, codes_shape, has_zps, is_float8, is_packed,
+                        param_shape, zps_dtype)
 from .report import _db, human_bytes, natural_key
-from .selection import Plan, describe, select
+from .selection import Plan, describe, describe_where, parse_block, select
 
-DEFAULT_SCHEMES = ("int8", "int4:g128", "float8_e4m3fn")
+DEFAULT_SCHEMES = ("int8", "int4", "float8_e4m3fn")
 
 
 def parse_scheme(text: str) -> Plan:
     """A :class:`~gpuq.cli.selection.Plan` from ``DTYPE[:OPTION]...`` (see the module docstring).
 
     >>> parse_scheme("int4:g128")
-    Plan(axis=-1, group_size=128, dtype='int4', symmetric=False)
+    Plan(axis=-1, group_size=128, dtype='int4', symmetric=False, default=False, block=None)
     >>> parse_scheme("float8_e5m2:tensor")
-    Plan(axis=None, group_size=None, dtype='float8_e5m2', symmetric=True)
+    Plan(axis=None, group_size=None, dtype='float8_e5m2', symmetric=True, default=False, block=None)
+    >>> parse_scheme("float8_e4m3fn:b128x128").block
+    (128, 128)
+    >>> parse_scheme("uint8:sym").default
+    True
     >>> parse_scheme("int3")
     Traceback (most recent call last):
     ...
@@ -48,7 +59,7 @@ def parse_scheme(text: str) -> Plan:
     if dtype not in CODE_DTYPES:
         raise CliError(f"--scheme {text!r}: the code type {dtype!r} is not one of "
                        f"{', '.join(CODE_DTYPES)}")
-    axis = group = None
+    axis = group = block = None
     per_tensor = symmetric = False
     for opt in options:
         try:
@@ -56,6 +67,8 @@ def parse_scheme(text: str) -> Plan:
                 symmetric = True
             elif opt == "tensor":
                 per_tensor = True
+            elif opt.startswith("b") and "x" in opt:
+                block = parse_block(opt[1:], f"--scheme {text!r}: {opt!r}")
             elif opt.startswith("axis"):
                 axis = int(opt[4:])
             elif opt.startswith("g"):
@@ -66,61 +79,61 @@ def parse_scheme(text: str) -> Plan:
                 raise ValueError
         except ValueError:
             raise CliError(f"--scheme {text!r}: {opt!r} is not an option (gG, axisK, tensor, "
-                           f"sym)") from None
-    if per_tensor and (axis is not None or group is not None):
-        raise CliError(f"--scheme {text!r}: 'tensor' takes no axis or group size")
-    if not per_tensor and axis is None:
-        axis = -1 if group is not None else 0
+                           f"bAxB, sym)") from None
+    if sum((per_tensor, axis is not None or group is not None, block is not None)) > 1:
+        raise CliError(f"--scheme {text!r}: give one of 'tensor', 'bAxB' and an axis or "
+                       f"group size")
+    default = not per_tensor and axis is None and group is None and block is None
+    if group is not None and axis is None:
+        axis = -1
     return Plan(axis=None if per_tensor else axis, group_size=group, dtype=dtype,
-                symmetric=symmetric or dtype in FP8_DTYPES)
+                symmetric=symmetric or is_float8(dtype), default=default, block=block)
 
 
 def _stored_bytes(shape, scheme) -> int:
     """Bytes ``gpuq quantize`` stores for one tensor: codes, scales, zero points."""
     codes = math.prod(codes_shape(scheme["dtype"], shape))  # one byte per code, or packed
-    params = math.prod(param_shape(tuple(shape), scheme["axis"], scheme["group_size"]))
+    params = math.prod(param_shape(tuple(shape), scheme["axis"], scheme["group_size"],
+                                   scheme.get("block_size")))
     zps = params * zps_dtype(scheme["dtype"]).itemsize if has_zps(scheme) else 0
     return codes + 4 * params + zps
 
 
 def run_compare(in_path, scheme_texts, *, include=(), exclude=(), min_size, device) -> dict:
-    """SQNR of every selected tensor of one checkpoint file under each scheme; the report."""
+    """SQNR of every selected tensor of a checkpoint (a file or a sharded one) under each
+    scheme; the report."""
     from .convert import quantize_tensor, sqnr_db
 
     plans = [parse_scheme(t) for t in (scheme_texts or DEFAULT_SCHEMES)]
     columns = list(scheme_texts or DEFAULT_SCHEMES)
-    with Checkpoint(in_path) as ckpt:
-        if ckpt.meta is not None:
-            raise CliError(f"IN {in_path!r} is already quantized by gpuq; compare its source")
-        specs = {n: ckpt.spec(n) for n in ckpt.names}
-        chosen = select(specs, include=include, exclude=exclude, min_size=min_size)
-        schemes = {n: [p.for_shape(n, specs[n][0]) for p in plans] for n in chosen}
-        rows, totals = [], [{"signal": 0.0, "error": 0.0, "bytes": 0} for _ in plans]
-        before = 0
-        for name in chosen:
-            shape, dtype = specs[name]
-            x = ckpt.load(name)
-            before += x.nbytes
-            row = {"name": name, "shape": list(shape), "dtype": dtype.name, "sqnr_db": []}
-            for k, scheme in enumerate(schemes[name]):
-                try:
-                    _, _, _, stats, _ = quantize_tensor(x, scheme, device, name=name,
-                                                        nonfinite="allow")
-                except (ValueError, TypeError) as exc:
-                    raise CliError(f"tensor {name!r}, --scheme {columns[k]!r}: "
-                                   f"{' '.join(str(exc).split())}") from exc
-                row["sqnr_db"].append(sqnr_db(stats["signal"], stats["error"]))
-                tot = totals[k]
-                if not math.isnan(stats["signal"]):
-                    tot["signal"] += stats["signal"]
-                    tot["error"] += stats["error"]
-                tot["bytes"] += _stored_bytes(shape, scheme)
-            rows.append(row)
-            del x
+    specs, tensors = _open(in_path)
+    chosen = select(specs, include=include, exclude=exclude, min_size=min_size)
+    schemes = {n: [p.for_shape(n, specs[n][0]) for p in plans] for n in chosen}
+    rows, totals = [], [{"signal": 0.0, "error": 0.0, "bytes": 0} for _ in plans]
+    before = 0
+    for name, x in tensors(set(chosen)):
+        shape, dtype = specs[name]
+        before += x.nbytes
+        row = {"name": name, "shape": list(shape), "dtype": dtype.name, "sqnr_db": []}
+        for k, scheme in enumerate(schemes[name]):
+            try:
+                _, _, _, stats, _ = quantize_tensor(x, scheme, device, name=name,
+                                                    nonfinite="allow")
+            except (ValueError, TypeError) as exc:
+                raise CliError(f"tensor {name!r}, --scheme {columns[k]!r}: "
+                               f"{' '.join(str(exc).split())}") from exc
+            row["sqnr_db"].append(sqnr_db(stats["signal"], stats["error"]))
+            tot = totals[k]
+            if not math.isnan(stats["signal"]):
+                tot["signal"] += stats["signal"]
+                tot["error"] += stats["error"]
+            tot["bytes"] += _stored_bytes(shape, scheme)
+        rows.append(row)
+        del x
     rows.sort(key=lambda r: natural_key(r["name"]))
     return {
         "command": "compare", "input": in_path, "device": device.name,
-        "schemes": [{"scheme": t, "text": _column(plans[k], schemes, k)}
+        "schemes": [{"scheme": t, "text": _column(plans[k], [v[k] for v in schemes.values()])}
                     for k, t in enumerate(columns)],
         "tensors": rows,
         "total": {"quantized": len(rows), "bytes_before": before,
@@ -129,15 +142,62 @@ def run_compare(in_path, scheme_texts, *, include=(), exclude=(), min_size, devi
     }
 
 
-def _column(plan, schemes, k) -> str:
-    """The column title: the scheme as the quantize report words it (axis as given)."""
+def _open(in_path):
+    """``(specs, tensors)`` of a checkpoint file or a sharded one: ``specs`` maps every name to
+    ``(shape, dtype)`` (checked, no data read) and ``tensors(names)`` yields ``(name, array)``
+    for those names, one at a time, in file order (shard after shard)."""
+    from .sharded import ShardedCheckpoint, is_sharded
+
+    def refuse(where):
+        raise CliError(f"IN {in_path!r} is already quantized by gpuq{where}; compare its source")
+
+    if is_sharded(in_path):
+        src = ShardedCheckpoint(in_path)
+        quantized = [s for s, m in src.metas.items() if m is not None]
+        if quantized:
+            refuse(f" (shard {quantized[0]!r})")
+        paths = [src.shard_path(s) for s in src.shards]
+        specs = src.specs
+    else:
+        with Checkpoint(in_path) as ckpt:
+            if ckpt.meta is not None:
+                refuse("")
+            specs = {n: ckpt.spec(n) for n in ckpt.names}
+        paths = [in_path]
+
+    def tensors(names):
+        for path in paths:
+            with Checkpoint(path) as ckpt:
+                for name in ckpt.names:
+                    if name in names:
+                        yield name, ckpt.load(name)
+
+    return specs, tensors
+
+
+def _column(plan, schemes) -> str:
+    """The column title: the scheme as the quantize report words it (a negative axis as
+    given); where the tensors' ranks give them different schemes, each one's granularity.
+
+    >>> p = parse_scheme("int8")
+    >>> _column(p, [p.for_shape("a", (4, 8)), p.for_shape("b", (2, 4, 8))])
+    'int8 asym axis=0 | axis=(0,1)'
+    >>> p = parse_scheme("int4")
+    >>> _column(p, [p.for_shape("a", (4, 8)), p.for_shape("b", (2, 4, 8))])
+    'int4 asym axis=-1 g=128'
+    """
     if not schemes:
         return plan.dtype
-    any_scheme = next(iter(schemes.values()))[k]
-    text = describe(any_scheme)
-    if plan.axis is not None and plan.axis < 0:  # per tensor the axis differs with the rank
-        text = text.replace(f"axis={any_scheme['axis']}", f"axis={plan.axis}")
-    return text
+    if plan.axis is not None and plan.axis < 0:
+        shown = plan.axis
+    elif plan.default and is_packed(plan.dtype):
+        shown = -1  # the default groups run along the last axis, whatever the rank
+    else:
+        shown = None
+    if shown is not None:
+        schemes = [dict(s, axis=shown) for s in schemes]
+    wheres = list(dict.fromkeys(describe_where(s) for s in schemes))
+    return " | ".join([describe(schemes[0])] + wheres[1:])
 
 
 def format_compare(report: dict) -> str:

@@ -28,9 +28,9 @@ import sys
 import numpy as np
 
 from .files import Checkpoint, CliError, check_output, checkpoint_writer, file_format
-from .quantized import (FP8_DTYPES, INT4_RANGE, PACKED_DTYPES, check_file, check_values,
-                        codes_dtype, file_meta, has_zps, logical_shape, output_entries,
-                        zps_dtype)
+from .quantized import (check_file, code_range, is_float8, is_packed, scheme_kw,
+                        check_values, codes_dtype, file_meta, has_zps, logical_shape,
+                        output_entries, zps_dtype)
 from .report import natural_key, nonfinite_text
 from .selection import check_names, describe, select
 
@@ -75,7 +75,7 @@ def float_dtype(name: str) -> np.dtype:
 
 
 #: Output types of gpuq dequantize (the --dtype choices, and the source types it restores).
-DEQUANTIZE_DTYPES = ("bfloat16", "float16", "float32")
+DEQUANTIZE_DTYPES = ("bfloat16", "float16", "float32", "float64")
 
 
 def row_blocks(shape: tuple, scheme: dict, target: int = _BLOCK):
@@ -96,7 +96,10 @@ def row_blocks(shape: tuple, scheme: dict, target: int = _BLOCK):
     step = max(1, target // max(per_row, 1))
     g = scheme.get("group_size")
     mult = g if scheme.get("axis") == 0 and g is not None else 1
-    if scheme.get("dtype") in PACKED_DTYPES and per_row % 2:
+    block = scheme.get("block_size")
+    if block is not None and shape:  # whole blocks along axis 0 (-1: the whole axis)
+        mult = rows if block[0] == -1 else min(block[0], max(rows, 1))
+    if is_packed(scheme.get("dtype")) and per_row % 2:
         mult = math.lcm(mult, 2)
     step = max(mult, step // mult * mult)
     for r0 in range(0, rows, step):
@@ -110,8 +113,16 @@ def param_rows(p, scheme: dict, r0: int, r1: int):
     >>> param_rows(s, {"axis": 0, "group_size": 2}, 2, 6)
     array([[2, 3],
            [4, 5]])
+    >>> param_rows(s, {"axis": [0, 2], "group_size": None}, 1, 2)   # a (3, 5, 2) tensor's
+    array([[2, 3]])
     """
     axis, g = scheme.get("axis"), scheme.get("group_size")
+    block = scheme.get("block_size")
+    if block is not None:  # block scales keep every dim: rows of blocks along dim 0
+        b = block[0] if block[0] != -1 else max(r1, 1)
+        return p if p is None else p[r0 // b: -(-r1 // b)]
+    if isinstance(axis, list):  # the scales' first dimension is dim 0's only if 0 is an axis
+        return p if p is None or 0 not in axis else p[r0:r1]
     if p is None or axis is None or (axis != 0 and g is None):
         return p  # per-tensor, or one scale per channel of another axis: all rows share them
     if axis == 0 and g is not None:
@@ -134,7 +145,7 @@ def code_rows(q, r0: int, r1: int):
     if not isinstance(q, gpuq.Codes):
         return q[r0:r1]
     rest = tuple(q.shape[1:])
-    if q.dtype in PACKED_DTYPES:
+    if is_packed(q.dtype):
         per_row = math.prod(rest)
         a, b = r0 * per_row, r1 * per_row
         return gpuq.Codes(q.data[a // 2:(b + 1) // 2], (r1 - r0, *rest), q.dtype)
@@ -179,13 +190,12 @@ def error_stats(x, q, scales, zps, scheme: dict, *, get=np.asarray,
     """
     import gpuq
 
-    axis, g = scheme["axis"], scheme["group_size"]
+    kw = scheme_kw(scheme)
     signal = error = max_err = 0.0
     compared = 0
     for r0, r1 in row_blocks(x.shape, scheme):
         x_hat = get(gpuq.dequantize(code_rows(q, r0, r1), param_rows(scales, scheme, r0, r1),
-                                    param_rows(zps, scheme, r0, r1), axis=axis, group_size=g,
-                                    dtype="float32"))
+                                    param_rows(zps, scheme, r0, r1), dtype="float32", **kw))
         a = x[r0:r1].astype(np.float64).reshape(-1)
         d = a - x_hat.astype(np.float64).reshape(-1)
         if finite_only:
@@ -225,8 +235,8 @@ def quantize_tensor(x, scheme: dict, device, *, name: str = "x", nonfinite: str 
     int8/uint8 array, an ml_dtypes fp8 array, or a :class:`gpuq.Codes` of
     packed int4/uint4 bytes (:func:`stored_codes` gives what the file holds).
 
-    ``x`` (float16, float32 or bfloat16: gpuq takes bfloat16 as it is, no float32
-    copy of the tensor) is taken over. Parameters come from :func:`gpuq.choose_qparams`; for
+    ``x`` (float16, float32, float64 or bfloat16: gpuq takes bfloat16 as it is, no
+    float32 copy of the tensor) is taken over. Parameters come from :func:`gpuq.choose_qparams`; for
     a tensor with NaN or +/-Inf they are computed on a copy with those values
     replaced by 0, which changes nothing else: an asymmetric range always
     includes 0 and a symmetric one is ``max |x|``, so these are the parameters
@@ -244,7 +254,7 @@ def quantize_tensor(x, scheme: dict, device, *, name: str = "x", nonfinite: str 
 
     from ..qparams import choose_qparams
 
-    kw = {"axis": scheme["axis"], "group_size": scheme["group_size"]}
+    kw = scheme_kw(scheme)
     counts = count_nonfinite(x)
     bad = sum(counts.values())
     if bad and nonfinite == "error":
@@ -272,7 +282,7 @@ def host_codes(q, device):
     if not isinstance(q, gpuq.Codes):
         return device.get(q)
     data = np.ascontiguousarray(device.get(q.data))
-    if q.dtype in FP8_DTYPES:  # fp8 bits from a GPU array library without an fp8 type
+    if is_float8(q.dtype):  # fp8 bits from a GPU array library without an fp8 type
         return data.view(codes_dtype(q.dtype, "safetensors")).reshape(q.shape)
     return gpuq.Codes(data, q.shape, q.dtype)
 
@@ -285,9 +295,9 @@ def stored_codes(q, scheme: dict, fmt: str):
     >>> stored_codes(gpuq.pack(np.array([1, -2, 3], np.int8)), {"dtype": "int4"}, "npz")
     array([225,   3], dtype=uint8)
     """
-    if scheme["dtype"] in PACKED_DTYPES:
+    if is_packed(scheme["dtype"]):
         return q.data
-    if scheme["dtype"] in FP8_DTYPES and fmt != "safetensors":
+    if is_float8(scheme["dtype"]) and fmt != "safetensors":
         return q.view(np.uint8)
     return q
 
@@ -297,9 +307,9 @@ def api_codes(stored, scheme: dict, device):
     import gpuq
 
     dtype = scheme["dtype"]
-    if dtype in PACKED_DTYPES:
+    if is_packed(dtype):
         return gpuq.Codes(device.put(stored), tuple(scheme["shape"]), dtype)
-    if dtype in FP8_DTYPES:
+    if is_float8(dtype):
         bits = stored.view(np.uint8)
         if device.xp is np:
             return bits.view(codes_dtype(dtype, "safetensors"))  # an ml_dtypes fp8 array
@@ -318,7 +328,7 @@ def _narrow(zps, code: str, name):
     dtype('int8')
     """
     dt = zps_dtype(code)
-    lo, hi = INT4_RANGE.get(code, (np.iinfo(dt).min, np.iinfo(dt).max))
+    lo, hi = code_range(code)
     if zps.size and (int(zps.min()) < lo or int(zps.max()) > hi):
         raise CliError(f"tensor {name!r}: zero points outside {code} [{lo}, {hi}]: "
                        f"[{int(zps.min())}, {int(zps.max())}]")
@@ -395,11 +405,7 @@ def quantize_file(ckpt, out_path, out_fmt, schemes, *, device, nonfinite="warn",
     """
     specs = {n: ckpt.spec(n) for n in ckpt.names}
     # Every output entry is known from the input's index: the header goes first.
-    entries = {}
-    for name, (shape, dtype) in specs.items():
-        entries.update(output_entries(name, shape, schemes[name], out_fmt) if name in schemes
-                       else {name: (shape, dtype)})
-    meta = file_meta(schemes, {n: specs[n][1].name for n in schemes}, ckpt.format)
+    entries, meta = quantize_layout(specs, schemes, out_fmt, ckpt.format)
     rows = []
     with checkpoint_writer(out_path, out_fmt, entries, meta, ckpt.extra_metadata) as out:
         for name in ckpt.names:
@@ -419,6 +425,23 @@ def quantize_file(ckpt, out_path, out_fmt, schemes, *, device, nonfinite="warn",
     return rows
 
 
+def quantize_layout(specs: dict, schemes: dict, out_fmt: str, source_format: str) -> tuple:
+    """``(entries, meta)`` of the quantized output of a checkpoint whose tensors are ``specs``
+    (name -> (shape, dtype), in file order): every output entry's shape and dtype, and the
+    gpuq metadata. Known from the input's index alone, before any data is read.
+
+    >>> entries, meta = quantize_layout({"w": ((4, 8), np.dtype("float32"))},
+    ...     {"w": {"dtype": "int8", "symmetric": True, "axis": 0, "group_size": None}}, "npz", "npz")
+    >>> list(entries), meta["format_version"]
+    (['w', 'w.scales'], 1)
+    """
+    entries = {}
+    for name, (shape, dtype) in specs.items():
+        entries.update(output_entries(name, shape, schemes[name], out_fmt) if name in schemes
+                       else {name: (shape, dtype)})
+    return entries, file_meta(schemes, {n: specs[n][1].name for n in schemes}, source_format)
+
+
 def _quantize_one(ckpt, name, scheme, row, out, device, nonfinite, warn) -> dict:
     try:
         # The loaded tensor goes straight in: quantize_tensor holds the only reference.
@@ -427,7 +450,7 @@ def _quantize_one(ckpt, name, scheme, row, out, device, nonfinite, warn) -> dict
     except (ValueError, TypeError) as exc:
         raise CliError(f"tensor {name!r}: {' '.join(str(exc).split())}") from exc
     if sum(counts.values()) and nonfinite == "warn" and warn is not None:
-        what = ("NaN -> NaN, +-Inf -> +-max finite" if scheme["dtype"] in FP8_DTYPES
+        what = ("NaN -> NaN, +-Inf -> +-max finite" if is_float8(scheme["dtype"])
                 else "NaN -> zero point, +-Inf -> saturated")
         warn(f"tensor {name!r} has {nonfinite_text(counts)}: quantized with parameters from "
              f"its finite values ({what}); --nonfinite error refuses it, allow keeps quiet")
@@ -513,11 +536,13 @@ def restored_names(ckpt, schemes) -> list:
 
 def output_dtype(scheme: dict, dtype) -> np.dtype:
     """The float type a quantized tensor is restored to: ``dtype`` when given, else the
-    source dtype the file records (bfloat16 in, bfloat16 back); float32 for a file that
-    records none or another type.
+    source dtype the file records (bfloat16 in, bfloat16 back; float64 in, float64 back,
+    divided and multiplied in float64); float32 for a file that records none or another type.
 
     >>> output_dtype({"source_dtype": "bfloat16"}, None).name, output_dtype({}, None).name
     ('bfloat16', 'float32')
+    >>> output_dtype({"source_dtype": "float64"}, None).name
+    'float64'
     >>> output_dtype({"source_dtype": "bfloat16"}, "float16").name
     'float16'
     """
@@ -561,8 +586,7 @@ def dequantize_file(ckpt, out_path, out_fmt, schemes, *, dtype, device, tick=Non
                 try:
                     # Host scales/zps with a device src are uploaded by the library.
                     y = gpuq.dequantize(api_codes(stored, s, device), scales, zps,
-                                        axis=s["axis"], group_size=s["group_size"],
-                                        dtype=entries[name][1])
+                                        dtype=entries[name][1], **scheme_kw(s))
                 except (ValueError, TypeError) as exc:
                     raise CliError(f"tensor {name!r}: {' '.join(str(exc).split())}") from exc
                 y = device.get(y)

@@ -63,6 +63,8 @@ FORMATS = {".safetensors": "safetensors", ".npz": "npz", ".npy": "npy"}
 MAX_HEADER = 100_000_000
 #: NumPy's limit on the number of dimensions (32 before NumPy 2).
 MAX_RANK = 32
+#: The first bytes of every .npy array (``np.lib.format.MAGIC_PREFIX``).
+_NPY_MAGIC = b"\x93NUMPY"
 
 
 class CliError(Exception):
@@ -296,7 +298,7 @@ class Checkpoint:
             del self._entries[NPZ_META]
 
     def _open_npy(self):
-        shape, fortran, dtype = _npy_header(self._fh, self._bad, "the array")
+        shape, fortran, dtype = _npy_header(self._fh, self._bad, "the file")
         offset = self._fh.tell()
         self._check_size("the array", self._size - offset, shape, dtype)
         self._entries[NPY_NAME] = _Entry(shape, dtype, offset, self._size - offset, fortran)
@@ -393,7 +395,14 @@ def _read_array(fh, e) -> np.ndarray:
 
 
 def _npy_header(fh, bad, what):
-    version = np.lib.format.read_magic(fh)
+    # The magic by hand, not read_magic: its error names no member, and a seek back
+    # would turn off zipfile's CRC check (see Checkpoint.load).
+    start = fh.read(len(_NPY_MAGIC) + 2)
+    if len(start) < len(_NPY_MAGIC) + 2 or not start.startswith(_NPY_MAGIC):
+        kind = " (it is a Python pickle, which gpuq does not load)" if start[:1] == b"\x80" else ""
+        raise bad(f"{what} is not an .npy array: it does not start with NumPy's magic "
+                  f"{_NPY_MAGIC!r}{kind}")
+    version = (start[-2], start[-1])
     if version == (1, 0):
         shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
     elif version in ((2, 0), (3, 0)):
@@ -586,30 +595,64 @@ class _Writer:
         pass
 
 
+def safetensors_layout(entries: dict, meta: dict | None = None,
+                       extra_metadata: dict | None = None) -> tuple:
+    """``(header, offsets, data_size)`` of a .safetensors file holding ``entries``
+    (name -> (shape, dtype)): the header bytes as written after the 8-byte length,
+    each tensor's offset in the data section, and that section's size.
+
+    The library's layout: descending alignment, then name, so every offset is a
+    multiple of its dtype's size (the header is padded with spaces to 8 bytes).
+
+    >>> header, offsets, size = safetensors_layout({"a": ((3,), np.dtype("int8")),
+    ...                                             "b": ((2,), np.dtype("float32"))})
+    >>> len(header) % 8, header[:54], offsets, size
+    (0, b'{"b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},', {'b': 0, 'a': 8}, 11)
+    """
+    codes = {name: safetensors_code(dt) for name, (_, dt) in entries.items()}
+    order = sorted(entries, key=lambda n: (-_ST_ORDER.index(codes[n]), n))
+    header, offsets, at = {}, {}, 0
+    metadata = dict(extra_metadata or {})
+    if meta is not None:
+        metadata[META_KEY] = json.dumps(meta, sort_keys=True)
+    if metadata:
+        header["__metadata__"] = {k: metadata[k] for k in sorted(metadata)}
+    for name in order:
+        shape, dtype = entries[name]
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+        header[name] = {"dtype": codes[name], "shape": list(shape),
+                        "data_offsets": [at, at + nbytes]}
+        offsets[name] = at
+        at += nbytes
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return text + b" " * (-len(text) % 8), offsets, at
+
+
+def check_header_size(path: str, header: bytes, entries: dict) -> None:
+    """Refuse a .safetensors OUT whose header is over :data:`MAX_HEADER` (which no safetensors
+    reader, gpuq's included, would open), before anything is written.
+
+    >>> check_header_size("o.safetensors", b" " * (MAX_HEADER + 8), {"w": None})
+    Traceback (most recent call last):
+    ...
+    gpuq.cli.files.CliError: cannot write OUT 'o.safetensors': its safetensors header would be 100,000,008 bytes, over the 100,000,000 the format allows (1 tensor and the metadata), so no safetensors reader could open it; write fewer tensors or less metadata per file (a sharded checkpoint)
+    """
+    if len(header) > MAX_HEADER:
+        n = len(entries)
+        raise CliError(f"cannot write OUT {path!r}: its safetensors header would be "
+                       f"{len(header):,} bytes, over the {MAX_HEADER:,} the format allows "
+                       f"({n:,} tensor{'s' if n != 1 else ''} and the metadata), so no "
+                       f"safetensors reader could open it; write fewer tensors or less "
+                       f"metadata per file (a sharded checkpoint)")
+
+
 class _SafetensorsWriter(_Writer):
     fmt = "safetensors"
 
     def start(self):
         _check_little_endian(self.path, "OUT")
-        # The library's layout: descending alignment, then name; so every offset is a
-        # multiple of its dtype's size (the header is padded to 8 bytes).
-        codes = {name: safetensors_code(dt) for name, (_, dt) in self.entries.items()}
-        order = sorted(self.entries, key=lambda n: (-_ST_ORDER.index(codes[n]), n))
-        header, self.offsets, at = {}, {}, 0
-        metadata = dict(self.extra_metadata)
-        if self.meta is not None:
-            metadata[META_KEY] = json.dumps(self.meta, sort_keys=True)
-        if metadata:
-            header["__metadata__"] = {k: metadata[k] for k in sorted(metadata)}
-        for name in order:
-            shape, dtype = self.entries[name]
-            nbytes = math.prod(shape) * dtype.itemsize
-            header[name] = {"dtype": codes[name], "shape": list(shape),
-                            "data_offsets": [at, at + nbytes]}
-            self.offsets[name] = at
-            at += nbytes
-        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-        text += b" " * (-len(text) % 8)
+        text, self.offsets, at = safetensors_layout(self.entries, self.meta, self.extra_metadata)
+        check_header_size(self.path, text, self.entries)
         self.data_start = 8 + len(text)
         self.fd = os.open(self.tmp, os.O_WRONLY)
         _preallocate(self.fd, self.data_start + at)

@@ -9,7 +9,8 @@ entry               contents
 ``NAME.scales``     float32 scales, shaped as :func:`gpuq.quantize` takes them
                     (per-tensor ``()`` in an .npz and ``(1,)`` in a .safetensors
                     file, as version 1 wrote them; per-channel ``(shape[k],)``;
-                    per-group ``shape`` with dim k -> ceil(n / g))
+                    multi-axis ``shape`` projected onto the axes; per-group
+                    ``shape`` with dim k -> ceil(n / g))
 ``NAME.zps``        zero points, same shape: int8 for int8/int4 codes, uint8 for
                     uint8/uint4 codes (one per byte, not packed); ABSENT for
                     symmetric int8/int4 (zero point 0, the library's
@@ -24,6 +25,11 @@ plus the gpuq metadata (safetensors metadata key ``"gpuq"``, .npz member
      "tensors": {"NAME": {"dtype": "int4", "symmetric": false, "axis": 1,
                           "group_size": 128, "source_dtype": "bfloat16",
                           "shape": [4096, 4096], "packing": "onnx_nibbles"}, ...}}
+
+``axis`` is null (per-tensor), an axis ``k >= 0`` (per-channel, or per-group
+with a ``group_size``), or, from version 3, a list of two or more increasing
+axes (the multi-axis scheme, no ``group_size``: ``[0, 1]`` is one scale per
+row of an ``[experts, out, in]`` tensor).
 
 Code storage, by code dtype:
 
@@ -53,12 +59,18 @@ float8_e5m2        F8_E5M2, the tensor's shape              uint8 (the fp8 bits)
 
 Versions. Version 1 (every gpuq before the int4/fp8 codes) knows int8/uint8
 only, with exactly the keys dtype, symmetric, axis, group_size, source_dtype.
-Version 2 adds int4, uint4, float8_e4m3fn and float8_e5m2. A file is written
-in the lowest version that holds it: int8/uint8 output stays version 1, the
-same bytes as before, so a gpuq from before version 2 still reads it; a file
-with any int4/fp8 tensor is version 2 (which such a gpuq refuses with
-"upgrade gpuq", instead of misreading packed bytes as int8). This gpuq reads
-both.
+Version 2 adds int4, uint4, float8_e4m3fn and float8_e5m2. Version 3 adds a
+list of axes (the multi-axis scheme: the default for tensors of rank >= 3),
+with the same keys. Version 4 adds block scales: ``"block_size"``, one entry
+per dimension of the tensor (``axis`` and ``group_size`` null; ``--block
+128x128`` records ``[128, 128]``, ``[1, 128, 128]`` for a rank-3 tensor), the
+scales of shape ``ceil(shape / block_size)``. A file is written in the lowest version that holds it
+(:func:`version_for`): int8/uint8 output with one axis per tensor stays
+version 1, the same bytes as before, so a gpuq from before version 2 still
+reads it; a file with any int4/fp8 tensor is version 2, and one with any
+multi-axis tensor version 3 (an older gpuq refuses such files with "upgrade
+gpuq" instead of misreading them), one with any block scheme version 4. This
+gpuq reads all four.
 
 Nothing in a file is trusted: :func:`check_file` holds each quantized tensor
 and its companions to the metadata (code dtype and the version that allows
@@ -68,8 +80,8 @@ points) and refuses a format version it does not know, before any output is
 written; :func:`check_values` checks what needs the data (int4 zero points in
 range, the padding nibble) as each tensor is read, before it is used (the
 output is atomic: an error leaves no file). ``tests/data/format_v1/`` and
-``tests/data/format_v2/`` hold files written by each version; every later
-gpuq must read them with the same values.
+``tests/data/format_v2/`` and ``tests/data/format_v3/`` hold files written by each
+version; every later gpuq must read them with the same values.
 """
 
 from __future__ import annotations
@@ -78,22 +90,57 @@ import math
 
 import numpy as np
 
+from .._codetypes import CODE_TYPES
 from .files import MAX_RANK, CliError
 
 #: The newest version this gpuq writes (a file gets the lowest version that holds it:
 #: :func:`version_for`).
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 #: The versions this gpuq reads.
-KNOWN_VERSIONS = (1, 2)
-#: Code dtypes by the first version that has them.
+KNOWN_VERSIONS = (1, 2, 3, 4)
+#: The first version with a list of axes (the multi-axis scheme).
+MULTI_AXIS_VERSION = 3
+#: The first version with block scales (``"block_size"``: one entry per dim).
+BLOCK_VERSION = 4
+#: The code dtypes of version 1 files (a fact of the file format; what each code dtype is
+#: comes from the code-type table, gpuq._codetypes).
 V1_CODE_DTYPES = ("int8", "uint8")
-PACKED_DTYPES = ("int4", "uint4")
-FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
-CODE_DTYPES = V1_CODE_DTYPES + PACKED_DTYPES + FP8_DTYPES
+#: Every code dtype, in the table's order.
+CODE_DTYPES = tuple(CODE_TYPES)
 #: The one packing of int4/uint4 codes (ONNX's nibble order, see the module docstring).
 PACKING = "onnx_nibbles"
-#: Code ranges of the 4-bit types (their zero points must lie in them too).
-INT4_RANGE = {"int4": (-8, 7), "uint4": (0, 15)}
+
+
+def is_packed(dtype) -> bool:
+    """Whether ``dtype``'s codes are stored two per byte (its row's storage); False for a
+    name that is no code dtype.
+
+    >>> is_packed("uint4"), is_packed("int8"), is_packed("int3")
+    (True, False, False)
+    """
+    row = CODE_TYPES.get(dtype) if isinstance(dtype, str) else None
+    return row is not None and row.storage == "packed"
+
+
+def is_float8(dtype) -> bool:
+    """Whether ``dtype`` is an fp8 code dtype (its row's codec): stored in safetensors' own
+    float8 types, no zero point, always symmetric.
+
+    >>> is_float8("float8_e5m2"), is_float8("int4")
+    (True, False)
+    """
+    row = CODE_TYPES.get(dtype) if isinstance(dtype, str) else None
+    return row is not None and row.codec == "float8"
+
+
+def code_range(dtype) -> tuple:
+    """``(qmin, qmax)`` of an integer code dtype (its zero points lie in it too).
+
+    >>> code_range("int4"), code_range("uint8")
+    ((-8, 7), (0, 255))
+    """
+    row = CODE_TYPES[dtype]
+    return row.qmin, row.qmax
 _SCHEME_KEYS = {"dtype", "symmetric", "axis", "group_size", "source_dtype"}
 _PACKED_KEYS = {"shape", "packing"}
 
@@ -107,17 +154,59 @@ def min_version(dtype: str) -> int:
     return 1 if dtype in V1_CODE_DTYPES else 2
 
 
+def scheme_version(scheme: dict) -> int:
+    """The first format version that holds ``scheme``: its code dtype's, 3 for a list of axes,
+    4 for block scales.
+
+    >>> scheme_version({"dtype": "int8", "axis": 0}), scheme_version({"dtype": "int8", "axis": [0, 1]})
+    (1, 3)
+    >>> scheme_version({"dtype": "float8_e4m3fn", "axis": None, "block_size": [128, 128]})
+    4
+    """
+    if scheme.get("block_size") is not None:
+        return BLOCK_VERSION
+    if isinstance(scheme.get("axis"), list):
+        return MULTI_AXIS_VERSION
+    return min_version(scheme["dtype"])
+
+
 def version_for(schemes: dict) -> int:
     """The version a file with these schemes is written in: the lowest that holds them all.
 
-    >>> version_for({"w": {"dtype": "int8"}}), version_for({}), version_for({"w": {"dtype": "int4"}})
-    (1, 1, 2)
+    >>> version_for({"w": {"dtype": "int8", "axis": 0}}), version_for({})
+    (1, 1)
+    >>> version_for({"w": {"dtype": "int4", "axis": 1}}), version_for({"w": {"dtype": "uint8", "axis": [0, 1]}})
+    (2, 3)
     """
-    return max([1] + [min_version(s["dtype"]) for s in schemes.values()])
+    return max([1] + [scheme_version(s) for s in schemes.values()])
 
 
-def scheme_for(dtype: str, symmetric: bool, axis, group_size, shape) -> dict:
-    """The scheme of one tensor of ``shape`` (``axis`` already in ``[0, rank)``).
+def api_axis(scheme: dict):
+    """The scheme's ``axis`` as :func:`gpuq.quantize` takes it: a tuple for a list of axes.
+
+    >>> api_axis({"axis": [0, 1]}), api_axis({"axis": 1}), api_axis({"axis": None})
+    ((0, 1), 1, None)
+    """
+    axis = scheme["axis"]
+    return tuple(axis) if isinstance(axis, list) else axis
+
+
+def scheme_kw(scheme: dict) -> dict:
+    """The granularity keywords of :func:`gpuq.quantize` (and the others) for ``scheme``.
+
+    >>> scheme_kw({"axis": 1, "group_size": 128})
+    {'axis': 1, 'group_size': 128, 'block_size': None}
+    >>> scheme_kw({"axis": None, "group_size": None, "block_size": [1, 128, 128]})["block_size"]
+    (1, 128, 128)
+    """
+    block = scheme.get("block_size")
+    return {"axis": api_axis(scheme), "group_size": scheme["group_size"],
+            "block_size": None if block is None else tuple(block)}
+
+
+def scheme_for(dtype: str, symmetric: bool, axis, group_size, shape, block_size=None) -> dict:
+    """The scheme of one tensor of ``shape`` (``axis`` already in ``[0, rank)``, or a list of
+    such axes).
 
     fp8 is always symmetric (it has no zero point); int4/uint4 record the
     logical shape and the packing, which the packed bytes cannot hold.
@@ -128,21 +217,30 @@ def scheme_for(dtype: str, symmetric: bool, axis, group_size, shape) -> dict:
     >>> scheme_for("float8_e4m3fn", False, 0, None, (4, 256))["symmetric"]
     True
     """
-    scheme = {"dtype": dtype, "symmetric": bool(symmetric) or dtype in FP8_DTYPES,
+    scheme = {"dtype": dtype, "symmetric": bool(symmetric) or is_float8(dtype),
               "axis": axis, "group_size": group_size}
-    if dtype in PACKED_DTYPES:
+    if block_size is not None:  # version 4: blocks of any shape, one entry per dim
+        scheme["block_size"] = [int(b) for b in block_size]
+    if is_packed(dtype):
         scheme.update(shape=[int(d) for d in shape], packing=PACKING)
     return scheme
 
 
-def param_shape(shape: tuple, axis, group_size) -> tuple:
+def param_shape(shape: tuple, axis, group_size, block_size=None) -> tuple:
     """The shape of the scales (and zero points) of a tensor of ``shape``.
 
     >>> param_shape((4, 10), None, None), param_shape((4, 10), 1, None), param_shape((4, 10), 1, 3)
     ((), (10,), (4, 4))
+    >>> param_shape((2, 4, 10), [0, 1], None), param_shape((300, 200), None, None, [128, 128])
+    ((2, 4), (3, 2))
     """
+    if block_size is not None:
+        return tuple(-(-d // (d if b == -1 or b >= d else b)) if d else 0
+                     for d, b in zip(shape, block_size))
     if axis is None:
         return ()
+    if isinstance(axis, list):
+        return tuple(shape[k] for k in axis)
     if group_size is None:
         return (shape[axis],)
     return tuple(-(-d // group_size) if i == axis else d for i, d in enumerate(shape))
@@ -156,9 +254,10 @@ def has_zps(scheme: dict) -> bool:
     >>> has_zps({"dtype": "int4", "symmetric": False}), has_zps({"dtype": "float8_e5m2", "symmetric": True})
     (True, False)
     """
-    if scheme["dtype"] in FP8_DTYPES:
+    row = CODE_TYPES[scheme["dtype"]]
+    if row.zero_point == "none":
         return False
-    return not (scheme["symmetric"] and scheme["dtype"] in ("int8", "int4"))
+    return not (scheme["symmetric"] and row.symmetric_zp == 0)
 
 
 def zps_dtype(dtype: str) -> np.dtype:
@@ -167,8 +266,7 @@ def zps_dtype(dtype: str) -> np.dtype:
     >>> zps_dtype("int4"), zps_dtype("uint4")
     (dtype('int8'), dtype('uint8'))
     """
-    return np.dtype({"int8": np.int8, "int4": np.int8, "uint8": np.uint8,
-                     "uint4": np.uint8}[dtype])
+    return np.dtype(np.int8 if CODE_TYPES[dtype].signed else np.uint8)
 
 
 def codes_dtype(dtype: str, fmt: str) -> np.dtype:
@@ -181,7 +279,7 @@ def codes_dtype(dtype: str, fmt: str) -> np.dtype:
     """
     if dtype in V1_CODE_DTYPES:
         return np.dtype(dtype)
-    if dtype in FP8_DTYPES and fmt == "safetensors":
+    if is_float8(dtype) and fmt == "safetensors":
         import ml_dtypes
 
         return np.dtype(getattr(ml_dtypes, dtype))
@@ -195,14 +293,14 @@ def codes_shape(dtype: str, shape) -> tuple:
     >>> codes_shape("int4", (3, 5)), codes_shape("int8", (3, 5))
     ((8,), (3, 5))
     """
-    if dtype in PACKED_DTYPES:
+    if is_packed(dtype):
         return ((math.prod(shape) + 1) // 2,)
     return tuple(shape)
 
 
 def logical_shape(name: str, scheme: dict, ckpt) -> tuple:
     """The shape of the tensor ``name`` stands for: the recorded one for packed codes."""
-    if scheme["dtype"] in PACKED_DTYPES:
+    if is_packed(scheme["dtype"]):
         return tuple(scheme["shape"])
     return tuple(ckpt.spec(name)[0])
 
@@ -220,7 +318,7 @@ def output_entries(name: str, shape: tuple, scheme: dict, fmt: str) -> dict:
     {'w': ((8,), dtype('uint8')), 'w.scales': ((3, 3), dtype('float32'))}
     """
     dtype = scheme["dtype"]
-    pshape = param_shape(shape, scheme["axis"], scheme["group_size"])
+    pshape = param_shape(shape, scheme["axis"], scheme["group_size"], scheme.get("block_size"))
     if pshape == () and fmt == "safetensors":
         pshape = (1,)  # what version 1 wrote (its writer made 0-d arrays 1-d): same bytes
     out = {name: (codes_shape(dtype, shape), codes_dtype(dtype, fmt)),
@@ -259,7 +357,7 @@ def check_file(ckpt) -> dict:
     version = meta.get("format_version")
     if not _is_int(version) or version < 1:
         raise bad(f"its gpuq metadata is not valid: format_version is {version!r}, "
-                  f"expected {' or '.join(map(str, KNOWN_VERSIONS))}")
+                  f"expected {', '.join(map(str, KNOWN_VERSIONS[:-1]))} or {KNOWN_VERSIONS[-1]}")
     if version not in KNOWN_VERSIONS:
         raise bad(f"it was written in gpuq file format version {version}, newer than this "
                   f"gpuq reads (version {max(KNOWN_VERSIONS)}); upgrade gpuq to dequantize it")
@@ -270,10 +368,16 @@ def check_file(ckpt) -> dict:
         if name not in names:
             raise bad(f"tensor {name!r} is in the gpuq metadata but not in the file")
         shape = logical_shape(name, scheme, ckpt)
-        if scheme["axis"] is not None and scheme["axis"] >= len(shape):
-            what = "the tensor has" if scheme["dtype"] in PACKED_DTYPES else "the codes have"
+        axes = scheme["axis"] if isinstance(scheme["axis"], list) else [scheme["axis"]]
+        if scheme["axis"] is not None and max(axes) >= len(shape):
+            what = "the tensor has" if is_packed(scheme["dtype"]) else "the codes have"
             raise bad(f"tensor {name!r}: the gpuq metadata says axis {scheme['axis']}, but "
                       f"{what} shape {list(shape)}")
+        block = scheme.get("block_size")
+        if block is not None and len(block) != len(shape):
+            what = "the tensor has" if is_packed(scheme["dtype"]) else "the codes have"
+            raise bad(f"tensor {name!r}: the gpuq metadata says block_size {block}, one entry "
+                      f"per dim, but {what} shape {list(shape)}")
         wanted = output_entries(name, shape, scheme, ckpt.format)
         if scheme["axis"] is None and name + ".scales" in names:
             # Per-tensor: () or (1,) (version 1 wrote both), the zero points as the scales.
@@ -292,7 +396,7 @@ def check_file(ckpt) -> dict:
                           f"but the gpuq metadata says {_describe(scheme)}, which needs "
                           f"{_dtype_text(want_dtype)}{_storage_hint(scheme, entry == name)}")
             if tuple(got_shape) != want_shape:
-                if entry == name and scheme["dtype"] in PACKED_DTYPES:
+                if entry == name and is_packed(scheme["dtype"]):
                     raise bad(f"tensor {name!r}: its packed codes {entry!r} have shape "
                               f"{list(got_shape)}, but {scheme['dtype']} codes of shape "
                               f"{list(shape)} pack into {want_shape[0]} bytes (1-D, "
@@ -301,7 +405,7 @@ def check_file(ckpt) -> dict:
                           f"but {_describe(scheme)} of shape {list(shape)} needs "
                           f"{list(want_shape)}")
         if not has_zps(scheme) and name + ".zps" in names:
-            why = ("fp8 codes have no zero point" if scheme["dtype"] in FP8_DTYPES
+            why = ("fp8 codes have no zero point" if is_float8(scheme["dtype"])
                    else "which has no zero points")
             raise bad(f"tensor {name!r}: the file has {name + '.zps'!r}, but the gpuq metadata "
                       f"says {_describe(scheme)}, {why}")
@@ -327,9 +431,9 @@ def check_values(path: str, name: str, scheme: dict, codes, zps) -> None:
     gpuq.cli.files.CliError: cannot read IN 'f': tensor 'w': the high nibble of its last byte pads an odd count of int4 codes (3) and must be 0, but it is 1: damaged or not written by gpuq
     """
     dtype = scheme["dtype"]
-    if dtype not in PACKED_DTYPES:
+    if not is_packed(dtype):
         return
-    lo, hi = INT4_RANGE[dtype]
+    lo, hi = code_range(dtype)
     if zps is not None and zps.size and (int(zps.min()) < lo or int(zps.max()) > hi):
         raise CliError(f"cannot read IN {path!r}: tensor {name!r}: its zero points "
                        f"{name + '.zps'!r} lie in [{int(zps.min())}, {int(zps.max())}], "
@@ -354,26 +458,51 @@ def _check_scheme(name, scheme, version, bad) -> dict:
         raise invalid(f"dtype {dtype!r} needs format version {min_version(dtype)}, but the "
                       f"file says version {version} (whose code dtypes are "
                       f"{', '.join(V1_CODE_DTYPES)})")
-    keys = _SCHEME_KEYS | (_PACKED_KEYS if dtype in PACKED_DTYPES else set())
+    keys = _SCHEME_KEYS | (_PACKED_KEYS if is_packed(dtype) else set())
+    if "block_size" in scheme:
+        keys = keys | {"block_size"}
     missing = keys - {"source_dtype"} - set(scheme)
     unknown = set(scheme) - keys
     if missing or unknown:
-        raise invalid(f"missing keys {sorted(missing)}, unknown keys {sorted(unknown)} for "
-                      f"{dtype} codes")
+        what = [f"{word} {', '.join(map(repr, sorted(found)))}"
+                for word, found in (("missing keys", missing), ("unknown keys", unknown)) if found]
+        raise invalid(f"{' and '.join(what)} for {dtype} codes (expected "
+                      f"{', '.join(sorted(keys))})")
     symmetric = scheme["symmetric"]
     axis, group_size = scheme["axis"], scheme["group_size"]
     if not isinstance(symmetric, bool):
         raise invalid(f"symmetric is {symmetric!r}, not true or false")
-    if dtype in FP8_DTYPES and not symmetric:
+    if is_float8(dtype) and not symmetric:
         raise invalid(f"symmetric is false, but {dtype} codes have no zero point (always "
                       f"symmetric)")
-    if axis is not None and not (_is_int(axis) and axis >= 0):
-        raise invalid(f"axis {axis!r} is not null or an integer >= 0")
+    if isinstance(axis, list):
+        if not (len(axis) >= 2 and all(_is_int(k) and k >= 0 for k in axis)
+                and all(a < b for a, b in zip(axis, axis[1:]))):
+            raise invalid(f"axis {axis!r} is not a list of two or more increasing integers >= 0")
+        if version < MULTI_AXIS_VERSION:
+            raise invalid(f"axis {axis!r} (several axes) needs format version "
+                          f"{MULTI_AXIS_VERSION}, but the file says version {version}")
+        if group_size is not None:
+            raise invalid(f"group_size {group_size!r} with several axes {axis!r}: groups run "
+                          f"along one axis")
+    elif axis is not None and not (_is_int(axis) and axis >= 0):
+        raise invalid(f"axis {axis!r} is not null, an integer >= 0 or a list of them")
     if group_size is not None and not (_is_int(group_size) and group_size >= 1 and axis is not None):
         raise invalid(f"group_size {group_size!r} is not null or an integer >= 1 with an axis")
+    if "block_size" in scheme:
+        block = scheme["block_size"]
+        if not (isinstance(block, list) and 1 <= len(block) <= MAX_RANK
+                and all(_is_int(b) and (b >= 1 or b == -1) for b in block)):
+            raise invalid(f"block_size {block!r} is not a list of integers >= 1 (or -1), one per dim")
+        if version < BLOCK_VERSION:
+            raise invalid(f"block_size {block!r} needs format version {BLOCK_VERSION}, but the file "
+                          f"says version {version}")
+        if axis is not None or group_size is not None:
+            raise invalid(f"block_size {block!r} with axis {axis!r} / group_size {group_size!r}: "
+                          f"a block shape says it alone")
     if "source_dtype" in scheme and not isinstance(scheme["source_dtype"], str):
         raise invalid(f"source_dtype {scheme['source_dtype']!r} is not a dtype name")
-    if dtype in PACKED_DTYPES:
+    if is_packed(dtype):
         shape = scheme["shape"]
         if (not isinstance(shape, list) or len(shape) > MAX_RANK
                 or not all(_is_int(d) and 0 <= d < 2**63 for d in shape)):
@@ -395,20 +524,24 @@ def _dtype_text(dt) -> str:
 def _storage_hint(scheme, is_codes) -> str:
     if not is_codes:
         return ""
-    if scheme["dtype"] in PACKED_DTYPES:
+    if is_packed(scheme["dtype"]):
         return " (packed bytes)"
-    if scheme["dtype"] in FP8_DTYPES:
+    if is_float8(scheme["dtype"]):
         return " (fp8: F8_* in .safetensors, the uint8 bits in .npz)"
     return ""
 
 
 def _describe(scheme) -> str:
-    if scheme["axis"] is None:
+    if scheme.get("block_size") is not None:
+        where = f"blocks {scheme['block_size']}"
+    elif scheme["axis"] is None:
         where = "per-tensor"
+    elif isinstance(scheme["axis"], list):
+        where = f"axes {scheme['axis']}"
     elif scheme["group_size"] is None:
         where = f"axis {scheme['axis']}"
     else:
         where = f"axis {scheme['axis']}, group size {scheme['group_size']}"
-    if scheme["dtype"] in FP8_DTYPES:
+    if is_float8(scheme["dtype"]):
         return f"{scheme['dtype']} {where}"
     return f"{scheme['dtype']} {'symmetric' if scheme['symmetric'] else 'asymmetric'} {where}"

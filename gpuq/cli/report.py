@@ -7,7 +7,9 @@ number for (``sqnr_db`` is +Inf when the round trip is exact) is written as
 ``null`` with the reason beside it under ``<key>_reason``; never as a string.
 Tensors that were kept in float have ``"quantized": false`` and ``null``
 error fields. ``nonfinite`` counts each quantized tensor's NaN, +Inf and -Inf
-values; SQNR and max error are over its finite values.
+values; SQNR and max error are over its finite values. ``default_scheme`` words
+the defaults table's rule for the code type when the schemes came from it
+(no --axis, --per-tensor or --group-size), and is null otherwise.
 """
 
 from __future__ import annotations
@@ -80,7 +82,17 @@ def format_table(report: dict) -> str:
     rule = "  ".join("-" * w for w in widths)
     title = f"gpuq quantize: {report['input']} -> {report['output']} (device: {report['device']})"
     return "\n".join([title, "", line(header), rule] + [line(r) for r in rows]
-                     + [rule, line(total)] + nonfinite_notes(report))
+                     + [rule, line(total)] + default_notes(report) + nonfinite_notes(report))
+
+
+def default_notes(report: dict) -> list:
+    """The line saying the schemes are the defaults (when they are), for the table.
+
+    >>> default_notes({"default_scheme": "int4: groups of 128 along the last dimension"})
+    ['note: default scheme (no --axis, --per-tensor, --group-size) for int4: groups of 128 along the last dimension']
+    """
+    rule = report.get("default_scheme")
+    return [f"note: default scheme (no --axis, --per-tensor, --group-size) for {rule}"] if rule else []
 
 
 def format_dequantize(report: dict) -> str:

@@ -10,6 +10,14 @@ A tensor is quantized when all of these hold (the rest are copied bit for bit):
 Globs are shell-style (:func:`fnmatch.fnmatchcase`): ``*`` also matches dots,
 so ``'*.mlp.*'`` picks every MLP weight. Every pattern must match at least one
 tensor name, which catches typos.
+
+The scheme is the one asked for (``--axis``, ``--per-tensor``, ``--group-size``)
+or, when none of them is given, the default of the code type and the tensor's
+rank (:func:`default_scheme`, worded in :data:`DEFAULTS_HELP`): one scale per
+row of the last dimension for int8/uint8/fp8 (axis 0 of a rank-2 ``[out, in]``
+weight; every leading axis of an ``[experts, out, in]`` one, so each expert's
+rows get their own scales), groups of :data:`DEFAULT_GROUP` along the last
+dimension for int4/uint4, as every int4 consumer stores them.
 """
 
 from __future__ import annotations
@@ -20,23 +28,64 @@ from dataclasses import dataclass
 import numpy as np
 
 from .files import CliError
-from .quantized import FP8_DTYPES, scheme_for
+from .quantized import is_float8, is_packed, scheme_for
 
 DEFAULT_MIN_SIZE = 1024
 _FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
+#: The group size of the int4/uint4 default.
+DEFAULT_GROUP = 128
+#: The defaults table, as ``gpuq quantize --help`` states it.
+DEFAULTS_HELP = f"""\
+  code type            rank 2 ([out, in])             rank >= 3 ([experts, out, in], ...)
+  int8, uint8, fp8     one scale per output channel   one scale per row of the last
+                       (axis 0)                       dimension (axes 0 .. rank-2)
+  int4, uint4          groups of {DEFAULT_GROUP} along the last dimension, at every rank (one
+                       group per row where that dimension is shorter than {DEFAULT_GROUP})"""
+
+
+def default_scheme(dtype: str, rank: int) -> tuple:
+    """``(axis, group_size)`` of the default scheme (no --axis, --per-tensor, --group-size).
+
+    A list of axes is the multi-axis scheme: one scale per element of the
+    tensor's shape projected onto them.
+
+    >>> default_scheme("int8", 2), default_scheme("float8_e4m3fn", 3), default_scheme("uint4", 3)
+    ((0, None), ([0, 1], None), (2, 128))
+    """
+    if is_packed(dtype):
+        return rank - 1, DEFAULT_GROUP
+    if rank <= 2:
+        return 0, None
+    return list(range(rank - 1)), None
+
+
+def default_note(dtype: str) -> str:
+    """The report's line on the defaults, for one code type.
+
+    >>> default_note("int4")
+    'int4: groups of 128 along the last dimension'
+    """
+    if is_packed(dtype):
+        return f"{dtype}: groups of {DEFAULT_GROUP} along the last dimension"
+    return (f"{dtype}: one scale per output channel at rank 2, per row of the last dimension "
+            f"at rank >= 3")
 
 
 @dataclass(frozen=True)
 class Plan:
     """The scheme asked for on the command line (``axis`` as given, may be negative).
 
-    ``axis=None`` with ``group_size=None`` is per-tensor.
+    ``axis=None`` with ``group_size=None`` is per-tensor; ``default=True`` (none
+    of --axis, --per-tensor, --group-size given) is the defaults table, by rank
+    (:func:`default_scheme`; ``axis`` and ``group_size`` are then not used).
     """
 
     axis: int | None
     group_size: int | None
     dtype: str
     symmetric: bool
+    default: bool = False
+    block: tuple | None = None  # --block AxB: blocks of the last two dims (1 on leading dims)
 
     def for_shape(self, name: str, shape: tuple) -> dict:
         """This plan for one tensor: the ``axis`` normalised to ``[0, rank)``.
@@ -45,8 +94,18 @@ class Plan:
         {'dtype': 'int8', 'symmetric': True, 'axis': 1, 'group_size': 128}
 
         int4/uint4 schemes also record the shape and packing, fp8 ones are
-        symmetric (:func:`gpuq.cli.quantized.scheme_for`).
+        symmetric (:func:`gpuq.cli.quantized.scheme_for`). A default plan takes
+        the table's scheme for the tensor's rank:
+
+        >>> Plan(None, None, "int8", False, default=True).for_shape("w", (8, 4, 256))["axis"]
+        [0, 1]
         """
+        if self.default:
+            axis, group = default_scheme(self.dtype, len(shape))
+            return scheme_for(self.dtype, self.symmetric, axis, group, shape)
+        if self.block is not None:
+            return scheme_for(self.dtype, self.symmetric, None, None, shape,
+                              block_size=block_for_rank(self.block, len(shape)))
         axis = self.axis
         if axis is not None:
             rank = len(shape)
@@ -59,6 +118,30 @@ class Plan:
         return scheme_for(self.dtype, self.symmetric, axis, self.group_size, shape)
 
 
+def parse_block(text: str, where: str) -> tuple:
+    """``AxB`` (``--block``, a ``bAxB`` scheme option) as ``(A, B)``, two positive integers.
+
+    >>> parse_block("128x128", "--block"), parse_block("64X32", "--block")
+    ((128, 128), (64, 32))
+    """
+    parts = text.lower().split("x")
+    if len(parts) == 2 and all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+        return tuple(int(p) for p in parts)
+    raise CliError(f"{where} must be AxB, two positive integers (e.g. 128x128), got {text!r}")
+
+
+def block_for_rank(block: tuple, rank: int) -> list:
+    """``--block AxB`` for a tensor of ``rank``: ``[A, B]`` on its last two dims, 1 on the
+    leading ones (an expert of a ``[experts, out, in]`` tensor never shares a block with
+    another); a rank-1 tensor takes ``[B]``, a 0-d one ``[]``.
+
+    >>> block_for_rank((128, 128), 3), block_for_rank((128, 64), 1), block_for_rank((8, 8), 2)
+    ([1, 128, 128], [64], [8, 8])
+    """
+    tail = list(block)[-rank:] if rank else []
+    return [1] * (rank - len(tail)) + tail
+
+
 def describe(scheme: dict) -> str:
     """Short wording for a report row.
 
@@ -66,19 +149,31 @@ def describe(scheme: dict) -> str:
     'int8 asym axis=1 g=128'
     >>> describe({"dtype": "uint8", "symmetric": True, "axis": None, "group_size": None})
     'uint8 sym per-tensor'
-    >>> describe({"dtype": "float8_e4m3fn", "symmetric": True, "axis": 0, "group_size": None})
-    'float8_e4m3fn axis=0'
+    >>> describe({"dtype": "float8_e4m3fn", "symmetric": True, "axis": [0, 1], "group_size": None})
+    'float8_e4m3fn axis=(0,1)'
     """
     parts = [scheme["dtype"]]
-    if scheme["dtype"] not in FP8_DTYPES:  # fp8 is always symmetric: no word for it
+    if not is_float8(scheme["dtype"]):  # fp8 is always symmetric: no word for it
         parts.append("sym" if scheme["symmetric"] else "asym")
-    if scheme["axis"] is None:
-        parts.append("per-tensor")
-    else:
-        parts.append(f"axis={scheme['axis']}")
+    return " ".join(parts + [describe_where(scheme)])
+
+
+def describe_where(scheme: dict) -> str:
+    """The granularity part of :func:`describe`.
+
+    >>> describe_where({"axis": [0, 1, 2], "group_size": None}), describe_where({"axis": 1, "group_size": 32})
+    ('axis=(0,1,2)', 'axis=1 g=32')
+    """
+    block = scheme.get("block_size")
+    if block is not None:
+        return "block=" + "x".join(map(str, block))
+    axis = scheme["axis"]
+    if axis is None:
+        return "per-tensor"
+    where = f"axis=({','.join(map(str, axis))})" if isinstance(axis, list) else f"axis={axis}"
     if scheme["group_size"] is not None:
-        parts.append(f"g={scheme['group_size']}")
-    return " ".join(parts)
+        where += f" g={scheme['group_size']}"
+    return where
 
 
 def is_float(dtype) -> bool:

@@ -1,230 +1,74 @@
-"""The CUDA backend: gpuq's kernels (kernels/*.cu) on CuPy arrays.
+"""The CUDA backend: the :class:`~gpuq.backends.protocol.Backend` of device arrays.
 
-Imported by the dispatcher only for device arrays; CuPy is imported inside
-the functions, so importing this module never touches CUDA.
-
-* Arrays: a ``cupy.ndarray`` is used as is; objects exposing
-  ``__cuda_array_interface__`` (Numba, PyTorch) or a CUDA ``__dlpack__``
-  (PyTorch, JAX) are wrapped zero-copy. Results are CuPy arrays on the
-  device of ``src`` (not device 0), computed on CuPy's current stream.
-* One kernel launch per call for every scheme (see :attr:`gpuq._scheme.Scheme.index_map`), no host
-  synchronisation on the call path, except the opt-out value check of
-  device-resident scales/zps (one reduction and one synchronisation).
-  Host parameters are uploaded on each call, except a single host scale and
-  zero point (per-tensor, or any scheme with one parameter), which reach the
-  kernel by value: such a call is one launch and no copy.
-* Non-contiguous ``src`` is copied once with ``cupy.ascontiguousarray`` (one
-  extra read and write of src); a non-contiguous ``out`` is written through
-  a contiguous temporary and one copy into ``out``. Contiguous views at any
-  offset need no copy: units of 16 elements start at the float side's first
-  16-byte aligned element (a scalar head before it, a scalar tail); the float
-  side then uses 16-byte vectors, the code side too where it is aligned at
-  that element, else single bytes (a view like ``x[1:]`` pays for that).
-* Compiled on first use per dtype pair, once per device architecture
-  (:mod:`gpuq.backends.cuda.compiler`).
+Device arrays are CuPy arrays, or objects exposing ``__cuda_array_interface__`` or a CUDA
+``__dlpack__`` (torch, JAX, Numba), wrapped zero-copy (:func:`.launch.as_cupy`). Each method
+chooses the kernels by the code type's row: the affine one-code-per-element codes (int8,
+uint8) run ``kernels/quantize.cu``/``dequantize.cu`` (:mod:`.launch`), fp8 and packed int4
+``kernels/formats.cu`` (:mod:`.formats`), parameters from data ``kernels/qparams.cu``
+(:mod:`.qparams`). Results are CuPy arrays on the device of ``src`` (not device 0), computed on
+CuPy's current stream there; CuPy has no fp8 dtype, so fp8 codes live as uint8 bits.
 
 >>> import cupy, gpuq                                   # doctest: +SKIP
->>> x = cupy.asarray([0.5, 1.5, -300.0], cupy.float32)  # doctest: +SKIP
->>> gpuq.quantize(x, 1.0)                               # doctest: +SKIP
+>>> gpuq.quantize(cupy.asarray([0.5, 1.5, -300.0], cupy.float32), 1.0)  # doctest: +SKIP
 array([   0,    2, -128], dtype=int8)
 """
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from ..._dtypes import INT32_MAX, INT32_MIN
-from . import registry
-from .compiler import get_function, load_module, prepare_nvrtc  # noqa: F401  (load_module: re-export)
+from . import formats, launch, qparams
+from .launch import StreamReaders, as_cupy, cupy_module, device_id
 
-#: Threads per block (the kernels' __launch_bounds__).
-THREADS = 256
-
-
-def _cupy():
-    import cupy
-
-    return cupy
-
-
-def as_cupy(obj):
-    """``obj`` as a ``cupy.ndarray`` without copying.
-
-    >>> import torch                                    # doctest: +SKIP
-    >>> as_cupy(torch.ones(3, device="cuda")).shape     # doctest: +SKIP
-    (3,)
-    """
-    cupy = _cupy()
-    prepare_nvrtc()  # CuPy's own kernels (value checks, copies) compile through NVRTC too
-    if isinstance(obj, cupy.ndarray):
-        return obj
-    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
-        # DLPack first (JAX has both): its handshake orders the producer's work before the
-        # consumer's stream on the device, where CAI v3 makes the host wait. Under the
-        # producer's device: the consumer's stream is the current stream of the current device.
-        with cupy.cuda.Device(int(obj.__dlpack_device__()[1])):
-            return cupy.from_dlpack(obj)
-    if hasattr(obj, "__cuda_array_interface__"):
-        return cupy.asarray(obj)
-    raise TypeError(
-        f"expected a CUDA array (CuPy, __cuda_array_interface__ or a CUDA __dlpack__), "
-        f"got {type(obj).__module__}.{type(obj).__qualname__}"
-    )
-
-
-def _device_id(arr) -> int:
-    return arr.device.id
-
-
-def _grid(units: int) -> int:
-    """Blocks for ``units`` 16-element units: one unit per thread.
-
-    A grid of one wave of resident blocks (8 per SM at 256 threads) with a
-    grid-stride loop would be wrong here: the kernels' registers let 3 to 6
-    blocks stay resident per SM (bench/NOTES.md, the compiler's report), and
-    the blocks beyond those would each run a whole share afterwards, a second
-    thin wave. Many short blocks balance themselves.
-    """
-    return max(1, min(-(-units // THREADS), 2**31 - 1))  # the grid-stride loop covers any excess
-
-
-@functools.cache
-def _dims_array(device_id: int, dims: tuple):
-    """The strided map's dims on the device: uploaded at the first call of a scheme on a
-    device, which waits for the upload once; later calls, from any stream, read a finished
-    array and neither wait nor synchronise (so they can be captured in a CUDA graph: a wait
-    on an event recorded outside a capture would break it). Never evicted: a kernel still
-    queued on another stream may be reading it, and a pool block is reused at once."""
-    cupy = _cupy()
-    with cupy.cuda.Device(device_id):
-        arr = cupy.asarray(np.asarray(dims, dtype=np.int64))
-        cupy.cuda.get_current_stream().synchronize()
-    return arr
-
-
-def _alignment(float_arr, code_arr, n: int):
-    """``(head, vec)`` for the kernels: the first element from which the float
-    side is 16-byte aligned, and which sides may use 16-byte vectors there."""
-    fa, isz = float_arr.data.ptr, float_arr.itemsize
-    if fa % isz:
-        return 0, 0  # not even element-aligned: scalar units only
-    head = min(((-fa) % 16) // isz, n)
-    vec = 1  # kVecFloat
-    if (code_arr.data.ptr + head) % 16 == 0:
-        vec |= 2  # kVecCode
-    return head, vec
-
-
-@functools.cache
-def _names(op: str, a, b):
-    group = (registry.quantize_group if op == "quantize" else registry.dequantize_group)(a, b)
-    maker = registry.quantize_name if op == "quantize" else registry.dequantize_name
-    return group, {(z, m): maker(a, b, z, m) for z in (False, True) for m in registry.MAPS}
-
-
-_BITS = {np.dtype(np.float32): np.int32, np.dtype(np.float64): np.int64}
-
-
-def _by_value(scales, zps):
-    """``(m0, m1)`` of the value map when the parameters are one host value each
-    (the scale's bits, the zero point), else None (read from device memory).
-
-    >>> _by_value(np.array([0.5], np.float32), np.array(3, np.int32))
-    (1056964608, 3)
-    >>> _by_value(np.array([0.5, 0.25], np.float32), None) is None
-    True
-    """
-    if not (isinstance(scales, np.ndarray) and scales.size == 1 and scales.dtype in _BITS):
-        return None
-    if zps is not None and not (isinstance(zps, np.ndarray) and zps.size == 1):
-        return None
-    return scales.view(_BITS[scales.dtype]).item(), 0 if zps is None else zps.item()
-
-
-def map_args(src, scheme, scales, zps):
-    """``(map_name, (m0, m1, m2), dims_arg, scales, zps)``: the index map a launch over
-    contiguous ``src`` takes, and its parameters as device pointers (or, under the value
-    map, any pointer: they are not read)."""
-    cupy = _cupy()
-    value = _by_value(scales, zps)
-    if value is not None:
-        return "value", (*value, 0), src, src, None if zps is None else src
-    # A host value paired with a device one (to_param keeps one host value on the host).
-    scales, zps = (cupy.asarray(p) if isinstance(p, np.ndarray) else p for p in (scales, zps))
-    map_name, m0, m1, m2, dims = scheme.index_map
-    if map_name == "expand":
-        # Rare: parameters broadcast to full size (n elements each), then p = i.
-        view = tuple(d if i in scheme.axes else 1 for i, d in enumerate(scheme.shape))
-        scales = cupy.ascontiguousarray(cupy.broadcast_to(scales.reshape(view), scheme.shape))
-        if zps is not None:
-            zps = cupy.ascontiguousarray(cupy.broadcast_to(zps.reshape(view), scheme.shape))
-        map_name, m0, m1 = "channel", src.size, 1
-    dims_arg = scales if dims is None else _dims_array(_device_id(src), dims)
-    return map_name, (m0, m1, m2), dims_arg, scales, zps
-
-
-def _launch(op, src, out, scheme, scales, zps):
-    """One launch of the ``op`` kernel for contiguous ``src``/``out`` on src's device."""
-    cupy = _cupy()
-    n = src.size
-    has_zp = zps is not None
-    map_name, (m0, m1, m2), dims_arg, scales, zps = map_args(src, scheme, scales, zps)
-    if op == "quantize":
-        float_arr, code_arr, a, b = src, out, src.dtype, out.dtype
-    else:
-        float_arr, code_arr, a, b = out, src, src.dtype, out.dtype
-    group, names = _names(op, a, b)
-    fn = get_function(f"{op}.cu", group, names[(has_zp, map_name)])
-    head, vec = _alignment(float_arr, code_arr, n)
-    units = 1 + -(-(n - head) // 16)
-    args = (src, out, scales, scales if not has_zp else zps, np.int64(n), np.int64(head),
-            np.int32(vec), np.int64(m0), np.int64(m1), np.int64(m2), dims_arg)
-    fn((_grid(units),), (THREADS,), args, stream=cupy.cuda.get_current_stream())
-
-
-def _run(op, src, scheme, scales, zps, out):
-    cupy = _cupy()
-    with src.device:
-        x = src if src.flags.c_contiguous else cupy.ascontiguousarray(src)
-        y = out if out.flags.c_contiguous else cupy.empty(out.shape, out.dtype)
-        _launch(op, x, y, scheme, scales, zps)
-        if y is not out:
-            out[...] = y
+_U8 = np.dtype(np.uint8)
 
 
 class CudaBackend:
-    """Device arrays (CuPy, or zero-copy wrappers of CUDA arrays); see the module docstring."""
+    """Device arrays; see the module docstring and :mod:`gpuq.backends.protocol`."""
 
     name = "cuda"
-    as_cupy = staticmethod(as_cupy)
+    arrays = "a device"
 
     @staticmethod
-    def empty(src, shape, dtype):
-        """A new CuPy array on the device of ``src``."""
-        with src.device:
-            return _cupy().empty(shape, dtype)
+    def as_array(obj, dtype=None):
+        arr = as_cupy(obj)
+        if dtype is None:
+            return arr
+        with arr.device:
+            return arr.astype(dtype, copy=False)
+
+    @staticmethod
+    def empty(like, shape, dtype):
+        with like.device:
+            return cupy_module().empty(shape, dtype)
+
+    @staticmethod
+    def code_storage(code):
+        if code.storage == "element" and code.codec == "affine":
+            return np.dtype(code.host_dtype), False
+        return _U8, True  # packed bytes, or fp8 bits: CuPy has no fp8 dtype
 
     @staticmethod
     def to_param(arr, src):
-        """Host ``arr`` uploaded to src's device (C-contiguous), except one host
-        value, which stays on the host and goes to the kernel by value (no
-        upload: the common per-tensor call launches one kernel and nothing
-        else); a device ``arr`` on src's device passes through; another device
-        is a TypeError."""
-        cupy = _cupy()
+        """Host ``arr`` uploaded to src's device (C-contiguous), except one host value, which
+        stays on the host and goes to the kernel by value (no upload: the common per-tensor
+        call launches one kernel and nothing else); a device ``arr`` on src's device passes
+        through; another device is a TypeError."""
+        if arr is None:
+            return None
+        cupy = cupy_module()
         if isinstance(arr, (np.ndarray, np.generic)):
             if arr.size == 1:
-                # Read into the launch arguments within this call (_by_value): no copy needed.
+                # Read into the launch arguments within this call (launch's by-value map).
                 return np.asarray(arr)
             with src.device:
                 return cupy.asarray(np.ascontiguousarray(arr))
         dev = as_cupy(arr)
-        if _device_id(dev) != _device_id(src):
+        if device_id(dev) != device_id(src):
             raise TypeError(
-                f"scales and zps must be on the device of src (CUDA device {_device_id(src)}), "
-                f"got an array on CUDA device {_device_id(dev)}; gpuq does not copy between "
+                f"scales and zps must be on the device of src (CUDA device {device_id(src)}), "
+                f"got an array on CUDA device {device_id(dev)}; gpuq does not copy between "
                 f"devices behind your back"
             )
         if dev.flags.c_contiguous:
@@ -233,56 +77,92 @@ class CudaBackend:
             return cupy.ascontiguousarray(dev)
 
     @staticmethod
+    def check_out(out, src) -> None:
+        if device_id(out) != device_id(src):
+            raise TypeError(
+                f"out must be on the device of src (CUDA device {device_id(src)}), "
+                f"got an array on CUDA device {device_id(out)}"
+            )
+        if cupy_module().may_share_memory(out, src):
+            raise ValueError("out must not overlap src, got a view of the same memory")
+
+    @staticmethod
+    def device_key(arr):
+        return ("cuda", device_id(arr))
+
+    @staticmethod
     def settle() -> None:
         """Wait once for uploads that will be read from any stream later (the op objects'
         cached parameters): their first use pays one synchronisation, later uses none."""
-        _cupy().cuda.get_current_stream().synchronize()
+        cupy_module().cuda.get_current_stream().synchronize()
 
     @staticmethod
-    def check_scales(dev, argname) -> None:
+    def track_reads(arrays):
+        return StreamReaders(arrays)
+
+    @staticmethod
+    def check_scales(arr, argname) -> None:
         """Finite and > 0, checked on the device: one reduction and one synchronisation."""
-        cupy = _cupy()
-        with dev.device:
-            bad = ~((dev > 0) & (dev < np.inf))  # NaN fails both comparisons
+        cupy = cupy_module()
+        with arr.device:
+            bad = ~((arr > 0) & (arr < np.inf))  # NaN fails both comparisons
             if not bool(bad.any()):
                 return
             flat = int(bad.ravel().argmax())
-            value = cupy.asnumpy(dev.ravel()[flat])[()]
-        where = f" at index {tuple(int(j) for j in np.unravel_index(flat, dev.shape))}" if dev.ndim else ""
-        raise ValueError(f"{argname} must be finite and > 0 in {dev.dtype}, got {value}{where}")
+            value = cupy.asnumpy(arr.ravel()[flat])[()]
+        where = f" at index {tuple(int(j) for j in np.unravel_index(flat, arr.shape))}" if arr.ndim else ""
+        raise ValueError(f"{argname} must be finite and > 0 in {arr.dtype}, got {value}{where}")
 
     @staticmethod
-    def check_int32(dev, argname) -> None:
+    def check_int32(arr, argname) -> None:
         """Every value within int32, checked on the device (min and max: two small reductions)."""
-        if dev.size == 0:
+        if arr.size == 0:
             return
-        with dev.device:
-            lo, hi = int(dev.min()), int(dev.max())
+        with arr.device:
+            lo, hi = int(arr.min()), int(arr.max())
         if lo < INT32_MIN or hi > INT32_MAX:
             bad = lo if lo < INT32_MIN else hi
             raise ValueError(f"{argname} must fit int32 [{INT32_MIN}, {INT32_MAX}], got {bad}")
 
     @staticmethod
-    def check_out(out, src) -> None:
-        if _device_id(out) != _device_id(src):
-            raise TypeError(
-                f"out must be on the device of src (CUDA device {_device_id(src)}), "
-                f"got an array on CUDA device {_device_id(out)}"
-            )
-        if _cupy().may_share_memory(out, src):
-            raise ValueError("out must not overlap src, got a view of the same memory")
+    def check_zero(arr, argname, code) -> None:
+        """Every zero point 0, checked on the device (one reduction and a synchronisation)."""
+        with arr.device:
+            bad = arr != 0
+            if not bool(bad.any()):
+                return
+            value = int(arr.reshape(-1)[int(bad.reshape(-1).argmax())])
+        raise ValueError(f"{argname} must be None or all 0 for fp8 codes (ONNX: fp8 has no "
+                         f"zero point), got a zero point of {value}")
 
     @staticmethod
-    def device_key(arr):
-        """Key for parameters uploaded once per device by the op objects."""
-        return ("cuda", _device_id(arr))
+    def quantize(code, src, scheme, scales, zps, out, saturate) -> None:
+        if code.codec == "float8":
+            formats.quantize_fp8(src, scheme, scales, out, code.name, saturate)
+        elif code.storage == "packed":
+            formats.quantize_int4(src, scheme, scales, zps, out, code.signed)
+        else:
+            launch.run("quantize", src, scheme, scales, zps, out)
 
     @staticmethod
-    def quantize(src, scheme, scales, zps, out) -> None:
-        """``out[...] = quantize(src)``; scales in the compute dtype, zps int32 or None."""
-        _run("quantize", src, scheme, scales, zps, out)
+    def dequantize(code, src, scheme, scales, zps, out) -> None:
+        if code.codec == "float8":
+            formats.dequantize_fp8(src, scheme, scales, out, code.name)
+        elif code.storage == "packed":
+            formats.dequantize_int4(src, scheme, scales, zps, out, code.signed)
+        else:
+            launch.run("dequantize", src, scheme, scales, zps, out)
 
     @staticmethod
-    def dequantize(src, scheme, scales, zps, out) -> None:
-        """``out[...] = dequantize(src)``; scales in the compute dtype, zps int32 or None."""
-        _run("dequantize", src, scheme, scales, zps, out)
+    def minmax(x, scheme):
+        return qparams.minmax(x, scheme)
+
+    @staticmethod
+    def choose_qparams(code, x, scheme, symmetric, eps):
+        return qparams.choose_qparams(x, scheme, code.qmin, code.qmax, symmetric, eps)
+
+    @staticmethod
+    def quantize_dynamic(code, x, scheme, symmetric, eps):
+        if code.codec != "affine" or code.storage != "element":  # the fused kernel: int8/uint8
+            return None
+        return qparams.quantize_dynamic(x, scheme, np.dtype(code.host_dtype), symmetric, eps)

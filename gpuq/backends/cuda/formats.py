@@ -1,8 +1,8 @@
 """fp8 and packed int4/uint4 on the GPU: launches of kernels/formats.cu.
 
-The same interface as the host's :mod:`gpuq.backends.host.formats` (the API's
-``gpuq._formats`` calls whichever serves src). Parameters, index maps, streams
-and devices follow the int8 kernels (:mod:`gpuq.backends.cuda.backend`): one
+Called by :class:`gpuq.backends.cuda.backend.CudaBackend` for the rows of these codes.
+Parameters, index maps, streams and devices follow the int8 kernels
+(:mod:`gpuq.backends.cuda.launch`): one
 launch per call, a single host parameter passed by value, non-contiguous src
 copied once, a non-contiguous out written through a contiguous temporary.
 
@@ -22,18 +22,14 @@ from __future__ import annotations
 import numpy as np
 
 from . import registry
-from .backend import THREADS, _alignment, _cupy, _grid, get_function, map_args
+from .launch import THREADS, alignment, cupy_module, get_function, grid, map_args
 
 _SOURCE = "formats.cu"
 
 
-def _fmt_code(fmt: str) -> str:
-    return {"e4m3fn": "float8_e4m3fn", "e5m2": "float8_e5m2"}[fmt]
-
-
 def _contiguous(src, out, launch):
     """``launch(x, y)`` on contiguous forms of src/out under src's device (out copied back)."""
-    cupy = _cupy()
+    cupy = cupy_module()
     with src.device:
         x = src if src.flags.c_contiguous else cupy.ascontiguousarray(src)
         y = out if out.flags.c_contiguous else cupy.empty(out.shape, out.dtype)
@@ -43,20 +39,19 @@ def _contiguous(src, out, launch):
 
 
 def _launch_elementwise(name, group, src, out, float_arr, code_arr, scheme, scales, *extra):
-    cupy = _cupy()
+    cupy = cupy_module()
     n = src.size
     map_name, (m0, m1, m2), dims_arg, s, _ = map_args(src, scheme, scales, None)
     fn = get_function(_SOURCE, group, name(map_name))
-    head, vec = _alignment(float_arr, code_arr, n)
+    head, vec = alignment(float_arr, code_arr, n)
     units = 1 + -(-(n - head) // 16)
     args = (src, out, s, s, np.int64(n), np.int64(head), np.int32(vec), np.int64(m0), np.int64(m1),
             np.int64(m2), dims_arg, *extra)
-    fn((_grid(units),), (THREADS,), args, stream=cupy.cuda.get_current_stream())
+    fn((grid(units),), (THREADS,), args, stream=cupy.cuda.get_current_stream())
 
 
-def quantize_fp8(src, scheme, scales, out_bits, fmt, saturate) -> None:
-    """fp8 bits of device ``src`` into ``out_bits`` (uint8, src's shape)."""
-    code = _fmt_code(fmt)
+def quantize_fp8(src, scheme, scales, out_bits, code, saturate) -> None:
+    """fp8 bits (code dtype ``code``) of device ``src`` into ``out_bits`` (uint8, src's shape)."""
     group = registry.formats_group("quantize", src.dtype, code)
 
     def launch(x, y):
@@ -66,9 +61,8 @@ def quantize_fp8(src, scheme, scales, out_bits, fmt, saturate) -> None:
     _contiguous(src, out_bits, launch)
 
 
-def dequantize_fp8(bits, scheme, scales, out, fmt) -> None:
-    """``out = widen(bits) * s`` for fp8 bits (uint8, out's shape)."""
-    code = _fmt_code(fmt)
+def dequantize_fp8(bits, scheme, scales, out, code) -> None:
+    """``out = widen(bits) * s`` for fp8 bits of code dtype ``code`` (uint8, out's shape)."""
     group = registry.formats_group("dequantize", out.dtype, code)
 
     def launch(q, y):
@@ -86,7 +80,7 @@ def _int4_vec(float_arr, packed) -> int:
 
 
 def _launch_int4(name, group, src, out, float_arr, packed, scheme, scales, zps):
-    cupy = _cupy()
+    cupy = cupy_module()
     n = float_arr.size
     has_zp = zps is not None
     map_name, (m0, m1, m2), dims_arg, s, z = map_args(float_arr, scheme, scales, zps)
@@ -94,13 +88,13 @@ def _launch_int4(name, group, src, out, float_arr, packed, scheme, scales, zps):
     units = -(-n // 16)
     args = (src, out, s, z if has_zp else s, np.int64(n), np.int32(_int4_vec(float_arr, packed)),
             np.int64(m0), np.int64(m1), np.int64(m2), dims_arg)
-    fn((_grid(units),), (THREADS,), args, stream=cupy.cuda.get_current_stream())
+    fn((grid(units),), (THREADS,), args, stream=cupy.cuda.get_current_stream())
 
 
 def quantize_int4(src, scheme, scales, zps, packed, signed) -> None:
     """Packed int4/uint4 codes of device ``src`` into ``packed`` (1-D uint8, ceil(n/2))."""
     code = "int4" if signed else "uint4"
-    cupy = _cupy()
+    cupy = cupy_module()
     with src.device:
         x = src if src.flags.c_contiguous else cupy.ascontiguousarray(src)
         group = registry.formats_group("quantize", x.dtype, code)
@@ -111,7 +105,7 @@ def quantize_int4(src, scheme, scales, zps, packed, signed) -> None:
 def dequantize_int4(packed, scheme, scales, zps, out, signed) -> None:
     """``out = (q - zp) * s`` for the packed int4/uint4 codes ``packed`` (out's shape)."""
     code = "int4" if signed else "uint4"
-    cupy = _cupy()
+    cupy = cupy_module()
     with out.device:
         y = out if out.flags.c_contiguous else cupy.empty(out.shape, out.dtype)
         group = registry.formats_group("dequantize", y.dtype, code)

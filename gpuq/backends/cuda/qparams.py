@@ -31,8 +31,7 @@ import math
 
 import numpy as np
 
-from ..._dtypes import QUANT_RANGE
-from .registry import FINALIZE, columns_name, fused_name, qparams_names, segments_name
+from .registry import FINALIZE, blocks_name, columns_name, fused_name, qparams_names, segments_name
 
 SOURCE = "qparams.cu"
 #: Elements per piece of a per-tensor (or long-row) reduction: one thread block each.
@@ -46,6 +45,8 @@ _MAX_BLOCKS = 1 << 16
 #: Order-preserving keys of +inf and -inf (kernels/qparams.cu, key_of): the identities.
 KEY_POS_INF = 0xFF800000
 KEY_NEG_INF = 0x007FFFFF
+#: The key of the quiet NaN 0x7FC00000: what an empty slot reads back as.
+KEY_NAN = np.uint32(0xFFC00000)
 _NULL = np.uint64(0)
 
 
@@ -101,6 +102,9 @@ def minmax_keys(x, scheme):
     hi = cupy.full(nslots, KEY_NEG_INF, cupy.uint32)
     if x.size == 0:
         return lo, hi
+    if scheme.kind == "block":
+        _block_reduction(cupy.ascontiguousarray(x), scheme, lo, hi)
+        return lo, hi
     x, (kind, outer, n, inner, g) = _layout(x, scheme)
     if kind == "tensor":
         _segments(x, 1, n, CHUNK, 1, 0, lo, hi)
@@ -113,6 +117,44 @@ def minmax_keys(x, scheme):
     else:
         _columns(x, outer, n, inner, g, lo, hi)
     return lo, hi
+
+
+def minmax(x, scheme):
+    """Per-slot ``(lo, hi)`` of ``x`` as float32 arrays of ``scheme.param_shape`` (float64 data:
+    its min and max rounded to float32 once, as the parameters use them), NaN where a slot holds
+    no number: the order keys of :func:`minmax_keys` turned back into floats."""
+    with x.device:
+        lo, hi = minmax_keys(x, scheme)
+        empty = (lo > hi).astype(np.uint32)  # the identities (+inf, -inf) never met a number
+        out = []
+        for k in (lo, hi):
+            k = k + empty * (KEY_NAN - k)  # uint32, modulo 2**32: an empty slot takes a NaN's key
+            # A key back to the float's bits: a positive key's sign bit cleared, a negative one's all flipped.
+            bits = k ^ (((k >> 31) - np.uint32(1)) | np.uint32(0x80000000))
+            out.append(bits.view(np.float32).reshape(scheme.param_shape))
+    return tuple(out)
+
+
+def _block_reduction(x, scheme, lo, hi):
+    """Blocks of any shape, by the scheme's index map: the reductions of the schemes they
+    coincide with (per-tensor, per-channel, groups), else one thread block per block."""
+    name, m0, m1, m2, dims = scheme.index_map
+    total = x.size
+    if name == "tensor":
+        _segments(x, 1, total, CHUNK, 1, 0, lo, hi)
+    elif name == "channel" and m1 == 1:
+        _columns(x, 1, total // m0, m0, total // m0, lo, hi)
+    elif name == "channel":
+        _segments(x, total // m1, m1, min(m1, CHUNK), m0, 0, lo, hi)
+    elif name == "group" and m1 == 1:
+        _segments(x, total // m0, m0, m2, total // m0, 1, lo, hi)
+    elif name == "group":
+        _columns(x, total // (m0 * m1), m0, m1, m2, lo, hi)
+    else:  # "strided": the general block map
+        from .launch import device_id, dims_array
+
+        _launch(blocks_name(x.dtype), min(lo.size, _MAX_BLOCKS),
+                (x, np.int32(m0), dims_array(device_id(x), dims), np.int64(lo.size), lo, hi))
 
 
 def _segments(x, rows, n, g, pmod, jstride, lo, hi):
@@ -170,7 +212,10 @@ def choose_qparams(x, scheme, qmin, qmax, symmetric, eps):
 
 
 def _fused_rows(shape, scheme):
-    """``(rows, n, g)`` when every block is one contiguous run of C-order ``x``, else None."""
+    """``(rows, n, g)`` when every block is one contiguous run of C-order ``x``, else None
+    (blocks of several rows and others: the two-pass path)."""
+    if scheme.kind == "block":
+        return None
     if scheme.kind == "tensor":
         size = math.prod(shape)
         return (1, size, size) if size <= FUSED_TENSOR_MAX else None
@@ -199,7 +244,7 @@ def quantize_dynamic(x, scheme, qdtype, symmetric, eps):
     # blocks to fill the GPU, go to the two-pass path (full-grid reduction + quantize).
     if min(g, n) > FUSED_TENSOR_MAX:
         return None
-    qmin, _ = QUANT_RANGE[np.dtype(qdtype)]
+    qmin = np.iinfo(qdtype).min
     with x.device:
         # The codes take x's shape: CuPy's ascontiguousarray makes a 0-d array 1-d.
         q = cupy.empty(x.shape, qdtype)

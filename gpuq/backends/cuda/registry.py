@@ -28,7 +28,8 @@ import re
 from pathlib import Path
 
 
-from ..._dtypes import C_TYPES, FLOAT_DTYPES, QUANT_RANGE, compute_dtype, dtype_name
+from ..._codetypes import CODE_TYPES
+from ..._dtypes import C_TYPES, FLOAT_DTYPES, compute_dtype, dtype_name
 from ..._scheme import MAX_MAP_DIMS
 
 #: NVRTC options of the contract (DESIGN.md section 1). CuPy appends
@@ -43,7 +44,10 @@ MAPS = {"tensor": 0, "channel": 1, "group": 2, "strided": 3, "value": 4}
 #: Most merged dims the strided (multi-axis) map walks (kMaxDims in elementwise.cuh).
 MAX_DIMS = MAX_MAP_DIMS
 
-_QUANT_DTYPES = tuple(QUANT_RANGE)
+#: The code dtypes of quantize.cu/dequantize.cu (one affine code per element); formats.cu has the rest.
+_QUANT_DTYPES = tuple(n for n, row in CODE_TYPES.items() if row.codec == "affine" and row.storage == "element")
+_FORMAT_CODES = (tuple(n for n, row in CODE_TYPES.items() if row.codec == "float8")
+                 + tuple(n for n, row in CODE_TYPES.items() if row.storage == "packed"))
 #: The float dtypes by name: every instantiation is listed whether or not ml_dtypes
 #: (bfloat16's NumPy dtype) is installed here.
 _FLOATS = FLOAT_DTYPES.names
@@ -113,7 +117,8 @@ def _expand(name: str, seen: set) -> str:
 
 def _c(dtype) -> str:
     """The C type of a dtype or dtype name (bfloat16 by name: no ml_dtypes needed here)."""
-    return C_TYPES[dtype_name(dtype)]
+    name = dtype_name(dtype)
+    return C_TYPES[name] if name in C_TYPES else CODE_TYPES[name].kernel_type
 
 
 def _flag(b: bool) -> str:
@@ -171,6 +176,10 @@ def fused_name(dtype, qdtype, warp: bool) -> str:
             f"{_c(qdtype)}, {_flag(warp)}>")
 
 
+def blocks_name(dtype) -> str:
+    return f"gpuq::minmax_blocks<{_c(dtype)}>"
+
+
 FINALIZE = "gpuq::finalize"
 
 
@@ -178,10 +187,11 @@ def qparams_names() -> list:
     """Every name expression of ``qparams.cu`` the dispatcher can request.
 
     >>> len(qparams_names()), qparams_names()[0]
-    (29, 'gpuq::minmax_segments<__half, false>')
+    (33, 'gpuq::minmax_segments<__half, false>')
     """
     names = [segments_name(f, w) for f in _FLOATS for w in (False, True)]
     names += [columns_name(f) for f in _FLOATS]
+    names += [blocks_name(f) for f in _FLOATS]
     names.append(FINALIZE)
     names += [fused_name(f, q, w) for f in _FLOATS for q in _QUANT_DTYPES for w in (False, True)]
     return names
@@ -243,7 +253,7 @@ def formats_names() -> list:
 
 
 def _formats_groups() -> list:
-    codes = (*FP8_FMT, "int4", "uint4")
+    codes = _FORMAT_CODES
     return [formats_group(kind, f, c) for kind in ("quantize", "dequantize") for f in _FLOATS for c in codes]
 
 

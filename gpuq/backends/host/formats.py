@@ -1,8 +1,8 @@
 """The host backend's code formats beyond int8/uint8: fp8 (e4m3fn, e5m2) and packed int4/uint4.
 
 fp8 is element-wise, so it runs on the same block plans as int8
-(``backend._plans``): each block forms the quotient exactly as int8 does
-(``backend.quotient``) and converts it with :func:`fp8_bits`; dequantize
+(``affine.plans``): each block forms the quotient exactly as int8 does
+(``affine.quotient``) and converts it with :func:`fp8_bits`; dequantize
 widens through a 256-entry table (:func:`fp8_table`) and multiplies once.
 
 int4 codes are packed two per byte over the C-order flattened tensor, so a
@@ -36,8 +36,9 @@ import math
 
 import numpy as np
 
-from . import backend as _b
-from . import blocks, choice
+from ..._dtypes import is_bfloat16
+from . import affine, blocks, choice
+from .threads import run_blocks
 from .blocks import BLOCK
 
 _U8 = np.dtype(np.uint8)
@@ -133,7 +134,7 @@ def fp8_table(fmt: str, ct) -> np.ndarray:
 # --- fp8 on the block plans --------------------------------------------------------------------
 
 def _quantize_fp8_block(xb, ob, params, scratch, *, fmt, saturate):
-    t = _b.quotient(xb, params[0], scratch)
+    t = affine.quotient(xb, params[0], scratch)
     if t.dtype != _F32:  # float64: the float64 quotient rounded to float32 once, then to fp8
         t32 = scratch.like("t32", _F32, t)
         np.copyto(t32, t, casting="unsafe")
@@ -149,7 +150,7 @@ def _quantize_fp8_block(xb, ob, params, scratch, *, fmt, saturate):
 def _dequantize_fp8_block(qb, ob, params, scratch, *, fmt, ct):
     t = scratch.like("t", ct, qb)
     np.take(fp8_table(fmt, ct), qb, out=t)
-    _b.scaled_out(t, params[0], ob, scratch)
+    affine.scaled_out(t, params[0], ob, scratch)
 
 
 @functools.cache
@@ -167,7 +168,7 @@ def fp8_consts(fmt: str, saturate: bool) -> tuple:
 
 
 def _quantize_fp8_block_compiled(xb, ob, params, scratch, *, kernels, fmt, saturate):
-    flat = _b._kernel_form(xb, ob, params)
+    flat = affine.kernel_form(xb, ob, params)
     if flat is None:  # a strided or multi-axis block: the ufunc loop, the same bits
         _quantize_fp8_block(xb, ob, params, scratch, fmt=fmt, saturate=saturate)
         return
@@ -177,7 +178,7 @@ def _quantize_fp8_block_compiled(xb, ob, params, scratch, *, kernels, fmt, satur
 
 
 def _dequantize_fp8_block_compiled(qb, ob, params, scratch, *, kernels, fmt, ct):
-    flat = _b._kernel_form(qb, ob, params)
+    flat = affine.kernel_form(qb, ob, params)
     if flat is None:
         _dequantize_fp8_block(qb, ob, params, scratch, fmt=fmt, ct=ct)
         return
@@ -189,8 +190,8 @@ def _kernel_input(x):
     """``(x, table)`` as the compiled kernels read floats: float16 as uint16 bits and the
     widening table, bfloat16 as int16 bits (``loops.load``), others as they are."""
     if x.dtype == np.float16:
-        return x.view(np.uint16), _b._float16_table()
-    if _b.is_bfloat16(x.dtype):
+        return x.view(np.uint16), affine.float16_table()
+    if is_bfloat16(x.dtype):
         return x.view(np.int16), None
     return x, None
 
@@ -200,7 +201,7 @@ def _kernel_output(o):
     bfloat16 as int16 bits."""
     if o.dtype == np.float16:
         return o.view(np.uint16)
-    if _b.is_bfloat16(o.dtype):
+    if is_bfloat16(o.dtype):
         return o.view(np.int16)
     return o
 
@@ -211,10 +212,10 @@ def quantize_fp8(src, scheme, scales, out_bits, fmt, saturate) -> None:
     if kernels is not None:
         fn = functools.partial(_quantize_fp8_block_compiled, kernels=kernels, fmt=fmt,
                                saturate=bool(saturate))
-        _b._run(_b._plans(src, out_bits, scheme, [scales], expand=False), fn)
+        run_blocks(affine.plans(src, out_bits, scheme, [scales], expand=False), fn)
         return
     fn = functools.partial(_quantize_fp8_block, fmt=fmt, saturate=bool(saturate))
-    _b._run(_b._plans(src, out_bits, scheme, [scales]), fn)
+    run_blocks(affine.plans(src, out_bits, scheme, [scales]), fn)
 
 
 def dequantize_fp8(bits, scheme, scales, out, fmt) -> None:
@@ -222,10 +223,10 @@ def dequantize_fp8(bits, scheme, scales, out, fmt) -> None:
     kernels = choice.kernels()
     if kernels is not None:
         fn = functools.partial(_dequantize_fp8_block_compiled, kernels=kernels, fmt=fmt, ct=scales.dtype)
-        _b._run(_b._plans(bits, out, scheme, [scales], expand=False), fn)
+        run_blocks(affine.plans(bits, out, scheme, [scales], expand=False), fn)
         return
     fn = functools.partial(_dequantize_fp8_block, fmt=fmt, ct=scales.dtype)
-    _b._run(_b._plans(bits, out, scheme, [scales]), fn)
+    run_blocks(affine.plans(bits, out, scheme, [scales]), fn)
 
 
 # --- int4 on flat chunks -------------------------------------------------------------------------
@@ -248,15 +249,15 @@ def param_index(scheme, begin: int, end: int):
         row, t = np.divmod(i, m1)
         o, j = np.divmod(row, m0)
         return (o * -(-m0 // m2) + j // m2) * m1 + t
-    # Multi-axis (strided or expand): the coordinates on the scheme's axes, raveled.
-    coords = list(np.unravel_index(i, scheme.shape))
-    if scheme.kind == "group":  # not reached: group maps are handled above
-        raise AssertionError(scheme)
-    return np.ravel_multi_index([coords[k] for k in scheme.axes], scheme.param_shape)
+    # The general map (multi-axis, blocks): the coordinates' blocks, raveled over the grid of
+    # blocks (a dim a block covers has one, so the scheme's own parameter shape is the same).
+    coords = np.unravel_index(i, scheme.shape)
+    grid = tuple(-(-n // b) for n, b in zip(scheme.shape, scheme.blocks))
+    return np.ravel_multi_index([c // b for c, b in zip(coords, scheme.blocks)], grid)
 
 
 class _FlatChunks:
-    """``_run``'s plan interface over even-aligned flat ranges of ``n`` elements."""
+    """``run_blocks``'s plan interface over even-aligned flat ranges of ``n`` elements."""
 
     def __init__(self, n):
         self.size = n
@@ -325,7 +326,7 @@ def int4_map(scheme, n):
 def _int4_kernel_args(src_or_out, scheme, zps, ct):
     """``(kernels, map)`` where the compiled int4 kernels serve this call, else None."""
     kernels = choice.kernels()
-    if kernels is None or _b._wide(zps, ct):
+    if kernels is None or affine.needs_wide(zps, ct):
         return None
     m = int4_map(scheme, src_or_out.size)
     if m is None:
@@ -349,9 +350,9 @@ def quantize_int4(src, scheme, scales, zps, packed, signed) -> None:
             kernels.quantize_int4(x, table, packed[a // 2:(b + 1) // 2], a, T, C, gs, G, P, cons,
                                   s, z, qmin, qmax)
 
-        _b._run([_FlatChunks(src.size)], kchunk)
+        run_blocks([_FlatChunks(src.size)], kchunk)
         return
-    wide = _b._wide(zps, ct)
+    wide = affine.needs_wide(zps, ct)
     if zps is None:
         params = [scales]
     elif wide:
@@ -363,10 +364,10 @@ def quantize_int4(src, scheme, scales, zps, packed, signed) -> None:
     def chunk(a, b, _, scratch):
         got = _gathered(params, scheme, a, b)
         codes = scratch.buffer("codes4", _I8, b - a)
-        _b._quantize_block(read(a, b), codes, got, scratch, qmin=qmin, qmax=qmax, ct=ct, wide=wide)
+        affine.quantize_block(read(a, b), codes, got, scratch, qmin=qmin, qmax=qmax, ct=ct, wide=wide)
         _pack_into(codes, packed[a // 2:(b + 1) // 2])
 
-    _b._run([_FlatChunks(src.size)], chunk)
+    run_blocks([_FlatChunks(src.size)], chunk)
 
 
 def dequantize_int4(packed, scheme, scales, zps, out, signed) -> None:
@@ -385,20 +386,20 @@ def dequantize_int4(packed, scheme, scales, zps, out, signed) -> None:
             kernels.dequantize_int4(packed[a // 2:(b + 1) // 2], kout[a:b], a, T, C, gs, G, P, cons,
                                     bool(signed), s, z)
 
-        _b._run([_FlatChunks(out.size)], kchunk)
+        run_blocks([_FlatChunks(out.size)], kchunk)
         if target is not out:
             np.copyto(out, target)
         return
-    wide = _b._wide(zps, ct)
+    wide = affine.needs_wide(zps, ct)
     params = [scales] if zps is None else [scales, zps.astype(_I64 if wide else ct)]
 
     def chunk(a, b, _, scratch):
         codes = scratch.buffer("codes4", _I8, b - a)
         _unpack_into(packed[a // 2:], b - a, signed, codes)
-        _b._dequantize_block(codes, flat_out[a:b], _gathered(params, scheme, a, b), scratch,
+        affine.dequantize_block(codes, flat_out[a:b], _gathered(params, scheme, a, b), scratch,
                              ct=ct, wide=wide)
 
-    _b._run([_FlatChunks(out.size)], chunk)
+    run_blocks([_FlatChunks(out.size)], chunk)
     if target is not out:
         np.copyto(out, target)
 

@@ -5,8 +5,8 @@ Two steps, each in one place:
 * :func:`minmax` reduces ``x`` to the smallest and largest number of every
   parameter slot (one slot per scale): rows of contiguous elements in one
   pass of the compiled kernels (integer order keys, :func:`row_minmax`) where
-  they serve host arrays, else ``np.fmin.reduce`` / ``np.fmax.reduce`` on
-  views. NaN is ignored, and nothing the size of ``x`` is allocated. The tensor is cut into units of about ``UNIT`` elements; the
+  they serve host arrays, else NumPy reductions on views
+  (:func:`nan_skipping_minmax`). NaN is ignored, quiet or signalling, and nothing the size of ``x`` is allocated. The tensor is cut into units of about ``UNIT`` elements; the
   min and the max of a unit are taken back to back so that the second read
   comes from cache. Units are shared among the NumPy backend's threads.
 * :func:`finalize` turns the per-slot (min, max) into scales and zero points
@@ -23,10 +23,11 @@ import math
 
 import numpy as np
 
-from ..._dtypes import QUANT_RANGE, compute_dtype, is_bfloat16
+from ..._dtypes import compute_dtype, is_bfloat16
 from . import blocks
 from . import choice
-from .backend import _float16_table, _run, get_num_threads, block_loop
+from .affine import block_loop, float16_table
+from .threads import get_num_threads, run_blocks
 
 #: Elements per reduction unit: its min and max pass both run over data in cache.
 UNIT = 1 << 17
@@ -43,8 +44,9 @@ def choose_qparams(x, scheme, qmin, qmax, symmetric, eps):
     return finalize(lo, hi, qmin, qmax, symmetric, eps)
 
 
-def quantize_dynamic(x, scheme, qdtype, symmetric, eps):
-    """Codes, scales and zps in one pass over ``x`` where every scale covers one
+def quantize_dynamic(x, scheme, code, symmetric, eps):
+    """Codes (the affine one-byte ``code``: int8, uint8), scales and zps in one pass over ``x``
+    where every scale covers one
     contiguous row of C-order ``x`` (per-row / per-token, per-group along the last
     axis); None elsewhere (the caller then runs choose_qparams and quantize).
 
@@ -57,8 +59,8 @@ def quantize_dynamic(x, scheme, qdtype, symmetric, eps):
     rows = _row_view(x, scheme)
     if rows is None or rows.shape[1] > blocks.BLOCK:
         return None
-    qmin, qmax = QUANT_RANGE[qdtype]
-    q = np.empty(x.shape, qdtype)
+    qmin, qmax = code.qmin, code.qmax
+    q = np.empty(x.shape, code.host_dtype)
     nrows = rows.shape[0]
     scales = np.empty(nrows, _F32)
     zps = None if symmetric and qmin < 0 else np.empty(nrows, np.int32)
@@ -69,9 +71,9 @@ def quantize_dynamic(x, scheme, qdtype, symmetric, eps):
         fn = functools.partial(_dynamic_rows_compiled, plan=plan)
     else:
         # Finalized zero points lie in [qmin, qmax]: the loop for narrow zps serves every block.
-        loop = block_loop(None, plan.ct, qdtype)
+        loop = block_loop(None, plan.ct, code)
         plan.zparams, fn = loop.zparams, loop.block
-    _run([plan], fn)
+    run_blocks([plan], fn)
     pshape = scheme.param_shape
     return q, scales.reshape(pshape), None if zps is None else zps.reshape(pshape)
 
@@ -81,7 +83,7 @@ def _dynamic_rows_compiled(xb, qb, span, scratch, *, plan):
     r0, r1 = span
     x, table = xb.reshape(-1), None
     if x.dtype == np.float16:
-        x, table = x.view(np.uint16), _float16_table()
+        x, table = x.view(np.uint16), float16_table()
     elif is_bfloat16(x.dtype):
         x = x.view(np.int16)  # bfloat16 bits, widened by a shift in the kernel
     it = _KEY_INT[xb.dtype.itemsize]
@@ -172,7 +174,7 @@ def minmax(x, scheme):
         lv = lo[pidx].reshape(piece.param_view_shape)
         hv = hi[pidx].reshape(piece.param_view_shape)
         plans.append(_ReducePlan(xv, lv, hv))
-    _run(plans, functools.partial(_reduce_unit, kernels=choice.kernels()))
+    run_blocks(plans, functools.partial(_reduce_unit, kernels=choice.kernels()))
     for plan in plans:
         plan.combine()
     return lo, hi
@@ -252,11 +254,12 @@ def row_minmax(rows, kernels):
     """NaN-ignoring min and max of every row of 2-D C-contiguous ``rows``, in its dtype.
 
     One pass of the compiled ``kernels`` (order keys, ``loops.minmax_keys``)
-    where given, else ``np.fmin.reduce`` / ``np.fmax.reduce``. A row with no number
-    gets NaN either way.
+    where given, else :func:`nan_skipping_minmax`. A row with no number gets NaN either way.
     """
     if kernels is None or rows.size == 0:
-        return np.fmin.reduce(rows, axis=1), np.fmax.reduce(rows, axis=1)
+        lo, hi = np.empty(rows.shape[0], rows.dtype), np.empty(rows.shape[0], rows.dtype)
+        nan_skipping_minmax(rows, (1,), lo, hi, keepdims=False)
+        return lo, hi
     it = _KEY_INT[rows.dtype.itemsize]
     shift, mag, inf = _key_constants(rows.dtype)
     kmin, kmax = np.empty(rows.shape[0], it), np.empty(rows.shape[0], it)
@@ -267,15 +270,43 @@ def row_minmax(rows, kernels):
     return lo, hi
 
 
+def nan_skipping_minmax(x, axes, lo, hi, keepdims=True):
+    """The smallest and largest number of ``x`` over ``axes`` into ``lo``/``hi``, every NaN
+    skipped, quiet or signalling (NaN only where there is no number).
+
+    ``np.fmin``/``np.fmax`` skip a quiet NaN but not a signalling one (x86's minps/maxps
+    return the second operand when either is a NaN, and NumPy's check sees only the first):
+    after a signalling NaN the running value restarts, and part of the range is lost. So the
+    NaN-propagating ``np.minimum`` goes first: where it finds no NaN its result stands and one
+    ``np.maximum`` follows, as cheap as before; where it finds one, the reduction runs again
+    on a copy with every NaN quieted (an exact multiplication by one), with fmin/fmax.
+
+    >>> x = np.array([[3.0, -2.5, np.nan, -1.5]], np.float32)
+    >>> x.view(np.uint32)[0, 2] = 0x7F810000            # a signalling NaN
+    >>> lo, hi = np.empty((1, 1), np.float32), np.empty((1, 1), np.float32)
+    >>> nan_skipping_minmax(x, (1,), lo, hi); float(lo[0, 0]), float(hi[0, 0])
+    (-2.5, 3.0)
+    """
+    np.minimum.reduce(x, axis=axes, keepdims=keepdims, out=lo)
+    if not np.isnan(lo).any():
+        np.maximum.reduce(x, axis=axes, keepdims=keepdims, out=hi)
+        return
+    with np.errstate(invalid="ignore"):
+        quiet = x * x.dtype.type(1)
+    np.fmin.reduce(quiet, axis=axes, keepdims=keepdims, out=lo)
+    np.fmax.reduce(quiet, axis=axes, keepdims=keepdims, out=hi)
+
+
 def _reduce_seq(x, lo, hi, reduced, accumulate):
     """Reduce ``x`` into ``lo``/``hi`` on this thread, in cache-sized pieces."""
     if x.size <= UNIT:
         if accumulate:
-            np.fmin(lo, np.fmin.reduce(x, axis=reduced, keepdims=True), out=lo)
-            np.fmax(hi, np.fmax.reduce(x, axis=reduced, keepdims=True), out=hi)
+            unit_lo, unit_hi = np.empty_like(lo), np.empty_like(hi)
+            nan_skipping_minmax(x, reduced, unit_lo, unit_hi)
+            np.fmin(lo, unit_lo, out=lo)
+            np.fmax(hi, unit_hi, out=hi)
         else:
-            np.fmin.reduce(x, axis=reduced, keepdims=True, out=lo)
-            np.fmax.reduce(x, axis=reduced, keepdims=True, out=hi)
+            nan_skipping_minmax(x, reduced, lo, hi)
         return
     inner = x[0].size
     dim0_reduced = 0 in reduced
