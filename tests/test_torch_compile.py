@@ -85,6 +85,7 @@ def test_one_graph_with_the_bits_of_eager_and_numpy():
     assert (bits(x), bits(xb)) == before  # inputs never written
 
 
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")  # the eager path's
 def test_without_the_ops_dynamo_breaks_the_graph():
     """The control, measured with torch._dynamo.explain: the eager call is opaque to dynamo
     (NumPy, numba); with gpuq.torch's route it is one graph of ops."""
