@@ -21,6 +21,14 @@ from .qparams import choose_qparams, quantize_dynamic
 
 __version__ = "0.1.0"
 
+import sys as _sys
+
+if "torch" in _sys.modules:  # gpuq's torch ops, registered before any compile (gpuq/torch.py)
+    try:
+        from . import torch as _torch  # noqa: F401  (import gpuq never imports torch itself)
+    except ImportError:  # a torch without custom ops (< 2.4): eager calls work as before, no ops
+        pass
+
 __all__ = [
     "quantize",
     "dequantize",

@@ -44,6 +44,10 @@ import numpy as np
 
 __all__ = ["callers_type", "adapt"]
 
+#: :mod:`gpuq.torch` once it has registered gpuq's torch ops (None before): while torch
+#: traces a tensor (``traced``), the public functions run their op (``route``) instead.
+torch_ops = None
+
 
 class _Adapted:
     """``src`` as gpuq's backends take it, how to hand results back, and where to run."""
@@ -274,6 +278,10 @@ def callers_type(fn=None, *, arg=0):
         src = args[arg]
         if type(src) is np.ndarray:
             return fn(*args, **kwargs)
+        if torch_ops is not None and torch_ops.traced(src):
+            op = torch_ops.route(fn)
+            if op is not None:  # else (the op objects) the eager call: a graph break
+                return op(*args, **kwargs)
         if is_dask_array(src) or is_dask_array(getattr(src, "data", None)) and _is_codes(src):
             from . import _dask  # lazy graphs: gpuq._dask maps this same call over the chunks
 

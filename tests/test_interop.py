@@ -6,9 +6,10 @@ stale values, and every launch and host synchronisation is recorded. A small
 stand-in for torch (a module put in ``sys.modules`` for one test) gives CUDA
 tensors the way torch does: ``__cuda_array_interface__`` version 2 without a
 stream (refused when the tensor requires grad), ``torch.cuda.current_stream``,
-``torch.from_dlpack``. Real torch tensors on a GPU are checked by the GPU
-session script (bench/gpu_session.sh); CPU torch tensors here where torch is
-installed.
+``torch.from_dlpack``. Real torch tensors on a GPU are checked by the device
+check's torch step (bench/gpu_torch_checks.py); real CPU torch tensors here
+(the test extra installs torch): ``requires_grad`` and ``nn.Parameter``,
+non-contiguous views, ``out=``, bfloat16 and fp8 in and out.
 """
 
 from __future__ import annotations
@@ -461,3 +462,76 @@ def test_cpu_torch_out_and_new_formats():
     assert gpuq.quantize(t, 0.25, dtype="int4", out=into) is into
     assert np.array_equal(into.data.numpy(), c.data.numpy())
     assert np.array_equal(gpuq.dequantize(into, 0.25).numpy(), gpuq.dequantize(gpuq.quantize(x, 0.25, dtype="int4"), 0.25))
+
+
+# -- real torch, CPU tensors: the stand-in's cases (the test extra installs torch) ---------------
+
+def _torch_bits(t):
+    """A CPU torch tensor's dtype, shape and raw bytes (fp8 and bfloat16 included)."""
+    torch = sys.modules["torch"]
+    c = t.detach().contiguous()
+    return str(c.dtype), tuple(c.shape), c.reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def test_cpu_torch_parameters_are_read_as_detached():
+    torch = pytest.importorskip("torch")
+    x = _x(33)
+    w = torch.nn.Parameter(torch.from_numpy(x.copy()))
+    before = _torch_bits(w)
+    s, z = gpuq.choose_qparams(w, dtype="uint8")
+    q, s2, z2 = gpuq.quantize_dynamic(w, dtype="uint8")
+    r = gpuq.Quantize(scales=[0.5], dtype="u8")(w)
+    for got, want in zip((s, z, q, s2, z2, r), (*gpuq.choose_qparams(x, dtype="uint8"),
+                                                *gpuq.quantize_dynamic(x, dtype="uint8"),
+                                                gpuq.Quantize(scales=[0.5], dtype="u8")(x))):
+        assert isinstance(got, torch.Tensor) and not got.requires_grad
+        assert np.array_equal(got.numpy(), want) and got.dtype == torch.from_numpy(want).dtype
+    assert _torch_bits(w) == before and w.grad is None and w.requires_grad
+
+
+def test_cpu_torch_parameters_as_scales_and_out():
+    torch = pytest.importorskip("torch")
+    x = _x(33)
+    s = torch.nn.Parameter(torch.tensor([0.25]))
+    q = gpuq.quantize(torch.from_numpy(x), s)
+    out = torch.nn.Parameter(torch.zeros(33))
+    assert gpuq.dequantize(q, s, out=out) is out  # written in place, through a detached view
+    assert np.array_equal(q.numpy(), gpuq.quantize(x, 0.25))
+    assert np.array_equal(out.detach().numpy().view(np.uint32),
+                          gpuq.dequantize(gpuq.quantize(x, 0.25), 0.25).view(np.uint32))
+    assert s.grad is None and out.grad is None
+
+
+@pytest.mark.parametrize("view", ["step", "transpose", "offset", "channels_last"])
+def test_cpu_torch_non_contiguous_views(view):
+    torch = pytest.importorskip("torch")
+    base = torch.from_numpy((np.random.default_rng(7).standard_normal((4, 6, 10, 8)) * 30).astype(np.float32))
+    t = {"step": base[:, ::2, :, 1::3], "transpose": base[0].transpose(0, 2),
+         "offset": base[1:, 2:, 3:, 4:], "channels_last": base.contiguous(memory_format=torch.channels_last)}[view]
+    assert not t.is_contiguous()
+    before = _torch_bits(base)
+    h = t.numpy()  # the same view of the same memory: what gpuq reads, zero copy
+    s = np.linspace(0.1, 1, t.shape[1], dtype=np.float32)
+    q = gpuq.quantize(t, s, axis=1)
+    assert np.array_equal(q.numpy(), gpuq.quantize(h, s, axis=1))
+    y = gpuq.dequantize(q, s, axis=1, dtype="bfloat16")
+    assert _torch_bits(y)[2] == gpuq.dequantize(gpuq.quantize(h, s, axis=1), s, axis=1, dtype="bfloat16").tobytes()
+    # out= a strided torch view: written where it points, nothing else.
+    whole = torch.zeros(t.shape[0], 2 * t.shape[1], *t.shape[2:], dtype=torch.int8)
+    out = whole[:, ::2]
+    assert gpuq.quantize(t, s, axis=1, out=out) is out
+    assert np.array_equal(out.numpy(), q.numpy()) and not whole[:, 1::2].any()
+    assert _torch_bits(base) == before
+
+
+def test_cpu_torch_fp8_out_and_strided_fp8_in():
+    torch = pytest.importorskip("torch")
+    x = _x(40).reshape(4, 10)
+    for name in ("float8_e4m3fn", "float8_e5m2"):
+        out = torch.empty(4, 10, dtype=getattr(torch, name))
+        assert gpuq.quantize(torch.from_numpy(x), 0.25, out=out) is out  # the code dtype from out
+        want = gpuq.quantize(x, 0.25, dtype=name)
+        assert np.array_equal(out.view(torch.uint8).numpy(), want.view(np.uint8))
+        y = gpuq.dequantize(out[:, ::3], 0.25, dtype="float16")  # fp8 codes read through a strided view
+        assert isinstance(y, torch.Tensor) and y.dtype == torch.float16
+        assert np.array_equal(y.numpy(), gpuq.dequantize(want[:, ::3], 0.25, dtype="float16"))
