@@ -113,12 +113,16 @@ def _timer(torch, device):
     return run
 
 
-def run(device="cuda", sizes=(16 << 20, 64 << 20), reps=20, out_dir=None):
+def run(device="cuda", sizes=(16 << 20, 64 << 20), reps=20, out_dir=None, compile=True):
+    """The rows; ``compile=False`` leaves the torch.compile contender out (on the CPU its
+    inductor build takes a minute and proves nothing about the GPU)."""
     import gpuq
 
     torch = _torch()
     timer = _timer(torch, device)
     try:
+        if not compile:
+            raise RuntimeError("left out (compile=False)")
         compiled_q, compiled_dq = torch.compile(eager_quantize), torch.compile(eager_dequantize)
     except Exception as exc:  # no Triton / no compiler: say so in the rows
         compiled_q = compiled_dq = None
