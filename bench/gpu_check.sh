@@ -57,7 +57,7 @@ tests=$(ls tests/test_*.py | grep -v -e cudasim -e test_cuda_sweep -e test_kerne
 step sweep 40 "$out/tests.txt" $py -m pytest "${targs[@]}" tests/test_cuda_sweep.py
 step cuda-tests 90 "$out/tests.txt" $py -m pytest "${targs[@]}" -k "cuda or interop" $tests
 
-step torch 25 "$out/torch_checks.txt" $py bench/gpu_torch_checks.py
+step torch 90 "$out/torch_checks.txt" $py bench/gpu_torch_checks.py
 left=$((deadline - $(date +%s)))
 ((left > 90)) && left=90
 step bench 90 "$out/check.log" $py bench/gpu_headline.py --json "$out/bench.json" --deadline $((left - 10))
