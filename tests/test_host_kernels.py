@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import gpuq
+import formats_reference as FR
 import reference as ref
 from conftest import host_kernels, require_numba
 from gpuq.backends.host import blocks, choice
@@ -341,3 +342,162 @@ def test_float64_takes_the_kernels_with_any_int32_zero_point(kernels, monkeypatc
     np.testing.assert_array_equal(q, ref.quantize(x, s, z, axis=1, dtype="uint8"))
     np.testing.assert_array_equal(y, ref.dequantize(q, s, z, axis=1, dtype="float64"))
     assert len(np.unique(q)) > 200  # mostly inside the range, not saturated
+
+
+# --- Rows at a stride (issue 28's ragged groups and blocks): blocks.RowsPlan, loops.*_rows -----
+
+def _wide(shape, extra=7, dtype=np.float32, seed=0):
+    """``shape`` as a view of a wider array (its rows at a stride), values with ties and NaNs."""
+    rng = np.random.default_rng(seed)
+    base = (rng.standard_normal(shape[:-1] + (shape[-1] + extra,)) * 40).astype(np.float32)
+    base.reshape(-1)[::13] = np.nan
+    base.reshape(-1)[1::17] = rng.integers(-30, 30, base.reshape(-1)[1::17].size) + 0.5
+    return base.astype(dtype)[..., :shape[-1]]
+
+
+#: (shape, scheme, view): every piece's rows have >= blocks.ROW_MIN elements, so the compiled
+#: path must serve every block through the rows wrappers (no ufunc block).
+_ROWS = [
+    ((17, 1100), dict(axis=1, group_size=128), None),        # whole groups: x[:, :1024] at stride 1100
+    ((300, 200), dict(block_size=(128, 128)), None),         # ragged on both dims: 4 pieces
+    ((5, 130, 100), dict(block_size=(2, 64, 64)), None),     # 3-D, ragged on every dim: 8 pieces
+    ((33, 90), dict(block_size=(16, 48)), "wide"),           # a view of a wider array
+    ((40, 100), dict(axis=1, group_size=64), "wide"),
+    ((40, 100), dict(axis=0), "wide"),                       # per-channel on a strided view
+    ((40, 100), dict(), "wide"),                             # per-tensor on a strided view
+]
+#: ... and odd sizes, short tails and transposed views: the same bits whichever loop serves.
+_ODD = [
+    ((1, 1025), dict(axis=1, group_size=128), None),
+    ((3, 4097), dict(axis=1, group_size=1024), None),
+    ((9, 1025), dict(block_size=(4, 128)), "wide"),
+    ((17, 17), dict(block_size=(16, 16)), None),
+    ((40, 100), dict(axis=1, group_size=32), "wide"),         # a tail of 4: the ufuncs' 2-D loop
+    ((70, 90), dict(block_size=(16, 32)), "transposed"),
+    ((70, 90), dict(axis=0, group_size=32), "transposed"),
+]
+
+
+def _input(shape, view, dtype=np.float32):
+    if view == "transposed":
+        return _wide(shape[::-1], extra=0, dtype=dtype).T
+    if view == "wide":
+        return _wide(shape, dtype=dtype)
+    return np.ascontiguousarray(_wide(shape, dtype=dtype))
+
+
+def _scheme_params(shape, scheme, zp_range=(-20, 20), seed=3):
+    pshape = gpuq._scheme.Scheme.build(shape, **scheme).param_shape
+    rng = np.random.default_rng(seed)
+    return (rng.uniform(0.5, 2, pshape).astype(np.float32),
+            rng.integers(*zp_range, pshape, endpoint=True).astype(np.int32))
+
+
+@pytest.fixture
+def rows_counted(monkeypatch):
+    """Counts blocks through the rows wrappers; with ``no_ufuncs()``, a ufunc block fails the test."""
+    from gpuq.backends.host import affine, formats
+
+    counted = {"rows": 0}
+    launch = affine.launch
+
+    def counting(flat, each_row, rows, *args):
+        counted["rows"] += rows is not None
+        launch(flat, each_row, rows, *args)
+
+    def no_ufuncs():
+        def fail(*args, **kwargs):
+            raise AssertionError("a ufunc block ran")
+        for mod, name in ((affine, "quantize_block"), (affine, "dequantize_block"),
+                          (formats, "_quantize_fp8_block"), (formats, "_dequantize_fp8_block")):
+            monkeypatch.setattr(mod, name, fail)
+
+    monkeypatch.setattr(affine, "launch", counting)
+    counted["no_ufuncs"] = no_ufuncs
+    return counted
+
+
+@pytest.mark.parametrize("blocks_of", ["4096", "default"])
+@pytest.mark.parametrize("shape,scheme,view", _ROWS + _ODD, ids=str)
+def test_strided_rows_take_the_rows_wrappers_with_the_same_bits(host_loops, rows_counted, monkeypatch,
+                                                                 shape, scheme, view, blocks_of):
+    """int8 and uint8 with zero points, against the naive reference on both loops; with numba,
+    the cases of _ROWS never reach a ufunc block and go through the rows wrappers."""
+    if blocks_of == "4096":  # several blocks per piece, cut inside the rows, on two threads
+        monkeypatch.setattr(blocks, "BLOCK", 4096)
+        monkeypatch.setattr("gpuq.backends.host.threads.PARALLEL_MIN", 0)
+    rows_only = host_loops == "numba" and (shape, scheme, view) in _ROWS
+    if rows_only:
+        rows_counted["no_ufuncs"]()
+    x = _input(shape, view)
+    for code, zp_range in (("int8", (-20, 20)), ("uint8", (100, 150))):
+        s, z = _scheme_params(x.shape, scheme, zp_range)
+        q = gpuq.quantize(x, s, z, dtype=code, **scheme)
+        np.testing.assert_array_equal(q, ref.quantize(x, s, z, dtype=code, **scheme))
+        q_t = np.ascontiguousarray(q.T).T  # a strided out as well as a strided src
+        for dtype in ("float32", "float16"):
+            want = ref.dequantize(q, s, z, dtype=dtype, **scheme)
+            np.testing.assert_array_equal(gpuq.dequantize(q, s, z, dtype=dtype, **scheme), want)
+            wide = np.empty(shape[:-1] + (shape[-1] + 5,), dtype)[..., :shape[-1]]
+            gpuq.dequantize(q_t if view == "transposed" else q, s, z, dtype=dtype, out=wide, **scheme)
+            np.testing.assert_array_equal(wide, want)
+    assert rows_counted["rows"] > 0 or not rows_only
+
+
+@pytest.mark.parametrize("shape,scheme,view", [_ROWS[1], _ROWS[2], _ROWS[3], _ODD[2]], ids=str)
+def test_strided_rows_half_precision_and_fp8(host_loops, rows_counted, shape, scheme, view):
+    """float16 and bfloat16 src and out, and fp8 codes, on the rows wrappers: the same bits."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    if host_loops == "numba" and (shape, scheme, view) in _ROWS:
+        rows_counted["no_ufuncs"]()
+    s, z = _scheme_params(shape, scheme)
+    for dtype in (np.float16, ml_dtypes.bfloat16):
+        x = _input(shape, view, dtype)
+        x32 = x.astype(np.float32)  # exact
+        q = gpuq.quantize(x, s, z, **scheme)
+        np.testing.assert_array_equal(q, ref.quantize(x32, s, z, **scheme))
+        want = ref.dequantize(q, s, z, dtype=np.float32, **scheme).astype(dtype)  # one rounding, to even
+        out = np.empty(shape[:-1] + (shape[-1] + 3,), dtype)[..., :shape[-1]]
+        gpuq.dequantize(q, s, z, dtype=np.dtype(dtype).name, out=out, **scheme)
+        np.testing.assert_array_equal(out.view(np.uint16), want.view(np.uint16))
+    x = _input(shape, view)
+    for fmt in ("float8_e4m3fn", "float8_e5m2"):
+        q = gpuq.quantize(x, s, dtype=fmt, **scheme)
+        bits = np.asarray(q.data if isinstance(q, gpuq.Codes) else q).view(np.uint8)
+        want = FR.naive_quantize(np.ascontiguousarray(x), s, dtype=fmt, **scheme)
+        np.testing.assert_array_equal(bits, want.view(np.uint8))
+        out = np.empty(shape[:-1] + (shape[-1] + 3,), np.float32)[..., :shape[-1]]
+        gpuq.dequantize(q, s, dtype="float32", out=out, **scheme)
+        np.testing.assert_array_equal(out.view(np.uint32),
+                                      FR.naive_dequantize(want, s, **scheme).view(np.uint32))
+    assert rows_counted["rows"] > 0 or not (host_loops == "numba" and (shape, scheme, view) in _ROWS)
+
+
+def test_rows_plan_layouts():
+    """Which problems the rows form takes, and the layout it hands the kernels."""
+    big = np.zeros((6, 40, 100), np.float32)
+    x, o = big[:, :, :64], np.zeros((6, 40, 64), np.int8)
+    # Groups of 16 along the last dim: (6, 40) merge into 240 rows of 64 at a stride of 100,
+    # 4 parameters a row (their starts 4 apart), runs of 16.
+    s = np.arange(6.0 * 40 * 4).reshape(6, 40, 4, 1)
+    p = blocks.plan(x.reshape(6, 40, 4, 16), o.reshape(6, 40, 4, 16), [s], expand=False)
+    assert isinstance(p, blocks.RowsPlan)
+    _, _, (runs, (shape, strides, first, last, length, count)) = p.block(0, None)
+    assert (length, count, runs.run, first, last) == (64, 4, 16, 0, 240)
+    assert shape.tolist() == [240] and strides.tolist() == [[100, 64, 4]]
+    np.testing.assert_array_equal(runs.params[0], s.reshape(-1))
+    # Blocks of 2 rows of dim 0: a parameter per block, the same (stride 0) along the others.
+    p = blocks.plan(big[:, :4, :64].reshape(3, 2, 4, 64), np.zeros((3, 2, 4, 64), np.int8),
+                    [np.arange(3.0).reshape(3, 1, 1, 1)], expand=False)
+    _, _, (runs, (shape, strides, *_, length, count)) = p.block(0, None)
+    assert (length, count, runs.run) == (64, 1, 64) and shape.tolist() == [3, 2, 4]
+    assert strides.tolist() == [[8000, 512, 1], [4000, 256, 0], [100, 64, 0]]
+    # Not rows: the ufunc plans (expand), rows shorter than ROW_MIN, rows not contiguous,
+    # a negative stride.
+    one = [np.ones((1, 1, 1), np.float32)]
+    assert not isinstance(blocks.plan(x, o, one), blocks.RowsPlan)
+    assert not isinstance(blocks.plan(big[:, :, :16], o[..., :16], one, expand=False), blocks.RowsPlan)
+    assert not isinstance(blocks.plan(big[:, :, ::2], o[..., :50], one, expand=False), blocks.RowsPlan)
+    assert not isinstance(blocks.plan(x.transpose(0, 2, 1), o.transpose(0, 2, 1), one, expand=False),
+                          blocks.RowsPlan)
+    assert not isinstance(blocks.plan(big[::-1, :, :64], o, one, expand=False), blocks.RowsPlan)

@@ -8,8 +8,9 @@ loops, which return the same bits:
   serve host arrays): one fused pass per block, GIL released;
 * NumPy ufuncs with ``out=`` into per-thread scratch of ``blocks.BLOCK``
   elements (this module): 4-5 passes per block. They serve where numba is
-  missing, float32 zero points beyond ``NARROW_ZP``, and blocks the kernels' flat form
-  cannot express (strided src/out, parameters on non-adjacent dims).
+  missing, float32 zero points beyond ``NARROW_ZP``, and blocks the kernels cannot take
+  as flat runs or as rows at a stride (rows not contiguous or shorter than
+  ``blocks.ROW_MIN``, parameters on non-adjacent dims of one contiguous block).
 
 Either way the extra memory of a call is bounded (scratch of a few hundred
 KiB per thread plus parameter-sized arrays), never a multiple of the input.
@@ -253,41 +254,68 @@ def clamp_params(zps, ct, qmin, qmax):
 
 
 def kernel_form(xb, ob, params):
-    """``(x, o, Runs)`` for the compiled kernels: FlatPlan blocks come that way, others via
-    ``blocks.runs``; None where a block has no such form (strided, multi-axis)."""
+    """``(x, o, Runs, rows)`` for the compiled kernels: ``rows`` is the layout of a block of
+    rows at a stride (``blocks.Rows``; ``x`` and ``o`` are then flat spans), None for a flat
+    block (FlatPlan blocks come that way, others via ``blocks.runs``). None where a block has
+    no such form (rows not contiguous, parameters on non-adjacent dims of one block)."""
+    if isinstance(params, blocks.Rows):
+        return xb, ob, params.runs, params.layout
     if isinstance(params, blocks.Runs):
-        return xb, ob, params
-    return blocks.runs(xb, ob, params)
+        return xb, ob, params, None
+    flat = blocks.runs(xb, ob, params)
+    return None if flat is None else (*flat, None)
+
+
+def launch(flat, each_row, rows, *args) -> None:
+    """``flat(*args)`` on a flat block, ``each_row(rows, *args)`` (the kernel's ``*_rows``
+    wrapper) on a block of rows at a stride."""
+    if rows is None:
+        flat(*args)
+    else:
+        each_row(rows, *args)
+
+
+def kernel_input(x):
+    """``(x, table)`` as the compiled kernels read floats: float16 as uint16 bits and the
+    widening table, bfloat16 as int16 bits (``loops.load``: widened by a shift), others as
+    they are."""
+    if x.dtype == np.float16:
+        return x.view(np.uint16), float16_table()
+    if is_bfloat16(x.dtype):
+        return x.view(np.int16), None
+    return x, None
+
+
+def kernel_output(o):
+    """``o`` as the compiled kernels write it (``loops.store``): float16 as uint16 bits,
+    bfloat16 as int16 bits."""
+    if o.dtype == np.float16:
+        return o.view(np.uint16)
+    if is_bfloat16(o.dtype):
+        return o.view(np.int16)
+    return o
 
 
 def quantize_block_compiled(xb, ob, params, scratch, *, kernels, qmin, qmax, ct):
     """One block through the compiled kernel; params are ``[scales]`` or ``[scales, zps]`` (both ``ct``)."""
-    flat = kernel_form(xb, ob, params)
-    if flat is None:  # a strided or multi-axis block: the ufunc loop, the same bits
+    form = kernel_form(xb, ob, params)
+    if form is None:  # a strided or multi-axis block: the ufunc loop, the same bits
         zparams = clamp_params(params[1], ct, qmin, qmax) if len(params) > 1 else []
         quantize_block(xb, ob, [params[0]] + zparams, scratch, qmin=qmin, qmax=qmax, ct=ct, wide=False)
         return
-    x, o, (run, (s, *z)) = flat
-    table = None
-    if x.dtype == np.float16:
-        x, table = x.view(np.uint16), float16_table()
-    elif is_bfloat16(x.dtype):
-        x = x.view(np.int16)  # bfloat16 bits: the kernels widen int16 by a shift (loops.load)
-    kernels.quantize(x, table, o, run, s, z[0] if z else None, qmin, qmax)
+    x, o, (run, (s, *z)), rows = form
+    x, table = kernel_input(x)
+    launch(kernels.quantize, kernels.quantize_rows, rows, x, table, o, run, s, z[0] if z else None, qmin, qmax)
 
 
 def dequantize_block_compiled(qb, ob, params, scratch, *, kernels, ct):
     """One block through the compiled kernel; params are ``[scales]`` or ``[scales, zps]`` (both ``ct``)."""
-    flat = kernel_form(qb, ob, params)
-    if flat is None:  # the ufunc loop takes the same params
+    form = kernel_form(qb, ob, params)
+    if form is None:  # the ufunc loop takes the same params
         dequantize_block(qb, ob, params, scratch, ct=ct, wide=False)
         return
-    q, o, (run, (s, *z)) = flat
-    if o.dtype == np.float16:
-        o = o.view(np.uint16)  # the kernel writes float16 bits
-    elif is_bfloat16(o.dtype):
-        o = o.view(np.int16)  # the kernel writes bfloat16 bits (loops.store)
-    kernels.dequantize(q, o, run, s, z[0] if z else None)
+    q, o, (run, (s, *z)), rows = form
+    launch(kernels.dequantize, kernels.dequantize_rows, rows, q, kernel_output(o), run, s, z[0] if z else None)
 
 
 def small_call(src, scheme, scales, zps, out, loop) -> bool:

@@ -4,7 +4,7 @@ A problem is ``x`` (src view), ``o`` (out view, same shape) and parameter
 arrays broadcastable to ``x`` (scales, zero points). The parameters vary
 along some dims ("scale dims") and are constant along the others.
 
-Two block layouts:
+Three block layouts:
 
 * flat: ``x`` and ``o`` are contiguous and the parameters vary along at most
   one merged dim, so the problem is ``(outer, C, inner)`` with parameter
@@ -14,9 +14,16 @@ Two block layouts:
   ``inner`` elements), or, where ``inner`` is too short for NumPy's inner
   loop, expanded to one value per element into per-thread scratch (a tiled
   pattern or a gather); for the compiled kernels they come as :class:`Runs`.
-* n-d: anything else (strided views, parameters varying along several
-  non-adjacent dims). Blocks are n-d sub-views and NumPy broadcasts; the
-  compiled path takes those that :func:`runs` can flatten.
+* rows (the compiled kernels only): ``x`` or ``o`` is not contiguous, but
+  its trailing dims are: contiguous rows at a larger stride, e.g. the whole
+  groups ``x[:, :14336]`` of a ragged ``(4160, 14400)`` tensor, or a view of a
+  wider array. Blocks are ranges of rows (:class:`Rows`); the kernels walk
+  the rows themselves and run their flat loop on each (``loops.*_rows``), so
+  a ragged scheme costs what its element count costs.
+* n-d: anything else (rows that are not contiguous, parameters varying along
+  several non-adjacent dims of a contiguous tensor). Blocks are n-d sub-views
+  and NumPy broadcasts; the compiled path takes those that :func:`runs` can
+  flatten.
 
 Every layout hands the same block function the same kind of arguments, so the
 arithmetic lives in one place per loop (``backend``, ``loops``).
@@ -49,6 +56,9 @@ PERIOD_MIN = 1024
 #: Contiguous tensors this small with one flat parameter run also skip the block plans
 #: (``backend._small_call``).
 SMALL = 1 << 14
+#: Shortest row of a :class:`RowsPlan`: the kernels run their flat loop once per row, which
+#: costs more than the ufuncs' 2-D loop on shorter rows (16: 2x slower, 32: even, measured).
+ROW_MIN = 32
 
 
 class Runs(NamedTuple):
@@ -56,6 +66,20 @@ class Runs(NamedTuple):
 
     run: int
     params: list
+
+
+class Rows(NamedTuple):
+    """A block of rows at a stride in the compiled kernels' form (:class:`RowsPlan`).
+
+    ``layout`` is ``(shape, strides, first, last, length, count)`` as ``loops.*_rows``
+    take it: rows ``first .. last - 1`` of the outer index space ``shape`` (C order);
+    the row at coordinates ``c`` holds ``length`` elements from element ``c @ strides[:, 0]``
+    of the flat src span and ``c @ strides[:, 1]`` of the out span, and its parameters are
+    ``params[k][p:p + count]`` with ``p = c @ strides[:, 2]``, taken as ``runs`` within it.
+    """
+
+    runs: Runs
+    layout: tuple
 
 
 def lower(x, o, params):
@@ -269,28 +293,146 @@ def runs(x, o, params):
     else:
         if len(shape) > x.ndim:
             return None
-        shape = (1,) * (x.ndim - len(shape)) + shape
-        varying = [d for d, n in enumerate(shape) if n > 1]
-        first, last = varying[0], varying[-1] + 1
-        if shape[first:last] != x.shape[first:last]:
+        run = _row_run(x.shape, (1,) * (x.ndim - len(shape)) + shape)
+        if run is None:
             return None
-        run = math.prod(x.shape[last:])
-    flat = [np.ascontiguousarray(p).reshape(-1) for p in ps]
-    if x.size <= SMALL:  # widening costs more than it saves on a few thousand elements (measured)
-        return x.reshape(-1), o.reshape(-1), Runs(run, flat)
-    if run < RUN_MIN:
-        flat, run = [np.repeat(p, run) for p in flat], 1
-    if run == 1 and flat[0].size < PERIOD_MIN:
-        flat = [np.tile(p, -(-PERIOD_MIN // p.size)) for p in flat]
-    return x.reshape(-1), o.reshape(-1), Runs(run, flat)
+    flat = [np.ascontiguousarray(p).reshape(1, -1) for p in ps]
+    if x.size > SMALL:  # widening costs more than it saves on a few thousand elements (measured)
+        flat, run = _widened(flat, run)
+    return x.reshape(-1), o.reshape(-1), Runs(run, [p.reshape(-1) for p in flat])
+
+
+def _widened(rows, run):
+    """Parameter rows ``(M, count)`` (each row of elements uses one row of parameters, element
+    ``j`` the ``(j // run) % count``-th) in the form the kernels loop fastest:
+
+    runs shorter than ``RUN_MIN`` repeated to one parameter per element, then patterns of one
+    parameter per element shorter than ``PERIOD_MIN`` tiled. Returns ``(rows, run)``; the
+    rows stay as they are where widening would make them longer than a block (memory).
+    """
+    m, count = rows[0].shape
+    widen = run < RUN_MIN
+    width = count * run if widen else count
+    tile = -(-PERIOD_MIN // width) if (widen or run == 1) and width < PERIOD_MIN else 1
+    if (widen or tile > 1) and m * width * tile > BLOCK:
+        return rows, run
+    if widen:
+        rows, run = [np.repeat(p, run, axis=1) for p in rows], 1
+    if tile > 1:
+        rows = [np.tile(p, (1, tile)) for p in rows]
+    return rows, run
+
+
+class RowsPlan:
+    """Blocks of a problem whose trailing dims are contiguous rows at a stride, for the compiled
+    kernels: each block is a range of whole rows of about ``BLOCK`` elements (:class:`Rows`),
+    ``x`` and ``o`` flat spans over the problem's memory.
+
+    Built by :meth:`of`, which says where the form fits. The kernels find a row's start from
+    its index (``loops.row_starts``): a block costs no NumPy call, and no index array of the
+    tensor's size is ever made.
+    """
+
+    def __init__(self, x, o, k, runs, count, pstrides):
+        self.size = x.size
+        self.x, self.o = _span(x), _span(o)
+        self.runs, self.count = runs, count
+        self.shape = np.array(x.shape[:k], np.int64)
+        self.strides = np.array([[_elements(x, d), _elements(o, d), pstrides[d]] for d in range(k)],
+                                np.int64).reshape(k, 3)
+        self.length = math.prod(x.shape[k:])
+        self.nrows = math.prod(x.shape[:k])
+        # Rows shared evenly among the ~BLOCK-sized blocks (not BLOCK // length rows each and a
+        # short last block): the threads take whole blocks.
+        self.rows_per_block = -(-self.nrows // -(-x.size // BLOCK))
+        self.nblocks = -(-self.nrows // self.rows_per_block)
+
+    @classmethod
+    def of(cls, x, o, params):
+        """The plan, or None where the problem is not rows at a stride the kernels take: rows
+        (trailing dims contiguous in ``x`` and ``o``, at most ``BLOCK`` elements, parameters
+        one flat run within a row) shorter than ``ROW_MIN``, or a negative or unaligned stride."""
+        ps = [np.asarray(p) for p in params]
+        shape = ps[0].shape
+        if not x.size or len(shape) > x.ndim or any(p.shape != shape for p in ps):
+            return None
+        if not (_forward(x) and _forward(o)):
+            return None
+        pshape = (1,) * (x.ndim - len(shape)) + shape
+        for k in range(_contiguous_from(x, o), x.ndim):
+            run = _row_run(x.shape[k:], pshape[k:])
+            if math.prod(x.shape[k:]) <= BLOCK and run is not None:
+                break
+        else:
+            return None
+        if math.prod(x.shape[k:]) < ROW_MIN:
+            return None
+        # The parameters of a row are one row of (params of the outer dims, params of a row).
+        wide, run = _widened([np.ascontiguousarray(p).reshape(-1, math.prod(pshape[k:])) for p in ps], run)
+        count = wide[0].shape[1]
+        pstrides, stride = [], count  # C order: a row's parameters start at its index times count
+        for n in reversed(pshape[:k]):
+            pstrides.append(stride if n > 1 else 0)
+            stride *= n
+        return cls(x, o, k, Runs(run, [p.reshape(-1) for p in wide]), count, pstrides[::-1])
+
+    def block(self, b, scratch):
+        first = b * self.rows_per_block
+        last = min(first + self.rows_per_block, self.nrows)
+        return self.x, self.o, Rows(self.runs, (self.shape, self.strides, first, last, self.length, self.count))
+
+
+def _forward(a) -> bool:
+    """Whether every stride of ``a`` (dims longer than 1) is a non-negative multiple of its items."""
+    return all(s >= 0 and s % a.itemsize == 0 for n, s in zip(a.shape, a.strides) if n > 1)
+
+
+def _elements(a, d) -> int:
+    """The stride of ``a`` along dim ``d`` in elements (0 where the dim is 1 long)."""
+    return a.strides[d] // a.itemsize if a.shape[d] > 1 else 0
+
+
+def _contiguous_from(x, o) -> int:
+    """The first dim of the longest run of trailing dims that is C-contiguous in ``x`` and ``o``."""
+    k, size = x.ndim, 1
+    while k > 0 and all(a.shape[k - 1] == 1 or a.strides[k - 1] == size * a.itemsize for a in (x, o)):
+        k -= 1
+        size *= x.shape[k]
+    return k
+
+
+def _row_run(row, prow):
+    """The run of parameters within a row of shape ``row`` whose parameters have shape ``prow``
+    (:class:`Runs`: element ``j`` uses parameter ``(j // run) % count``), or None where they
+    vary along dims that are not one range matching the row's."""
+    varying = [d for d, n in enumerate(prow) if n > 1]
+    if not varying:
+        return math.prod(row)
+    first, last = varying[0], varying[-1] + 1
+    if tuple(prow[first:last]) != tuple(row[first:last]):
+        return None
+    return math.prod(row[last:])
+
+
+def _span(a):
+    """A flat view of ``a``'s memory from its first element to its last (strides non-negative):
+    the kernels address rows in it by offsets."""
+    extent = 1 + sum((n - 1) * s // a.itemsize for n, s in zip(a.shape, a.strides) if n > 1)
+    return np.lib.stride_tricks.as_strided(a, (extent,), (a.itemsize,))
 
 
 def plan(x, o, params, expand=True):
     """Choose the block layout for one broadcast problem (``expand``: see :class:`FlatPlan`)."""
-    if x.size <= BLOCK:
+    contiguous = x.flags.c_contiguous and o.flags.c_contiguous
+    if x.size <= BLOCK and (expand or contiguous):
         return NdPlan(x, o, params)  # one block: lowering would cost more than it saves
     shape, x2, o2, p2, scale_dims = lower(x, o, params)
-    if x2.flags.c_contiguous and o2.flags.c_contiguous and len(scale_dims) <= 1:
+    contiguous = x2.flags.c_contiguous and o2.flags.c_contiguous
+    if not (expand or contiguous):
+        # Strided rows: the kernels' rows loop, or (rows not contiguous) the ufuncs on n-d blocks.
+        rows = RowsPlan.of(x2, o2, p2)
+        return rows if rows is not None else NdPlan(x2, o2, p2)
+    if contiguous and len(scale_dims) <= 1:
         if not scale_dims:
             return FlatPlan(x2, o2, [p.reshape(()) for p in p2], 1, 1, math.prod(shape), expand)
         (k,) = scale_dims

@@ -36,7 +36,6 @@ import math
 
 import numpy as np
 
-from ..._dtypes import is_bfloat16
 from . import affine, blocks, choice
 from .threads import run_blocks
 from .blocks import BLOCK
@@ -168,42 +167,24 @@ def fp8_consts(fmt: str, saturate: bool) -> tuple:
 
 
 def _quantize_fp8_block_compiled(xb, ob, params, scratch, *, kernels, fmt, saturate):
-    flat = affine.kernel_form(xb, ob, params)
-    if flat is None:  # a strided or multi-axis block: the ufunc loop, the same bits
+    form = affine.kernel_form(xb, ob, params)
+    if form is None:  # a strided or multi-axis block: the ufunc loop, the same bits
         _quantize_fp8_block(xb, ob, params, scratch, fmt=fmt, saturate=saturate)
         return
-    x, o, (run, (s,)) = flat
-    x, table = _kernel_input(x)
-    kernels.quantize_fp8(x, table, o.view(_U8), run, s, fp8_consts(fmt, saturate))
+    x, o, (run, (s,)), rows = form
+    x, table = affine.kernel_input(x)
+    affine.launch(kernels.quantize_fp8, kernels.quantize_fp8_rows, rows, x, table, o.view(_U8), run, s,
+                  fp8_consts(fmt, saturate))
 
 
 def _dequantize_fp8_block_compiled(qb, ob, params, scratch, *, kernels, fmt, ct):
-    flat = affine.kernel_form(qb, ob, params)
-    if flat is None:
+    form = affine.kernel_form(qb, ob, params)
+    if form is None:
         _dequantize_fp8_block(qb, ob, params, scratch, fmt=fmt, ct=ct)
         return
-    q, o, (run, (s,)) = flat
-    kernels.dequantize_fp8(q, fp8_table(fmt, ct), _kernel_output(o), run, s)
-
-
-def _kernel_input(x):
-    """``(x, table)`` as the compiled kernels read floats: float16 as uint16 bits and the
-    widening table, bfloat16 as int16 bits (``loops.load``), others as they are."""
-    if x.dtype == np.float16:
-        return x.view(np.uint16), affine.float16_table()
-    if is_bfloat16(x.dtype):
-        return x.view(np.int16), None
-    return x, None
-
-
-def _kernel_output(o):
-    """``o`` as the compiled kernels write it (``loops.store``): float16 as uint16 bits,
-    bfloat16 as int16 bits."""
-    if o.dtype == np.float16:
-        return o.view(np.uint16)
-    if is_bfloat16(o.dtype):
-        return o.view(np.int16)
-    return o
+    q, o, (run, (s,)), rows = form
+    affine.launch(kernels.dequantize_fp8, kernels.dequantize_fp8_rows, rows, q, fp8_table(fmt, ct),
+                  affine.kernel_output(o), run, s)
 
 
 def quantize_fp8(src, scheme, scales, out_bits, fmt, saturate) -> None:
@@ -346,7 +327,7 @@ def quantize_int4(src, scheme, scales, zps, packed, signed) -> None:
         z = None if zps is None else zps.reshape(-1).astype(ct)
 
         def kchunk(a, b, _, scratch):
-            x, table = _kernel_input(read(a, b))
+            x, table = affine.kernel_input(read(a, b))
             kernels.quantize_int4(x, table, packed[a // 2:(b + 1) // 2], a, T, C, gs, G, P, cons,
                                   s, z, qmin, qmax)
 
@@ -380,7 +361,7 @@ def dequantize_int4(packed, scheme, scales, zps, out, signed) -> None:
         kernels, (T, C, gs, G, P, cons) = compiled
         s = scales.reshape(-1)
         z = None if zps is None else zps.reshape(-1).astype(ct)
-        kout = _kernel_output(flat_out)
+        kout = affine.kernel_output(flat_out)
 
         def kchunk(a, b, _, scratch):
             kernels.dequantize_int4(packed[a // 2:(b + 1) // 2], kout[a:b], a, T, C, gs, G, P, cons,
