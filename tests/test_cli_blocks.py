@@ -25,7 +25,8 @@ from gpuq import cli
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 from test_cli_formats import (FORMATS, api_codes_bytes, fixture_reads_the_same,  # noqa: E402
-                              naive_dequantize, read, same_bits, st_write, write)
+                              naive_dequantize, read, refused_after_edit, same_bits,
+                              st_write)
 
 HERE = Path(__file__).resolve().parent
 V4 = HERE / "data" / "format_v4"
@@ -187,20 +188,9 @@ def _block_file(tmp_path, fmt):
                                  "needs [3, 2, 2]"),
 ])
 def test_damaged_version_4_is_refused(tmp_path, capsys, fmt, edit, message):
-    tensors, meta, extra = _block_file(tmp_path, fmt)
-    assert meta["format_version"] == 4
-    if "format_version" in edit:
-        meta["format_version"] = edit["format_version"]
-    else:
-        meta["tensors"]["model.experts.weight"].update(edit)
-    src = tmp_path / f"bad.{fmt}"
-    write(src, tensors, meta, extra)
-    capsys.readouterr()
-    assert run("dequantize", src, "-o", tmp_path / f"out.{fmt}", "--device", "cpu") == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("gpuq: error: cannot read IN"), err
-    assert message in err[0], err[0]
-    assert not (tmp_path / f"out.{fmt}").exists()
+    base = _block_file(tmp_path, fmt)
+    assert base[1]["format_version"] == 4
+    refused_after_edit(tmp_path, capsys, fmt, base, "model.experts.weight", edit, message)
 
 
 # -- the version-4 fixture --------------------------------------------------------------------

@@ -548,6 +548,25 @@ def test_damaged_version_2_is_refused(tmp_path, capsys, v2_bases, case, fmt):
         assert sorted(os.listdir(tmp_path)) == before
 
 
+def refused_after_edit(tmp_path, capsys, fmt, base, name, edit, message):
+    """A file ``base`` (``read``'s triple) with ``edit`` applied (``format_version`` to the file,
+    every other key to tensor ``name``'s scheme) is refused by ``gpuq dequantize``: one line
+    naming IN and ``message``, exit 2, no output."""
+    tensors, meta, extra = base
+    if "format_version" in edit:
+        meta["format_version"] = edit["format_version"]
+    else:
+        meta["tensors"][name].update(edit)
+    src = tmp_path / f"bad.{fmt}"
+    write(src, tensors, meta, extra)
+    capsys.readouterr()
+    assert run("dequantize", src, "-o", tmp_path / f"out.{fmt}", "--device", "cpu") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("gpuq: error: cannot read IN"), err
+    assert message in err[0], err[0]
+    assert not (tmp_path / f"out.{fmt}").exists()
+
+
 def test_undamaged_bases_read(tmp_path, capsys, v2_bases):
     """The edit/rewrite path alone changes nothing (so the refusals above are the edits')."""
     for (dtype, fmt), path in v2_bases.items():
