@@ -37,8 +37,13 @@ import sys
 import traceback
 
 CT_NAMES = ["ct-int8-w8a16-channel-sym", "ct-int4-g128-sym", "ct-int4-g128-asym",
-            "ct-fp8-channel"]
+            "ct-fp8-channel", "ct-int4-channel-asym-padded", "ct-int8-channel-sym-padded"]
 ALL_NAMES = CT_NAMES + ["fp8-blocks"]
+
+
+def _base_of(root, name):
+    with open(os.path.join(root, "manifest.json")) as f:
+        return json.load(f)["notes"][name]["base"]
 
 
 def _err(e):
@@ -201,9 +206,9 @@ def check_rounding(root, report):
     import torch
     from safetensors.torch import load_file
 
-    base = load_file(os.path.join(root, "base", "model.safetensors"))
     out = {}
     for name in CT_NAMES:
+        base = load_file(os.path.join(root, _base_of(root, name), "model.safetensors"))
         t = load_file(os.path.join(root, name, "model.safetensors"))
         cfg = json.load(open(os.path.join(root, name, "config.json")))["quantization_config"]
         wargs = cfg["config_groups"]["group_0"]["weights"]
@@ -274,7 +279,7 @@ def check_transformers(root, report):
     out = {}
     ids = _ids()
     refs = {}
-    for base in ("base", "fp8-blocks-base"):
+    for base in ("base", "padded-base", "fp8-blocks-base"):
         mdl = AutoModelForCausalLM.from_pretrained(os.path.join(root, base), dtype=torch.bfloat16)
         with torch.no_grad():
             refs[base] = mdl(ids).logits.float()
@@ -284,7 +289,7 @@ def check_transformers(root, report):
             mdl = AutoModelForCausalLM.from_pretrained(os.path.join(root, name))
             with torch.no_grad():
                 logits = mdl(ids).logits.float()
-            ref = refs["fp8-blocks-base" if name == "fp8-blocks" else "base"]
+            ref = refs[_base_of(root, name)]
             res["loaded"] = True
             res["dtype"] = str(next(mdl.parameters()).dtype)
             res["logits_max_abs_diff_vs_bf16"] = float((logits - ref).abs().max())

@@ -18,6 +18,11 @@ Every folder it writes is a model folder as `save_pretrained` writes it:
   bf16 weight's min/max, as llm-compressor's min-max observer does ->
   ``ModelCompressor.from_pretrained_model(...).compress_model`` ->
   ``save_pretrained`` -> ``update_config``);
+* ``padded-base/`` (1 layer, hidden 100, intermediate 70, 2 heads of 50, 1 KV
+  head, vocab 128) and ``ct-int4-channel-asym-padded/``,
+  ``ct-int8-channel-sym-padded/``: per-channel int4 (asymmetric) and int8
+  (symmetric) whose packed rows, and the int4 zero points' packed columns, do
+  not fill whole int32 words;
 * ``fp8-blocks-base/`` and ``fp8-blocks/``: a second tiny bf16 Llama whose
   Linear shapes are not multiples of 128 (1 layer, hidden 144, intermediate
   200, 2 heads of 72, 1 KV head, vocab 128), and its fine-grained fp8 copy (DeepSeek-V3 / Qwen3-FP8
@@ -52,6 +57,12 @@ BASE_CONFIG = dict(
     max_position_embeddings=128, tie_word_embeddings=False,
     rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2, pad_token_id=0,
 )
+PADDED_CONFIG = dict(
+    vocab_size=128, hidden_size=100, intermediate_size=70, num_hidden_layers=1,
+    num_attention_heads=2, num_key_value_heads=1, head_dim=50,
+    max_position_embeddings=128, tie_word_embeddings=False,
+    rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+)
 RAGGED_CONFIG = dict(
     vocab_size=128, hidden_size=144, intermediate_size=200, num_hidden_layers=1,
     num_attention_heads=2, num_key_value_heads=1, head_dim=72,
@@ -59,22 +70,37 @@ RAGGED_CONFIG = dict(
     rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2, pad_token_id=0,
 )
 
-# name -> (QuantizationArgs kwargs for the weights, the format compressed-tensors should infer)
+# name -> (base folder, QuantizationArgs kwargs for the weights, the format
+# compressed-tensors should infer)
 CT_SCHEMES = {
     "ct-int8-w8a16-channel-sym": (
+        "base",
         dict(num_bits=8, type="int", strategy="channel", symmetric=True, dynamic=False),
         "pack-quantized"),
     "ct-int4-g128-sym": (
+        "base",
         dict(num_bits=4, type="int", strategy="group", group_size=128, symmetric=True,
              dynamic=False),
         "pack-quantized"),
     "ct-int4-g128-asym": (
+        "base",
         dict(num_bits=4, type="int", strategy="group", group_size=128, symmetric=False,
              dynamic=False),
         "pack-quantized"),
     "ct-fp8-channel": (
+        "base",
         dict(num_bits=8, type="float", strategy="channel", symmetric=True, dynamic=False),
         "naive-quantized"),
+    # rows that do not fill whole int32 words (in * bits % 32 != 0), and an
+    # asymmetric zero point whose packed column does not either (out * 4 % 32 != 0)
+    "ct-int4-channel-asym-padded": (
+        "padded-base",
+        dict(num_bits=4, type="int", strategy="channel", symmetric=False, dynamic=False),
+        "pack-quantized"),
+    "ct-int8-channel-sym-padded": (
+        "padded-base",
+        dict(num_bits=8, type="int", strategy="channel", symmetric=True, dynamic=False),
+        "pack-quantized"),
 }
 
 FP8_BLOCK_QCONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
@@ -161,7 +187,7 @@ def make_ct_fixture(base_dir, out_dir, name, weight_kwargs, expect_format, notes
         originals[f"{mname}.weight"] = module.weight.data.clone()
     compressor = ModelCompressor.from_pretrained_model(model)
     fmt = compressor.quantization_config.format
-    notes[name] = {"format_inferred": fmt}
+    notes[name] = {"format_inferred": fmt, "base": os.path.basename(base_dir)}
     assert fmt == expect_format, (name, fmt, expect_format)
     compressor.compress_model(model)
     model.save_pretrained(out_dir)
@@ -271,11 +297,13 @@ def main(argv):
     notes = {}
     t0 = time.time()
 
-    base = _save_plain(_make_model(BASE_CONFIG, SEED), os.path.join(root, "base"))
-    for name, (kw, fmt) in CT_SCHEMES.items():
-        make_ct_fixture(base, os.path.join(root, name), name, kw, fmt, notes)
+    _save_plain(_make_model(BASE_CONFIG, SEED), os.path.join(root, "base"))
+    _save_plain(_make_model(PADDED_CONFIG, SEED + 2), os.path.join(root, "padded-base"))
+    for name, (base, kw, fmt) in CT_SCHEMES.items():
+        make_ct_fixture(os.path.join(root, base), os.path.join(root, name), name, kw, fmt, notes)
     ragged = _save_plain(_make_model(RAGGED_CONFIG, SEED + 1), os.path.join(root, "fp8-blocks-base"))
     make_fp8_blocks(ragged, os.path.join(root, "fp8-blocks"))
+    notes["fp8-blocks"] = {"base": "fp8-blocks-base"}
     write_oracles(root, list(CT_SCHEMES) + ["fp8-blocks"], notes)
 
     files = {}
