@@ -258,15 +258,19 @@ def _qparams(cp, case, seed):
     with np.errstate(over="ignore"):
         x[~np.isfinite(x)] = 1.0  # choose_qparams refuses +/-Inf (tested elsewhere); NaN is skipped
         x.reshape(-1)[3] = np.nan
-    xd = _offset_view(cp, x)
+    # scale_dtype float16: data whose scales are float16 subnormals and normals (no overflow).
+    small = (np.clip(x.astype(np.float64), -1e4, 1e4) * 1e-6).astype(x.dtype)
     pairs = []
     for symmetric in (False, True):
-        kw = dict(axis=case.axis, dtype=case.qdtype, symmetric=symmetric, block_size=case.block)
-        if case.op == "choose_qparams":
-            h, d = gpuq.choose_qparams(x, **kw), gpuq.choose_qparams(xd, **kw)
-        else:
-            h, d = gpuq.quantize_dynamic(x, **kw), gpuq.quantize_dynamic(xd, **kw)
-        pairs += [(a, b) for a, b in zip(h, d) if a is not None or b is not None]
+        for scale_dtype, data in (("float32", x), ("bfloat16", x), ("float16", small)):
+            xd = _offset_view(cp, data)
+            kw = dict(axis=case.axis, dtype=case.qdtype, symmetric=symmetric, block_size=case.block,
+                      scale_dtype=scale_dtype)
+            if case.op == "choose_qparams":
+                h, d = gpuq.choose_qparams(data, **kw), gpuq.choose_qparams(xd, **kw)
+            else:
+                h, d = gpuq.quantize_dynamic(data, **kw), gpuq.quantize_dynamic(xd, **kw)
+            pairs += [(a, b) for a, b in zip(h, d) if a is not None or b is not None]
     return pairs
 
 
