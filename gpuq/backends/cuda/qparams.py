@@ -191,7 +191,7 @@ def _outputs(scheme, qmin, symmetric):
 SCALE_FMT = {"float32": 0, "bfloat16": 1, "float16": 2}
 
 
-def _raise_on_failure(flag, scale_dtype):
+def raise_on_failure(flag, scale_dtype):
     # One 4-byte read-back: the only synchronisation of these calls.
     bits = int(flag.get()[0])
     if bits & 1:
@@ -216,7 +216,7 @@ def choose_qparams(x, scheme, qmin, qmax, symmetric, eps, scale_dtype="float32")
                     (lo, hi, np.int64(lo.size), np.int32(qmin), np.int32(qmax), np.int32(symmetric),
                      np.float32(eps), np.int32(SCALE_FMT[scale_dtype]), scales,
                      _NULL if zps is None else zps, flag))
-            _raise_on_failure(flag, scale_dtype)
+            raise_on_failure(flag, scale_dtype)
     return scales, zps
 
 
@@ -265,5 +265,5 @@ def quantize_dynamic(x, scheme, qdtype, symmetric, eps, scale_dtype="float32"):
         _launch(fused_name(x.dtype, qdtype, warp), min(blocks, _MAX_BLOCKS),
                 (x, q, np.int64(rows), np.int64(n), np.int64(g), np.int32(symmetric), np.float32(eps),
                  np.int32(SCALE_FMT[scale_dtype]), scales, _NULL if zps is None else zps, flag))
-        _raise_on_failure(flag, scale_dtype)
+        raise_on_failure(flag, scale_dtype)
     return q, scales, zps

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..._dtypes import INT32_MAX, INT32_MIN
-from . import affine, formats, qparams
+from . import affine, formats, mse, qparams
 
 _U8 = np.dtype(np.uint8)
 
@@ -133,7 +133,9 @@ class NumpyBackend:
         return qparams.minmax(_native(x), scheme)
 
     @staticmethod
-    def choose_qparams(code, x, scheme, symmetric, eps, scale_dtype):
+    def choose_qparams(code, x, scheme, symmetric, eps, scale_dtype, method):
+        if method == "mse":
+            return mse.choose_qparams(_native(x), scheme, code, symmetric, eps, scale_dtype)
         return qparams.choose_qparams(_native(x), scheme, code.qmin, code.qmax, symmetric, eps, scale_dtype)
 
     @staticmethod

@@ -334,13 +334,15 @@ SCALE_FORMATS = {"float32": 0, "bfloat16": 1, "float16": 2}
 
 
 @np.errstate(over="ignore", invalid="ignore", divide="ignore")
-def finalize(lo, hi, qmin, qmax, symmetric, eps, scale_dtype="float32"):
+def finalize(lo, hi, qmin, qmax, symmetric, eps, scale_dtype="float32", strict=True):
     """Scales (float32) and zero points (int32, or None) from per-slot ``lo``/``hi``.
 
     ``lo``/``hi`` of any float dtype; float64 is rounded to float32 first
     (rounding is monotonic, so this is the min/max of the rounded values).
     Raises ``ValueError`` if a slot holds +/-inf or a value beyond float32, or
-    if a scale rounds to 0 or overflows in ``scale_dtype`` (:func:`round_scales`).
+    if a scale rounds to 0 or overflows in ``scale_dtype`` (:func:`round_scales`);
+    with ``strict=False`` such a scale is returned as 0 or +inf instead (its zero
+    point is then meaningless): the MSE search leaves those candidates out.
     """
     lo32, hi32 = lo.astype(_F32), hi.astype(_F32)
     _check_finite(lo32, hi32, lo, hi)
@@ -349,7 +351,7 @@ def finalize(lo, hi, qmin, qmax, symmetric, eps, scale_dtype="float32"):
         # Half the code range: 127 for 8-bit codes, 7 for 4-bit, max_finite for fp8 (+-max).
         amax = np.fmax(np.fmax(hi32, -lo32), np.float32(0))
         scales = np.asarray(np.maximum(amax / np.float32((qmax - qmin) // 2), eps), _F32)
-        scales = round_scales(scales, scale_dtype)
+        scales = round_scales(scales, scale_dtype, strict)
         zps = None if qmin < 0 else np.full(scales.shape, (qmax + 1) // 2, np.int32)
         return scales, zps
     lo0 = np.fmin(lo32, np.float32(0))
@@ -361,15 +363,16 @@ def finalize(lo, hi, qmin, qmax, symmetric, eps, scale_dtype="float32"):
         # hi - lo overflows float32 (values near +/-FLT_MAX): the same quotient via float64.
         wide_s = (hi0.astype(_F64) - lo0.astype(_F64)) / float(qmax - qmin)
         scales = np.where(wide, wide_s.astype(_F32), scales)
-    scales = round_scales(np.asarray(np.maximum(scales, eps), _F32), scale_dtype)
+    scales = round_scales(np.asarray(np.maximum(scales, eps), _F32), scale_dtype, strict)
     zps = np.float32(qmin) - np.rint(lo0 / scales)
     zps = np.asarray(np.clip(zps, qmin, qmax), np.int32)
     return scales, zps
 
 
-def round_scales(scales, scale_dtype):
+def round_scales(scales, scale_dtype, strict=True):
     """Positive finite float32 ``scales`` rounded to nearest even in ``scale_dtype``, as float32
-    holding exactly the rounded values; ``ValueError`` where one rounds to 0 or overflows.
+    holding exactly the rounded values; ``ValueError`` where one rounds to 0 or overflows
+    (``strict=False``: returned as 0 or +inf).
 
     bfloat16 by its bits (``(u + 0x7fff + lsb) >> 16``, no ml_dtypes needed: a scale is never
     NaN), float16 by NumPy's cast (nearest even, subnormals kept, +inf from 65520 on).
@@ -390,7 +393,7 @@ def round_scales(scales, scale_dtype):
         with np.errstate(over="ignore"):  # an overflow is an Inf here, reported below
             rounded = scales.astype(np.float16).astype(_F32)
     bad = (rounded == 0) | (rounded == np.inf)
-    if bad.any():
+    if strict and bad.any():
         i = np.unravel_index(int(np.argmax(bad)), bad.shape)
         raise ValueError(scale_range_message(scale_dtype, scales[i], rounded[i] == 0,
                                              f" chosen for the block of scales index "
