@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 
+from ..._scheme import strided_dims
 from . import qparams
 from .registry import mse_codec, mse_name
 
@@ -29,8 +30,7 @@ _NULL = np.uint64(0)
 def block_dims(scheme) -> tuple:
     """The blocks of ``scheme`` as the kernel walks them: ``(nd, dims)``, ``dims`` the merged
     dims' sizes, then their parameter strides (0 where a block covers its dim), then their block
-    sizes (the strided map's layout, ``Scheme.index_map``). Size-1 dims are dropped and
-    neighbouring dims that both cover or both split per element are merged (C order kept).
+    sizes (the strided map's layout, ``Scheme.index_map``), over ``Scheme.merged``.
 
     >>> from gpuq._scheme import Scheme
     >>> block_dims(Scheme.build((4, 256), axis=1, group_size=128))
@@ -40,28 +40,12 @@ def block_dims(scheme) -> tuple:
     >>> block_dims(Scheme.build(()))
     (1, (1, 0, 1))
     """
-    merged = []  # [size, block, class]: "whole" (b >= n), "each" (b = 1), "block"
-    for n, b in zip(scheme.shape, scheme.blocks):
-        if n == 1:
-            continue
-        cls = "whole" if b >= n else "each" if b == 1 else "block"
-        if merged and cls != "block" and merged[-1][2] == cls:
-            merged[-1][0] *= n
-            merged[-1][1] = merged[-1][0] if cls == "whole" else 1
-        else:
-            merged.append([n, n if cls == "whole" else b, cls])
-    if not merged:  # one element (0-d, or all dims 1): one block of it
-        merged = [[1, 1, "whole"]]
+    merged = scheme.merged or ((1, 1, "whole"),)  # one element (0-d, all dims 1): one block of it
     if len(merged) > MAX_DIMS:
         raise ValueError(f"method='mse' on a device array takes at most {MAX_DIMS} alternating "
                          f"dims of blocks, got {len(merged)} for {scheme.describe()}; reshape "
                          f"or transpose x so that fewer alternate")
-    pstrides, stride = [], 1
-    for n, b, cls in reversed(merged):
-        pstrides.append(0 if cls == "whole" else stride)
-        stride *= 1 if cls == "whole" else -(-n // b)
-    sizes = tuple(n for n, _, _ in merged)
-    return len(merged), sizes + tuple(reversed(pstrides)) + tuple(b for _, b, _ in merged)
+    return len(merged), strided_dims(merged)
 
 
 def choose_qparams(x, scheme, code, symmetric, eps, scale_dtype):
