@@ -27,7 +27,10 @@ parameters are always rechunked to the data, never the reverse:
   aligns its chunks. **That costs a rechunk** (data moves between neighbouring
   chunks); chunk along the group axis in multiples of ``group_size`` to avoid it.
 
-Parameters from data. ``choose_qparams`` reduces every chunk to the exact
+Parameters from data. With ``method="mse"`` every block must lie inside one chunk (the
+search sums each block's errors in its C order): the dims a block spans are rechunked to one
+chunk each where they are not (per-group and block schemes are aligned as above), and each
+chunk is one in-memory call. With ``method="minmax"``, ``choose_qparams`` reduces every chunk to the exact
 per-slot min and max (the backends' own reductions: the host ``minmax``, the
 CUDA order keys), combines them in a tree (``dask.array.reduction``; min and max
 are exact in any order) and turns the global (min, max) of each slot into
@@ -449,6 +452,10 @@ def _qparams(public, name, x, a):
     reduced = [d for d in range(x.ndim) if scheme.kind == "tensor" or d not in scheme.axes]
     if scheme.kind in ("group", "block"):  # aligned: every block inside one chunk
         reduced = []
+    if a["method"] != "minmax" and any(len(x.chunks[d]) > 1 for d in reduced):
+        # The search needs each block's elements together (its errors are sums over the block
+        # in C order, not a min/max a tree can combine): the dims a block spans become one chunk.
+        x = x.rechunk({d: -1 for d in reduced})
     dynamic = name == "quantize_dynamic"
     if all(len(x.chunks[d]) == 1 for d in reduced):
         # Every block inside one chunk: each chunk is one in-memory call.

@@ -215,16 +215,7 @@ class Scheme:
         >>> Scheme.build((6, 8), axis=1, group_size=4).index_map
         ('channel', 12, 4, 0, None)
         """
-        merged = []  # [size, block, class]: class "whole" (b = size), "each" (b = 1), "block"
-        for n, b in zip(self.shape, self.blocks):
-            if n == 1:
-                continue
-            cls = "whole" if b >= n else "each" if b == 1 else "block"
-            if merged and cls != "block" and merged[-1][2] == cls:
-                merged[-1][0] *= n
-                merged[-1][1] = merged[-1][0] if cls == "whole" else 1
-            else:
-                merged.append([n, n if cls == "whole" else b, cls])
+        merged = self.merged
         varying = [k for k, (_, _, cls) in enumerate(merged) if cls != "whole"]
         if not varying:
             return "tensor", 0, 0, 0, None
@@ -245,13 +236,48 @@ class Scheme:
                 return "group", n, inner, b, None
         if len(merged) > MAX_MAP_DIMS:
             return "expand", 0, 0, 0, None
-        pstrides, stride = [], 1
-        for n, b, cls in reversed(merged):
-            pstrides.append(0 if cls == "whole" else stride)
-            stride *= 1 if cls == "whole" else -(-n // b)
-        sizes = tuple(n for n, _, _ in merged)
-        blocks = tuple(b for _, b, _ in merged)
-        return "strided", len(merged), 0, 0, sizes + tuple(reversed(pstrides)) + blocks
+        return "strided", len(merged), 0, 0, strided_dims(merged)
+
+    @functools.cached_property
+    def merged(self) -> tuple:
+        """The shape as the kernels walk it: ``(size, block, class)`` per dim, size-1 dims
+        dropped and neighbours merged where both are covered by their blocks (class
+        ``"whole"``, block = size) or both split per element (``"each"``, block 1); a dim cut
+        into blocks of other sizes (``"block"``) stays alone. C order is kept.
+
+        >>> Scheme.build((2, 3, 4), axis=(0, 2)).merged
+        ((2, 1, 'each'), (3, 3, 'whole'), (4, 1, 'each'))
+        >>> Scheme.build((4, 1, 300), axis=2, group_size=128).merged
+        ((4, 1, 'each'), (300, 128, 'block'))
+        """
+        merged = []  # [size, block, class]
+        for n, b in zip(self.shape, self.blocks):
+            if n == 1:
+                continue
+            cls = "whole" if b >= n else "each" if b == 1 else "block"
+            if merged and cls != "block" and merged[-1][2] == cls:
+                merged[-1][0] *= n
+                merged[-1][1] = merged[-1][0] if cls == "whole" else 1
+            else:
+                merged.append([n, n if cls == "whole" else b, cls])
+        return tuple(tuple(m) for m in merged)
+
+
+def strided_dims(merged) -> tuple:
+    """The strided map's ``dims`` of merged dims (:attr:`Scheme.merged`): their sizes, then their
+    parameter strides (C order of the parameter grid; 0 where a block covers its dim), then
+    their block sizes.
+
+    >>> strided_dims(Scheme.build((300, 200), block_size=(128, 128)).merged)
+    (300, 200, 2, 1, 128, 128)
+    """
+    pstrides, stride = [], 1
+    for n, b, cls in reversed(merged):
+        pstrides.append(0 if cls == "whole" else stride)
+        stride *= 1 if cls == "whole" else -(-n // b)
+    sizes = tuple(n for n, _, _ in merged)
+    blocks = tuple(b for _, b, _ in merged)
+    return sizes + tuple(reversed(pstrides)) + blocks
 
 
 def _blocks(block_size, shape, axis, group_size) -> tuple:

@@ -27,6 +27,15 @@ bfloat16 widened exactly, float64 min/max rounded to float32 once):
 * ``scale = max(scale, eps)`` (``eps`` defaults to the smallest normal
   float32), so an all-zero or empty block gets ``scale = eps``, never 0, Inf
   or NaN. (ONNX uses scale 1/255 for an all-zero input; the codes agree.)
+* ``scale_dtype="bfloat16"`` or ``"float16"`` (for checkpoints that store
+  scales in the model's dtype, as compressed-tensors and vLLM do): that
+  scale, ``eps`` included, is rounded to nearest even in that dtype, and the
+  asymmetric zero point is derived from the rounded scale, so the codes, the
+  scale and the zero point agree with what is stored. The scale comes back as
+  float32 holding exactly the rounded value. With float16 ``eps`` defaults
+  to float16's smallest positive value, ``2**-24`` (the float32 one would
+  round to 0). A scale that rounds to 0 or overflows that dtype (beyond
+  65504 for float16) is a ``ValueError``.
 * NaN, quiet or signalling, is ignored by the min/max: a block's range is that of its numbers, and
   a block of NaN only is treated as all zero. NaN then quantizes to the zero
   point, as in :func:`gpuq.quantize`.
@@ -35,6 +44,24 @@ bfloat16 widened exactly, float64 min/max rounded to float32 once):
 * In the rare case that ``hi' - lo'`` overflows float32 (values near
   +/-3.4e38) that difference and its division are done in float64 and
   rounded to float32 once.
+
+``method="mse"`` searches, block by block, for the clipping range whose
+quantization error is smallest (the result is still an ordinary scale and
+zero point). Candidate ``i`` for ``i = 0 .. 19`` takes the factor
+``p_i = float32((100 - i) / 100)`` (``i = 0`` is min/max) and the range
+``(p_i * lo, p_i * hi)``, each end a float32 product, and turns it into a
+scale and zero point by exactly the rule above (the zero-range rule, ``eps``
+and ``scale_dtype``'s rounding included). Its error is the sum over the
+block's numbers (NaN skipped), in the block's C order, of ``d * d`` in
+float64, ``d = float64(x) - float64(y)``, where ``y = dequantize(quantize(x))``
+with that candidate by the contract's formulas in the compute type (float64
+for float64 data, else float32; fp8 saturating), one IEEE operation at a
+time (no fused multiply-add). The smallest error wins, the smaller ``i`` on
+a tie, so a block's error is never above min/max's. A candidate whose scale
+rounds to 0 in ``scale_dtype`` (a tiny ``eps`` with float16) is left out;
+min/max's own failures (+/-Inf, a scale the dtype cannot hold) raise as
+they do for ``"minmax"``. Every backend (both host loops, the CUDA kernels)
+evaluates the same sums in the same order and returns the same bits.
 
 ``x`` may be an ndarray subclass (read as its base ndarray; results are
 plain ndarrays) or in non-native byte order (``>f4``: float32 values, read
@@ -55,19 +82,26 @@ import numpy as np
 from ._dispatch import backend_for
 from ._interop import callers_type
 from ._codetypes import as_code_type
-from ._dtypes import FLOAT_DTYPES, native
+from ._dtypes import FLOAT_DTYPES, dtype_name, native
 from ._scheme import Scheme
 from .api import quantize
 
-__all__ = ["choose_qparams", "quantize_dynamic"]
+__all__ = ["choose_qparams", "quantize_dynamic", "METHODS"]
+
+#: The ways ``method=`` chooses parameters from data: each block's min/max, or the MSE search
+#: over 20 shrunken ranges (see the module docstring).
+METHODS = ("minmax", "mse")
 
 #: Default scale for a block whose range is 0: the smallest normal float32.
 EPS = float(np.finfo(np.float32).tiny)
+#: The dtypes a scale may be rounded to (``scale_dtype``), with the default ``eps`` of each: the
+#: smallest normal float32 where the dtype holds it, float16's smallest positive value otherwise.
+SCALE_DTYPES = {"float32": EPS, "bfloat16": EPS, "float16": 2.0**-24}
 
 
 @callers_type
 def choose_qparams(x, *, axis=None, group_size=None, block_size=None, dtype="int8", symmetric=None,
-                   eps=None):
+                   eps=None, scale_dtype="float32", method="minmax"):
     """Scales and zero points that cover ``x``, block by block (see the module docstring).
 
     Parameters
@@ -89,7 +123,17 @@ def choose_qparams(x, *, axis=None, group_size=None, block_size=None, dtype="int
         for e4m3fn, 57344 for e5m2), with no zero points: ``symmetric=False``
         is a ``ValueError`` there.
     eps : float, optional
-        Smallest scale, finite and > 0 in float32; default: smallest normal float32.
+        Smallest scale, finite and > 0 in float32; default: smallest normal float32
+        (float16's smallest positive value, ``2**-24``, with ``scale_dtype="float16"``).
+    scale_dtype : ``"float32"`` (default), ``"bfloat16"`` or ``"float16"``
+        The dtype the scales will be stored in: each scale is rounded to nearest
+        even in it before the zero point is derived (see the module docstring);
+        returned as float32. A scale that rounds to 0 or overflows it is a ``ValueError``.
+    method : ``"minmax"`` (default) or ``"mse"``
+        ``"minmax"``: each block's range is its min/max. ``"mse"``: the range, among 20
+        shrunken ones, whose quantization error is smallest (see the module docstring); about
+        20 fake-quantization passes over ``x`` (a CUDA kernel on the GPU, a compiled loop on
+        the host with numba). Never a larger error per block than ``"minmax"``.
 
     Returns
     -------
@@ -107,13 +151,26 @@ def choose_qparams(x, *, axis=None, group_size=None, block_size=None, dtype="int
     (array([0.03149606, 0.06299213], dtype=float32), None)
     >>> gpuq.choose_qparams(np.zeros((2, 5), np.float32), axis=1, group_size=4)[0].shape
     (2, 2)
+    >>> gpuq.choose_qparams(np.float32([1.0, -0.3]), scale_dtype="bfloat16")   # 1.3 / 255, in bfloat16
+    (array(0.00509644, dtype=float32), array(-69, dtype=int32))
+
+    Heavy tails: ``method="mse"`` clips the largest values to spend int4's 16 levels on the rest:
+
+    >>> w = np.random.default_rng(0).standard_t(4, 128).astype(np.float32)   # one group of 128
+    >>> s0, _ = gpuq.choose_qparams(w, dtype="int4", symmetric=True)
+    >>> s1, _ = gpuq.choose_qparams(w, dtype="int4", symmetric=True, method="mse")
+    >>> err = lambda s: float(((gpuq.dequantize(gpuq.quantize(w, s, dtype="int4"), s) - w) ** 2).sum())
+    >>> round(float(s1 / s0), 4), round(err(s0), 2), round(err(s1), 2)   # candidate 12: the range * 0.88
+    (0.88, 3.11, 2.72)
     """
-    backend, arr, scheme, code, symmetric, eps = _validate(x, axis, group_size, block_size, dtype, symmetric, eps)
-    return backend.choose_qparams(code, arr, scheme, symmetric, eps)
+    backend, arr, scheme, code, symmetric, eps, sdt, method = _validate(
+        x, axis, group_size, block_size, dtype, symmetric, eps, scale_dtype, method)
+    return backend.choose_qparams(code, arr, scheme, symmetric, eps, sdt, method)
 
 
 @callers_type
-def quantize_dynamic(x, *, axis=None, group_size=None, block_size=None, dtype="int8", symmetric=None):
+def quantize_dynamic(x, *, axis=None, group_size=None, block_size=None, dtype="int8", symmetric=None,
+                     scale_dtype="float32", method="minmax"):
     """Codes, scales and zero points of ``x`` in one call.
 
     The same as :func:`choose_qparams` followed by :func:`gpuq.quantize`,
@@ -123,8 +180,9 @@ def quantize_dynamic(x, *, axis=None, group_size=None, block_size=None, dtype="i
 
     Parameters
     ----------
-    x, axis, group_size, dtype, symmetric
-        As in :func:`choose_qparams` (``eps`` is the default one).
+    x, axis, group_size, dtype, symmetric, scale_dtype, method
+        As in :func:`choose_qparams` (``eps`` is the default one). ``method="mse"`` is
+        :func:`choose_qparams` with it, then :func:`gpuq.quantize` (no fused pass).
 
     Returns
     -------
@@ -143,18 +201,22 @@ def quantize_dynamic(x, *, axis=None, group_size=None, block_size=None, dtype="i
            [ 64, 127, -32]], dtype=int8)
     >>> s, z
     (array([0.01574803, 0.15748031], dtype=float32), None)
+    >>> gpuq.quantize_dynamic(x, axis=0, symmetric=True, dtype="int4", method="mse")[1]
+    array([0.2742857, 2.742857 ], dtype=float32)
     """
-    backend, arr, scheme, code, symmetric, eps = _validate(x, axis, group_size, block_size, dtype, symmetric, None)
-    fused = backend.quantize_dynamic(code, arr, scheme, symmetric, eps)  # one pass where the backend can
-    if fused is not None:
-        return fused
-    scales, zps = backend.choose_qparams(code, arr, scheme, symmetric, eps)
+    backend, arr, scheme, code, symmetric, eps, sdt, method = _validate(
+        x, axis, group_size, block_size, dtype, symmetric, None, scale_dtype, method)
+    if method == "minmax":
+        fused = backend.quantize_dynamic(code, arr, scheme, symmetric, eps, sdt)  # one pass where the backend can
+        if fused is not None:
+            return fused
+    scales, zps = backend.choose_qparams(code, arr, scheme, symmetric, eps, sdt, method)
     q = quantize(arr, scales, zps, axis=axis, group_size=group_size, block_size=block_size, dtype=code.name,
                  check_values=False)
     return q, scales, zps
 
 
-def _validate(x, axis, group_size, block_size, dtype, symmetric, eps):
+def _validate(x, axis, group_size, block_size, dtype, symmetric, eps, scale_dtype, method):
     backend, arr = backend_for(x, "x")  # an ndarray subclass: its base ndarray; masked: TypeError
     if native(arr.dtype) not in FLOAT_DTYPES:
         raise TypeError(f"x must be float16, float32, float64 or bfloat16, got {arr.dtype}")
@@ -167,13 +229,58 @@ def _validate(x, axis, group_size, block_size, dtype, symmetric, eps):
         raise ValueError(f"symmetric must be True for {code.name} codes (fp8 has no zero point), "
                          f"got symmetric=False")
     scheme = Scheme.build(arr.shape, axis, group_size, block_size)
-    eps = _check_eps(eps)
-    return backend, arr, scheme, code, bool(symmetric), eps
+    sdt = _scale_dtype(scale_dtype)
+    eps = _check_eps(eps, SCALE_DTYPES[sdt])
+    return backend, arr, scheme, code, bool(symmetric), eps, sdt, _method(method)
 
 
-def _check_eps(eps):
+def _method(value) -> str:
+    """``method`` checked: one of :data:`METHODS`.
+
+    >>> _method("mse")
+    'mse'
+    >>> _method("MSE")
+    Traceback (most recent call last):
+    ...
+    ValueError: method must be one of 'minmax', 'mse', got 'MSE'
+    """
+    if not isinstance(value, str):
+        raise TypeError(f"method must be a string, one of {', '.join(map(repr, METHODS))}; got {value!r}")
+    if value not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(map(repr, METHODS))}, got {value!r}")
+    return value
+
+
+def _scale_dtype(value) -> str:
+    """The name of ``scale_dtype`` (a name, oneDNN short name, NumPy or ml_dtypes dtype or type).
+
+    >>> _scale_dtype("bf16"), _scale_dtype(np.float16)
+    ('bfloat16', 'float16')
+    """
+    want = ", ".join(SCALE_DTYPES)
+    if isinstance(value, str):
+        name = _SHORT_SCALE.get(value.lower(), value)
+        if name not in SCALE_DTYPES:
+            raise ValueError(f"scale_dtype must be one of {want}, got {value!r}")
+        return name
+    try:
+        name = None if value is None else dtype_name(value)
+    except TypeError:
+        name = None
+    if name is None:
+        raise TypeError(f"scale_dtype must be a dtype or dtype name, one of {want}; got {value!r}")
+    if name not in SCALE_DTYPES:
+        raise TypeError(f"scale_dtype must be one of {want}, got {name}")
+    return name
+
+
+#: oneDNN's short names ("f16" is NumPy's 16-byte float: the short name wins here).
+_SHORT_SCALE = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
+
+
+def _check_eps(eps, default):
     if eps is None:
-        return EPS
+        return default
     if isinstance(eps, bool) or not isinstance(eps, (numbers.Real, np.floating, np.integer)):
         raise TypeError(f"eps must be a real number, got {eps!r}")
     with np.errstate(over="ignore"):

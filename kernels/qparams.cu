@@ -11,6 +11,10 @@
 //   symmetric:   scale = max(max(|lo|, |hi|) / ((qmax - qmin) / 2), eps): / 127 for 8-bit
 //                codes, / 7 for 4-bit, / max_finite for fp8; zp = 0 (signed) or (qmax + 1) / 2
 //
+// With a scale dtype (scale_fmt 1 bfloat16, 2 float16; 0 float32 leaves it), the scale
+// is rounded to nearest even in it before the zero point is derived from it
+// (round_scale); a scale that rounds to 0 or to +inf there sets flag bit 2.
+//
 // NaN is skipped by the reductions (PTX min/max return the other operand), a
 // block with no number keeps (+inf, -inf) and comes out as an all-zero block,
 // and +/-Inf in the data sets a flag that the host turns into a ValueError.
@@ -281,16 +285,32 @@ minmax_blocks(const T* __restrict__ x, int nd, const long long* __restrict__ dim
 struct QParams {
     float scale;
     int zp;
-    bool inf;  // the block held +/-Inf
+    bool inf;    // the block held +/-Inf
+    bool range;  // the scale rounded to 0 or +inf in the scale dtype
 };
 
-__device__ __forceinline__ QParams finalize_one(float lo, float hi, int qmin, int qmax, bool symmetric, float eps) {
+// A positive float32 scale rounded to nearest even in the scale dtype `fmt` (0 float32: as it
+// is, 1 bfloat16, 2 float16), widened back exactly (gpuq/backends/host/qparams.py SCALE_FORMATS).
+__device__ __forceinline__ float round_scale(float s, int fmt) {
+    if (fmt == 1) return bf16_to_f32_exact(f32_to_bf16_rn(s));
+    if (fmt == 2) return f16_to_f32_exact(f32_to_f16_rn(s));
+    return s;
+}
+
+__device__ __forceinline__ bool scale_out_of_range(float s) {
+    const unsigned b = __float_as_uint(s);
+    return b == 0u || b == kBitsPosInf;  // a rounded positive scale: +0 or +inf
+}
+
+__device__ __forceinline__ QParams finalize_one(float lo, float hi, int qmin, int qmax, bool symmetric, float eps,
+                                                int fmt) {
     QParams q;
     q.inf = __float_as_uint(lo) == kBitsNegInf || __float_as_uint(hi) == kBitsPosInf;
     if (symmetric) {
         const float amax = max_keep(max_keep(hi, neg(lo)), 0.0f);
         // Half the code range: 127 (8-bit codes), 7 (4-bit), max_finite (fp8: qmin = -qmax).
-        q.scale = max_keep(div_rn(amax, static_cast<float>((qmax - qmin) / 2)), eps);
+        q.scale = round_scale(max_keep(div_rn(amax, static_cast<float>((qmax - qmin) / 2)), eps), fmt);
+        q.range = scale_out_of_range(q.scale);
         q.zp = qmin < 0 ? 0 : (qmax + 1) / 2;
         return q;
     }
@@ -303,24 +323,37 @@ __device__ __forceinline__ QParams finalize_one(float lo, float hi, int qmin, in
     } else {
         s = div_rn(span, static_cast<float>(qmax - qmin));
     }
-    q.scale = max_keep(s, eps);
-    // |lo' / scale| <= qmax - qmin (+ rounding), so int32 holds it.
+    q.scale = round_scale(max_keep(s, eps), fmt);
+    q.range = scale_out_of_range(q.scale);
+    if (q.range) {  // the flag fails the call; no 0 / 0 below
+        q.zp = 0;
+        return q;
+    }
+    // |lo' / scale| <= qmax - qmin (+ the scale's rounding), so int32 holds it.
     const int r = rint_to_i32_sat(div_rn(lo0, q.scale));
     q.zp = min(max(qmin - r, qmin), qmax);
     return q;
 }
 
+// The flag bits of a failed block: +/-Inf in the data (1), a scale the scale dtype cannot hold (2).
+__device__ __forceinline__ void flag_failures(const QParams& q, int* flag) {
+    if (q.inf) atomicOr(flag, 1);
+    if (q.range) atomicOr(flag, 2);
+}
+
 // Scales and zero points of `slots` slots from the reduction's keys; zps may be
-// null (symmetric int8). flag[0] becomes 1 if any block held +/-Inf.
+// null (symmetric int8); flag[0] collects flag_failures' bits.
 __global__ void __launch_bounds__(256)
 finalize(const unsigned* __restrict__ lo, const unsigned* __restrict__ hi, long long slots, int qmin, int qmax,
-         int symmetric, float eps, float* __restrict__ scales, int* __restrict__ zps, int* __restrict__ flag) {
+         int symmetric, float eps, int scale_fmt, float* __restrict__ scales, int* __restrict__ zps,
+         int* __restrict__ flag) {
     const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
     for (long long p = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; p < slots; p += stride) {
-        const QParams q = finalize_one(float_of(lo[p]), float_of(hi[p]), qmin, qmax, symmetric != 0, eps);
+        const QParams q =
+            finalize_one(float_of(lo[p]), float_of(hi[p]), qmin, qmax, symmetric != 0, eps, scale_fmt);
         scales[p] = q.scale;
         if (zps) zps[p] = q.zp;
-        if (q.inf) atomicOr(flag, 1);
+        flag_failures(q, flag);
     }
 }
 
@@ -339,8 +372,8 @@ __device__ __forceinline__ void widen_scale(float s, double& out) { out = f32_to
 template <typename T, typename TQ, bool WARP>
 __global__ void __launch_bounds__(256)
 dynamic_quantize_segments(const T* __restrict__ x, TQ* __restrict__ q, long long rows, long long n, long long g,
-                          int symmetric, float eps, float* __restrict__ scales, int* __restrict__ zps,
-                          int* __restrict__ flag) {
+                          int symmetric, float eps, int scale_fmt, float* __restrict__ scales,
+                          int* __restrict__ zps, int* __restrict__ flag) {
     using TC = typename ComputeOf<T>::type;
     const long long groups = (n + g - 1) / g;
     const long long pieces = rows * groups;
@@ -352,11 +385,11 @@ dynamic_quantize_segments(const T* __restrict__ x, TQ* __restrict__ q, long long
         accumulate(acc, x, begin, len, lane, lanes);
         float l = acc.lo32(), h = acc.hi32();
         team_minmax<WARP>(l, h);
-        const QParams qp = finalize_one(l, h, CodeRange<TQ>::lo, CodeRange<TQ>::hi, symmetric != 0, eps);
+        const QParams qp = finalize_one(l, h, CodeRange<TQ>::lo, CodeRange<TQ>::hi, symmetric != 0, eps, scale_fmt);
         if (lane == 0) {
             scales[s] = qp.scale;
             if (zps) zps[s] = qp.zp;
-            if (qp.inf) atomicOr(flag, 1);
+            flag_failures(qp, flag);
         }
         TC sc;
         widen_scale(qp.scale, sc);

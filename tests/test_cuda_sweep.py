@@ -33,6 +33,7 @@ from gpuq._dtypes import FLOAT_DTYPES
 
 #: The one-byte integer codes of quantize.cu/dequantize.cu and their ranges.
 QUANT_RANGE = {np.dtype(np.int8): (-128, 127), np.dtype(np.uint8): (0, 255)}
+from gpuq.backends.cuda import mse as cuda_mse
 from gpuq.backends.cuda import qparams as cuda_qparams
 from gpuq.backends.cuda import registry
 
@@ -68,6 +69,7 @@ class Case:
     axis: object = None
     code: str = ""  # the code format of formats.cu ("int4", "float8_e4m3fn", ...); "" for int8/uint8
     block: tuple = None  # block_size= (the general block map and its reduction)
+    method: str = "minmax"  # choose_qparams' method ("mse": kernels/mse.cu)
 
 
 def _cases() -> dict:
@@ -106,6 +108,14 @@ def _cases() -> dict:
                         "quantize", f, i8, zp, m, code=code)
                     cases[registry.dequantize_int4_name(code == "int4", f, zp, m)] = Case(
                         "dequantize", f, i8, zp, m, code=code)
+    # mse.cu: the MSE search, ragged 2-D blocks of a 3-D tensor (the block walk's odometer), the
+    # grid capped so that each warp searches several blocks in turn.
+    for f in FLOAT_DTYPES:
+        for codec in registry.MSE_CODECS:
+            code = [n for n, c in registry.FP8_FMT.items() if c + 1 == codec][0] if codec else ""
+            cases[registry.mse_name(f, codec)] = Case("choose_qparams", f, np.dtype(np.uint8), block_cap=True,
+                                                      shape=(2, 9, 70), block=(1, 4, 32), code=code,
+                                                      method="mse")
     cases.setdefault(registry.FINALIZE, Case("choose_qparams", np.dtype(np.float32), np.dtype(np.int8),
                                              shape=(4097,)))
     return cases
@@ -113,7 +123,7 @@ def _cases() -> dict:
 
 CASES = _cases()
 ALL_NAMES = sorted(n for names in registry.SOURCES.values() for n in names())
-QPARAMS_NAMES = sorted(registry.SOURCES["qparams.cu"]())
+QPARAMS_NAMES = sorted(registry.SOURCES["qparams.cu"]() + registry.SOURCES["mse.cu"]())
 SCHEDULES = ("inorder", "reversed", "interleaved")
 
 
@@ -258,15 +268,19 @@ def _qparams(cp, case, seed):
     with np.errstate(over="ignore"):
         x[~np.isfinite(x)] = 1.0  # choose_qparams refuses +/-Inf (tested elsewhere); NaN is skipped
         x.reshape(-1)[3] = np.nan
-    xd = _offset_view(cp, x)
+    # scale_dtype float16: data whose scales are float16 subnormals and normals (no overflow).
+    small = (np.clip(x.astype(np.float64), -1e4, 1e4) * 1e-6).astype(x.dtype)
     pairs = []
-    for symmetric in (False, True):
-        kw = dict(axis=case.axis, dtype=case.qdtype, symmetric=symmetric, block_size=case.block)
-        if case.op == "choose_qparams":
-            h, d = gpuq.choose_qparams(x, **kw), gpuq.choose_qparams(xd, **kw)
-        else:
-            h, d = gpuq.quantize_dynamic(x, **kw), gpuq.quantize_dynamic(xd, **kw)
-        pairs += [(a, b) for a, b in zip(h, d) if a is not None or b is not None]
+    for symmetric in (True,) if case.code else (False, True):  # fp8 (a code): symmetric only
+        for scale_dtype, data in (("float32", x), ("bfloat16", x), ("float16", small)):
+            xd = _offset_view(cp, data)
+            kw = dict(axis=case.axis, dtype=case.code or case.qdtype, symmetric=symmetric, block_size=case.block,
+                      scale_dtype=scale_dtype, method=case.method)
+            if case.op == "choose_qparams":
+                h, d = gpuq.choose_qparams(data, **kw), gpuq.choose_qparams(xd, **kw)
+            else:
+                h, d = gpuq.quantize_dynamic(data, **kw), gpuq.quantize_dynamic(xd, **kw)
+            pairs += [(a, b) for a, b in zip(h, d) if a is not None or b is not None]
     return pairs
 
 
@@ -274,6 +288,7 @@ def _run_case(cp, name, schedule, monkeypatch):
     case = CASES[name]
     if case.block_cap:
         monkeypatch.setattr(cuda_qparams, "_MAX_BLOCKS", 2)
+        monkeypatch.setattr(cuda_mse, "_MAX_BLOCKS", 2)
     if _SIM:
         cp._sim.launches.clear()
     seed = ALL_NAMES.index(name)

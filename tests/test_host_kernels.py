@@ -116,11 +116,13 @@ def test_compiled_row_minmax_equals_fmin_fmax(kernels, dtype):
     np.testing.assert_array_equal(hi, np.fmax.reduce(x, axis=1))
 
 
-def test_finalize_one_equals_numpy_finalize(kernels):
-    """The compiled kernel's scalar finalize against host_qparams.finalize, bit for bit."""
+@pytest.mark.parametrize("scale_dtype", ["float32", "bfloat16", "float16"])
+def test_finalize_one_equals_numpy_finalize(kernels, scale_dtype):
+    """The compiled kernel's scalar finalize against host_qparams.finalize, bit for bit, the
+    scales rounded to each scale dtype (slots whose rounded scale is 0 or +inf fail in both)."""
     from numba import njit
 
-    from gpuq.backends.host.qparams import finalize
+    from gpuq.backends.host.qparams import SCALE_FORMATS, finalize
 
     f32 = np.finfo(np.float32)
     rng = np.random.default_rng(9)
@@ -131,21 +133,28 @@ def test_finalize_one_equals_numpy_finalize(kernels):
     hi = np.concatenate([np.tile(edges, edges.size), rng.normal(0, 1, 20000).astype(np.float32) * 10.0 **
                          rng.integers(-40, 38, 20000).astype(np.float32)]).astype(np.float32)
     lo, hi = np.fmin(lo, hi), np.fmax(lo, hi)  # a min above its max does not occur
+    fmt = SCALE_FORMATS[scale_dtype]
 
     @njit
-    def finalize_all(lo, hi, qmin, qmax, symmetric, eps, scales, zps):
+    def finalize_all(lo, hi, qmin, qmax, symmetric, eps, fmt, scales, zps, ok):
         for i in range(lo.size):
-            scales[i], zps[i], _ = kernels.finalize_one(lo[i], hi[i], qmin, qmax, symmetric, eps)
+            scales[i], zps[i], ok[i] = kernels.finalize_one(lo[i], hi[i], qmin, qmax, symmetric, eps, fmt)
 
-    eps = np.float32(f32.tiny)
+    eps = np.float32(f32.tiny if scale_dtype != "float16" else 2.0**-24)
     for qmin, qmax in ((-128, 127), (0, 255)):
         for symmetric in (False, True):
-            want_s, want_z = finalize(lo, hi, qmin, qmax, symmetric, eps)
             s, z = np.empty(lo.size, np.float32), np.empty(lo.size, np.int32)
-            finalize_all(lo, hi, qmin, qmax, symmetric, eps, s, z)
-            np.testing.assert_array_equal(s.view(np.uint32), want_s.view(np.uint32))
+            ok = np.empty(lo.size, np.bool_)
+            finalize_all(lo, hi, qmin, qmax, symmetric, eps, fmt, s, z, ok)
+            # The slots the scale dtype cannot hold fail alone, in finalize as in the loop.
+            for i in np.flatnonzero(~ok)[:50]:
+                with pytest.raises(ValueError, match="cannot hold the scale"):
+                    finalize(lo[i:i + 1], hi[i:i + 1], qmin, qmax, symmetric, eps, scale_dtype)
+            assert ok.sum() > 5000 and ok.all() == (scale_dtype != "float16")  # float16: 65504 at most
+            want_s, want_z = finalize(lo[ok], hi[ok], qmin, qmax, symmetric, eps, scale_dtype)
+            np.testing.assert_array_equal(s[ok].view(np.uint32), want_s.view(np.uint32))
             if want_z is not None:
-                np.testing.assert_array_equal(z, want_z)
+                np.testing.assert_array_equal(z[ok], want_z)
 
 
 def test_runs_layouts():

@@ -101,9 +101,13 @@ class Backend(Protocol):
         a slot holds no number."""
 
     @staticmethod
-    def choose_qparams(code, x, scheme, symmetric, eps):
-        """``(scales, zps)`` of ``x`` for ``code`` (zps None where the parameters have none)."""
+    def choose_qparams(code, x, scheme, symmetric, eps, scale_dtype, method):
+        """``(scales, zps)`` of ``x`` for ``code`` (zps None where the parameters have none), each
+        scale rounded to nearest even in ``scale_dtype`` (``"float32"``, ``"bfloat16"``,
+        ``"float16"``) before the zero point is derived from it; ``ValueError`` where one rounds
+        to 0 or overflows there. ``method`` is ``"minmax"`` (each block's range) or ``"mse"``
+        (the search of ``gpuq.qparams``' docstring, bit for bit the same on every backend)."""
 
     @staticmethod
-    def quantize_dynamic(code, x, scheme, symmetric, eps):
+    def quantize_dynamic(code, x, scheme, symmetric, eps, scale_dtype):
         """``(codes, scales, zps)`` in one pass where this backend fuses it, else None."""

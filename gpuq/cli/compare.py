@@ -24,6 +24,11 @@ elements; along the last axis unless ``axisK`` says otherwise), ``axisK``
     float8_e4m3fn         fp8, one scale per row
     float8_e5m2:tensor    fp8 e5m2, one scale per tensor
     float8_e4m3fn:b128x128  fp8, one scale per 128x128 block (DeepSeek's layout)
+
+``calibrate`` lists the ways the parameters come from the data (``gpuq compare --calibrate``,
+repeatable): ``"minmax"`` (the default) and ``"mse"`` (``choose_qparams(..., method="mse")``).
+Each scheme gets one column per method, in that order; a column of a method other than
+min/max alone says which in its title (``int4 asym axis=-1 g=128 mse``).
 """
 
 from __future__ import annotations
@@ -99,13 +104,18 @@ def _stored_bytes(shape, scheme) -> int:
     return codes + 4 * params + zps
 
 
-def run_compare(in_path, scheme_texts, *, include=(), exclude=(), min_size, device) -> dict:
+def run_compare(in_path, scheme_texts, *, include=(), exclude=(), min_size, device,
+                calibrate=("minmax",)) -> dict:
     """SQNR of every selected tensor of a checkpoint (a file or a sharded one) under each
-    scheme; the report."""
+    scheme and each method of ``calibrate``; the report."""
     from .convert import quantize_tensor, sqnr_db
 
-    plans = [parse_scheme(t) for t in (scheme_texts or DEFAULT_SCHEMES)]
-    columns = list(scheme_texts or DEFAULT_SCHEMES)
+    texts = list(scheme_texts or DEFAULT_SCHEMES)
+    # One column per (scheme, method), schemes in the order given, methods within each.
+    pairs = [(t, m) for t in texts for m in calibrate]
+    plans = [parse_scheme(t) for t, _ in pairs]
+    columns = [t for t, _ in pairs]
+    methods = [m for _, m in pairs]
     specs, tensors = _open(in_path)
     chosen = select(specs, include=include, exclude=exclude, min_size=min_size)
     schemes = {n: [p.for_shape(n, specs[n][0]) for p in plans] for n in chosen}
@@ -118,7 +128,7 @@ def run_compare(in_path, scheme_texts, *, include=(), exclude=(), min_size, devi
         for k, scheme in enumerate(schemes[name]):
             try:
                 _, _, _, stats, _ = quantize_tensor(x, scheme, device, name=name,
-                                                    nonfinite="allow")
+                                                    nonfinite="allow", calibrate=methods[k])
             except (ValueError, TypeError) as exc:
                 raise CliError(f"tensor {name!r}, --scheme {columns[k]!r}: "
                                f"{' '.join(str(exc).split())}") from exc
@@ -133,7 +143,10 @@ def run_compare(in_path, scheme_texts, *, include=(), exclude=(), min_size, devi
     rows.sort(key=lambda r: natural_key(r["name"]))
     return {
         "command": "compare", "input": in_path, "device": device.name,
-        "schemes": [{"scheme": t, "text": _column(plans[k], [v[k] for v in schemes.values()])}
+        "calibrate": list(calibrate),
+        "schemes": [{"scheme": t, "calibrate": methods[k],
+                     "text": _column(plans[k], [v[k] for v in schemes.values()])
+                     + ("" if calibrate == ("minmax",) else f" {methods[k]}")}
                     for k, t in enumerate(columns)],
         "tensors": rows,
         "total": {"quantized": len(rows), "bytes_before": before,

@@ -228,7 +228,8 @@ def sqnr_db(signal: float, error: float) -> float:
     return 10.0 * math.log10(signal / error)
 
 
-def quantize_tensor(x, scheme: dict, device, *, name: str = "x", nonfinite: str = "warn"):
+def quantize_tensor(x, scheme: dict, device, *, name: str = "x", nonfinite: str = "warn",
+                    calibrate: str = "minmax"):
     """Codes, scales, zps (on the host; zps None where the scheme has none), error stats, counts.
 
     The codes are what :func:`gpuq.quantize` returns, brought to the host: an
@@ -242,6 +243,11 @@ def quantize_tensor(x, scheme: dict, device, *, name: str = "x", nonfinite: str 
     includes 0 and a symmetric one is ``max |x|``, so these are the parameters
     of the finite values. The codes come from :func:`gpuq.quantize` on ``x``
     itself, so NaN gives the zero point and +/-Inf saturate, as the contract says.
+
+    ``calibrate`` is ``choose_qparams``' ``method`` (``"minmax"`` or ``"mse"``). Under
+    ``"mse"`` the replaced values are zeros of the copy, and a zero's round trip is exact
+    (0 quantizes to the zero point and comes back as 0), so each adds exactly +0 to its
+    block's error sum: the search sums over the finite values only, as if they were absent.
 
     >>> from gpuq.cli.env import HostDevice
     >>> x = np.array([[0.5, np.nan], [-1.0, 2.0]], np.float32)
@@ -263,7 +269,8 @@ def quantize_tensor(x, scheme: dict, device, *, name: str = "x", nonfinite: str 
     xd = device.put(x)
     # Parameters of the finite values: the same tensor with NaN/Inf replaced by 0.
     pd = device.put(np.where(np.isfinite(x), x, x.dtype.type(0))) if bad else xd
-    scales, zps = choose_qparams(pd, dtype=scheme["dtype"], symmetric=scheme["symmetric"], **kw)
+    scales, zps = choose_qparams(pd, dtype=scheme["dtype"], symmetric=scheme["symmetric"], method=calibrate,
+                                 **kw)
     del pd
     q = gpuq.quantize(xd, scales, zps, dtype=scheme["dtype"], **kw)
     del xd
@@ -349,7 +356,7 @@ def _out_format(in_fmt, out_path, *, npy_ok):
 
 
 def run_quantize(in_path, out_path, plan, *, include=(), exclude=(), min_size, device,
-                 progress=True, nonfinite="warn", warn=None) -> dict:
+                 progress=True, nonfinite="warn", warn=None, calibrate="minmax") -> dict:
     """Quantize a checkpoint file; return the report (see :mod:`gpuq.cli.report`).
 
     ``nonfinite`` is the policy for tensors with NaN/Inf (``"error"``, ``"warn"``,
@@ -368,7 +375,8 @@ def run_quantize(in_path, out_path, plan, *, include=(), exclude=(), min_size, d
         bar = progress_bar(len(specs), progress, "quantize")
         try:
             rows = quantize_file(ckpt, out_path, out_fmt, schemes, device=device,
-                                 nonfinite=nonfinite, warn=warn, tick=lambda name: bar.update(1))
+                                 nonfinite=nonfinite, warn=warn, tick=lambda name: bar.update(1),
+                                 calibrate=calibrate)
         finally:
             bar.close()
     return _report("quantize", in_path, out_path, device, rows)
@@ -392,12 +400,13 @@ def plan_schemes(specs: dict, plan, *, include=(), exclude=(), min_size) -> dict
 
 
 def quantize_file(ckpt, out_path, out_fmt, schemes, *, device, nonfinite="warn", warn=None,
-                  tick=None) -> list:
+                  tick=None, calibrate="minmax") -> list:
     """Quantize the tensors of the open checkpoint ``ckpt`` named in ``schemes`` into ``out_path``.
 
     Every other tensor is copied. The output is streamed and atomic
     (:func:`gpuq.cli.files.checkpoint_writer`); its bytes depend only on
-    ``ckpt``, ``schemes`` and ``out_fmt``, which is what makes a shard
+    ``ckpt``, ``schemes``, ``out_fmt`` and ``calibrate`` (the parameters' method, which the
+    file does not record: its scales are ordinary ones), which is what makes a shard
     written on a cluster worker the same file as one written here.
     ``tick(name)`` is called after each tensor is written. Returns the
     report rows (unsorted, with the private ``_signal``/``_error`` keys
@@ -419,7 +428,7 @@ def quantize_file(ckpt, out_path, out_fmt, schemes, *, device, nonfinite="warn",
                              "max_abs_error": None, "nonfinite": None})
             else:
                 rows.append(_quantize_one(ckpt, name, schemes[name], row, out, device,
-                                          nonfinite, warn))
+                                          nonfinite, warn, calibrate))
             if tick is not None:
                 tick(name)
     return rows
@@ -442,11 +451,12 @@ def quantize_layout(specs: dict, schemes: dict, out_fmt: str, source_format: str
     return entries, file_meta(schemes, {n: specs[n][1].name for n in schemes}, source_format)
 
 
-def _quantize_one(ckpt, name, scheme, row, out, device, nonfinite, warn) -> dict:
+def _quantize_one(ckpt, name, scheme, row, out, device, nonfinite, warn, calibrate) -> dict:
     try:
         # The loaded tensor goes straight in: quantize_tensor holds the only reference.
         q, scales, zps, stats, counts = quantize_tensor(ckpt.load(name), scheme, device,
-                                                        name=name, nonfinite=nonfinite)
+                                                        name=name, nonfinite=nonfinite,
+                                                        calibrate=calibrate)
     except (ValueError, TypeError) as exc:
         raise CliError(f"tensor {name!r}: {' '.join(str(exc).split())}") from exc
     if sum(counts.values()) and nonfinite == "warn" and warn is not None:

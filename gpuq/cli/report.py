@@ -82,7 +82,21 @@ def format_table(report: dict) -> str:
     rule = "  ".join("-" * w for w in widths)
     title = f"gpuq quantize: {report['input']} -> {report['output']} (device: {report['device']})"
     return "\n".join([title, "", line(header), rule] + [line(r) for r in rows]
-                     + [rule, line(total)] + default_notes(report) + nonfinite_notes(report))
+                     + [rule, line(total)] + default_notes(report) + calibrate_notes(report)
+                     + nonfinite_notes(report))
+
+
+def calibrate_notes(report: dict) -> list:
+    """The line saying how the scales were chosen, where it is not min/max (the default).
+
+    >>> calibrate_notes({"calibrate": "mse"})
+    ['note: scales by the MSE search (--calibrate mse): per block, the best of 20 shrunken ranges']
+    >>> calibrate_notes({"calibrate": "minmax"})
+    []
+    """
+    if report.get("calibrate", "minmax") == "minmax":
+        return []
+    return ["note: scales by the MSE search (--calibrate mse): per block, the best of 20 shrunken ranges"]
 
 
 def default_notes(report: dict) -> list:

@@ -290,7 +290,8 @@ def run_shard(job: dict, device=None, tick=None) -> dict:
         if job["command"] == "quantize":
             schemes = {n: job["schemes"][n] for n in ckpt.names if n in job["schemes"]}
             rows = quantize_file(ckpt, job["out_path"], "safetensors", schemes, device=device,
-                                 nonfinite=job["nonfinite"], warn=warnings.append, tick=tick)
+                                 nonfinite=job["nonfinite"], warn=warnings.append, tick=tick,
+                                 calibrate=job.get("calibrate", "minmax"))
         else:
             schemes = check_quantized(ckpt)
             rows = dequantize_file(ckpt, job["out_path"], "safetensors", schemes,

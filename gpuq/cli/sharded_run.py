@@ -39,7 +39,7 @@ def run_local(jobs: list, *, device, progress, desc, tensors: int, warn=None) ->
 
 def run_sharded_quantize(in_path, out, plan, *, include=(), exclude=(), min_size, device,
                          progress=True, nonfinite="warn", warn=None, scheduler=None,
-                         workers=None) -> dict:
+                         workers=None, calibrate="minmax") -> dict:
     """``gpuq quantize`` of a sharded checkpoint into the folder ``out``; returns the report.
 
     ``device`` is the ``--device`` text (``"auto"``, ``"cpu"``, ``"cuda"``):
@@ -65,7 +65,7 @@ def run_sharded_quantize(in_path, out, plan, *, include=(), exclude=(), min_size
                 scheduler=scheduler, workers=workers,
                 job=lambda shard, folder: shard_job(src, shard, folder, "quantize",
                                                     device=device, nonfinite=nonfinite,
-                                                    schemes=by_shard[shard]))
+                                                    schemes=by_shard[shard], calibrate=calibrate))
 
 
 def run_sharded_dequantize(in_path, out, *, dtype, device, progress=True) -> dict:

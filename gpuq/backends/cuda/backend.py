@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..._dtypes import INT32_MAX, INT32_MIN
-from . import formats, launch, qparams
+from . import formats, launch, mse, qparams
 from .launch import StreamReaders, as_cupy, cupy_module, device_id
 
 _U8 = np.dtype(np.uint8)
@@ -158,11 +158,13 @@ class CudaBackend:
         return qparams.minmax(x, scheme)
 
     @staticmethod
-    def choose_qparams(code, x, scheme, symmetric, eps):
-        return qparams.choose_qparams(x, scheme, code.qmin, code.qmax, symmetric, eps)
+    def choose_qparams(code, x, scheme, symmetric, eps, scale_dtype, method):
+        if method == "mse":
+            return mse.choose_qparams(x, scheme, code, symmetric, eps, scale_dtype)
+        return qparams.choose_qparams(x, scheme, code.qmin, code.qmax, symmetric, eps, scale_dtype)
 
     @staticmethod
-    def quantize_dynamic(code, x, scheme, symmetric, eps):
+    def quantize_dynamic(code, x, scheme, symmetric, eps, scale_dtype):
         if code.codec != "affine" or code.storage != "element":  # the fused kernel: int8/uint8
             return None
-        return qparams.quantize_dynamic(x, scheme, np.dtype(code.host_dtype), symmetric, eps)
+        return qparams.quantize_dynamic(x, scheme, np.dtype(code.host_dtype), symmetric, eps, scale_dtype)

@@ -187,15 +187,23 @@ def _outputs(scheme, qmin, symmetric):
     return scales, zps, cupy.zeros(1, cupy.int32)
 
 
-def _raise_on_inf(flag):
+#: The kernels' number of each scale dtype (kernels/qparams.cu ``round_scale``).
+SCALE_FMT = {"float32": 0, "bfloat16": 1, "float16": 2}
+
+
+def raise_on_failure(flag, scale_dtype):
     # One 4-byte read-back: the only synchronisation of these calls.
-    if int(flag.get()[0]):
+    bits = int(flag.get()[0])
+    if bits & 1:
         raise ValueError(
             "x must be finite (and within float32) to choose quantization parameters, got +/-inf"
         )
+    if bits & 2:
+        raise ValueError(f"scale_dtype {scale_dtype} cannot hold every scale chosen for x: one rounds "
+                         f"to 0 or overflows {scale_dtype}; pass a larger eps or use a wider scale_dtype")
 
 
-def choose_qparams(x, scheme, qmin, qmax, symmetric, eps):
+def choose_qparams(x, scheme, qmin, qmax, symmetric, eps, scale_dtype="float32"):
     """Scales and zero points for device ``x`` (validated by ``gpuq.qparams``).
 
     Everything is allocated and launched on ``x``'s device, whichever is current.
@@ -206,8 +214,9 @@ def choose_qparams(x, scheme, qmin, qmax, symmetric, eps):
         if lo.size:
             _launch(FINALIZE, min(-(-lo.size // THREADS), _MAX_BLOCKS),
                     (lo, hi, np.int64(lo.size), np.int32(qmin), np.int32(qmax), np.int32(symmetric),
-                     np.float32(eps), scales, _NULL if zps is None else zps, flag))
-            _raise_on_inf(flag)
+                     np.float32(eps), np.int32(SCALE_FMT[scale_dtype]), scales,
+                     _NULL if zps is None else zps, flag))
+            raise_on_failure(flag, scale_dtype)
     return scales, zps
 
 
@@ -232,7 +241,7 @@ def _fused_rows(shape, scheme):
     return rows, n, n
 
 
-def quantize_dynamic(x, scheme, qdtype, symmetric, eps):
+def quantize_dynamic(x, scheme, qdtype, symmetric, eps, scale_dtype="float32"):
     """Codes, scales and zps in one launch where :func:`_fused_rows` allows, else None."""
     import cupy
 
@@ -255,6 +264,6 @@ def quantize_dynamic(x, scheme, qdtype, symmetric, eps):
         blocks = -(-pieces // (THREADS // 32)) if warp else pieces
         _launch(fused_name(x.dtype, qdtype, warp), min(blocks, _MAX_BLOCKS),
                 (x, q, np.int64(rows), np.int64(n), np.int64(g), np.int32(symmetric), np.float32(eps),
-                 scales, _NULL if zps is None else zps, flag))
-        _raise_on_inf(flag)
+                 np.int32(SCALE_FMT[scale_dtype]), scales, _NULL if zps is None else zps, flag))
+        raise_on_failure(flag, scale_dtype)
     return q, scales, zps

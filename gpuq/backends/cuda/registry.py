@@ -257,17 +257,52 @@ def _formats_groups() -> list:
     return [formats_group(kind, f, c) for kind in ("quantize", "dequantize") for f in _FLOATS for c in codes]
 
 
+# --- mse.cu: the MSE search for scales (gpuq.backends.cuda.mse launches these) ---------------------
+
+#: The kernels' CODEC template argument: 0 for the integer codes (their range is a launch
+#: argument), 1 + ``FP8_FMT`` for fp8.
+MSE_CODECS = (0, 1, 2)
+
+
+def mse_codec(code) -> int:
+    """The ``CODEC`` of a code type's row (kernels/mse.cu).
+
+    >>> mse_codec(CODE_TYPES["int4"]), mse_codec(CODE_TYPES["float8_e5m2"])
+    (0, 2)
+    """
+    return 1 + FP8_FMT[code.name] if code.codec == "float8" else 0
+
+
+def mse_name(dtype, codec: int) -> str:
+    """The name expression of one MSE search kernel.
+
+    >>> mse_name("bfloat16", 1)
+    'gpuq::mse_search<gpuq_bf16, 1>'
+    """
+    return f"gpuq::mse_search<{_c(dtype)}, {codec}>"
+
+
+def mse_names() -> list:
+    """Every name expression of ``mse.cu``.
+
+    >>> len(mse_names())
+    12
+    """
+    return [mse_name(f, c) for f in _FLOATS for c in MSE_CODECS]
+
+
 def compile_units() -> list:
     """Every ``(source, name_expressions)`` the CUDA backend compiles as one module, exactly
     as it asks for them (the same groups, the same order): what a warm-up compiles ahead.
 
     >>> len(compile_units()), compile_units()[0][0]
-    (49, 'quantize.cu')
+    (50, 'quantize.cu')
     """
     units = [("quantize.cu", quantize_group(f, q)) for f in _FLOATS for q in _QUANT_DTYPES]
     units += [("dequantize.cu", dequantize_group(q, f)) for q in _QUANT_DTYPES for f in _FLOATS]
     units.append(("qparams.cu", tuple(qparams_names())))
     units += [("formats.cu", group) for group in _formats_groups()]
+    units.append(("mse.cu", tuple(mse_names())))
     return units
 
 
@@ -278,4 +313,5 @@ SOURCES = {
     "dequantize.cu": dequantize_names,
     "qparams.cu": qparams_names,
     "formats.cu": formats_names,
+    "mse.cu": mse_names,
 }

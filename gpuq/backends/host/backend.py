@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..._dtypes import INT32_MAX, INT32_MIN
-from . import affine, formats, qparams
+from . import affine, formats, mse, qparams
 
 _U8 = np.dtype(np.uint8)
 
@@ -133,11 +133,13 @@ class NumpyBackend:
         return qparams.minmax(_native(x), scheme)
 
     @staticmethod
-    def choose_qparams(code, x, scheme, symmetric, eps):
-        return qparams.choose_qparams(_native(x), scheme, code.qmin, code.qmax, symmetric, eps)
+    def choose_qparams(code, x, scheme, symmetric, eps, scale_dtype, method):
+        if method == "mse":
+            return mse.choose_qparams(_native(x), scheme, code, symmetric, eps, scale_dtype)
+        return qparams.choose_qparams(_native(x), scheme, code.qmin, code.qmax, symmetric, eps, scale_dtype)
 
     @staticmethod
-    def quantize_dynamic(code, x, scheme, symmetric, eps):
+    def quantize_dynamic(code, x, scheme, symmetric, eps, scale_dtype):
         if code.codec != "affine" or code.storage != "element":  # the fused loops: int8/uint8
             return None
-        return qparams.quantize_dynamic(_native(x), scheme, code, symmetric, eps)
+        return qparams.quantize_dynamic(_native(x), scheme, code, symmetric, eps, scale_dtype)

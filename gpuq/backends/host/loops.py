@@ -337,40 +337,70 @@ def fmin_keep(a, b):
 
 
 @njit(inline="always")
-def finalize_one(lo, hi, qmin, qmax, symmetric, eps):
+def f16_bits_to_f32(h):
+    """The float32 of float16 bits ``h`` (a positive finite value: a rounded scale): exact."""
+    e = np.int32((h >> np.uint32(10)) & np.uint32(0x1F))
+    m = np.float32(h & np.uint32(0x3FF))
+    if e == 0:  # subnormal: m * 2**-24
+        return m * np.float32(2.0**-24)
+    return (np.float32(1024) + m) * np.float32(2.0 ** (e - 25))
+
+
+@njit(inline="always")
+def round_scale(s, fmt):
+    """``s`` rounded to nearest even in the scale dtype numbered ``fmt`` (0 float32, 1 bfloat16,
+    2 float16: ``qparams.SCALE_FORMATS``), as float32."""
+    if fmt == 1:
+        return bf16_to_f32(np.int16(bfloat16_bits(s)))
+    if fmt == 2:
+        h = np.uint32(float16_bits(s))
+        if h == np.uint32(0x7C00):
+            return np.float32(np.inf)
+        return f16_bits_to_f32(h)
+    return s
+
+
+@njit(inline="always")
+def finalize_one(lo, hi, qmin, qmax, symmetric, eps, fmt):
     """``(scale, zp, ok)`` from one slot's float32 min and max (NaN: no number).
 
     The formula of ``qparams.finalize`` and ``kernels/qparams.cu``
-    (``finalize_one``), bit for bit (tested against the former); ``ok`` is
-    False where a bound is +/-inf (the caller raises).
+    (``finalize_one``), bit for bit (tested against the former), the scale
+    rounded to the scale dtype ``fmt`` (:func:`round_scale`) before the zero
+    point is derived from it; ``ok`` is False where a bound is +/-inf or the
+    rounded scale is 0 or +inf (the caller raises).
     """
     zero = np.float32(0)
     if lo == -np.inf or hi == np.inf:
         return eps, np.int32(0), False
     if symmetric:
         amax = fmax_keep(fmax_keep(hi, -lo), zero)
-        return max(amax / np.float32(127), eps), np.int32(0 if qmin < 0 else 128), True
+        scale = round_scale(max(amax / np.float32(127), eps), fmt)
+        return scale, np.int32(0 if qmin < 0 else 128), scale != zero and scale != np.inf
     lo0, hi0 = fmin_keep(lo, zero), fmax_keep(hi, zero)
     span = hi0 - lo0
     if span == np.inf:  # hi - lo overflows float32: the same quotient via float64, rounded once
         scale = np.float32((np.float64(hi0) - np.float64(lo0)) / np.float64(qmax - qmin))
     else:
         scale = span / np.float32(qmax - qmin)
-    scale = max(scale, eps)
+    scale = round_scale(max(scale, eps), fmt)
+    if scale == zero or scale == np.inf:
+        return scale, np.int32(0), False
     zp = np.float32(qmin) - np.rint(lo0 / scale)
     return scale, np.int32(min(max(zp, np.float32(qmin)), np.float32(qmax))), True
 
 
 @njit(**_JIT)
-def quantize_dynamic_rows(x, table, bits, run, out, scales, zps, qmin, qmax, symmetric, eps, czero,
+def quantize_dynamic_rows(x, table, bits, run, out, scales, zps, qmin, qmax, symmetric, eps, fmt, czero,
                           shift, mag, inf):
     """``quantize_dynamic`` of flat ``x`` cut in runs of ``run``, one slot per run.
 
     Per run: min and max (order keys of ``bits``, the same memory as ``x`` viewed
-    as signed integers, see :func:`minmax_keys`), :func:`finalize_one`, then the
-    codes, while the run is still in L1/L2: ``x`` is read from memory once.
-    ``czero`` is 0 in the compute type. Returns the first run with a +/-inf
-    bound (nothing after it is written), or -1.
+    as signed integers, see :func:`minmax_keys`), :func:`finalize_one` (scales
+    rounded to the scale dtype ``fmt``), then the codes, while the run is still
+    in L1/L2: ``x`` is read from memory once. ``czero`` is 0 in the compute type.
+    Returns the first run whose parameters fail (a +/-inf bound, a scale the
+    scale dtype cannot hold; nothing after it is written), or -1.
     """
     lo_q, hi_q = to_compute(qmin, czero), to_compute(qmax, czero)
     for r in range(scales.size):
@@ -378,7 +408,7 @@ def quantize_dynamic_rows(x, table, bits, run, out, scales, zps, qmin, qmax, sym
         a, b = run_keys(bits, base, run, shift, mag, inf)
         lo = np.float32(float_of_key(a, bits, shift, mag, table))
         hi = np.float32(float_of_key(b, bits, shift, mag, table))
-        scale, zp, ok = finalize_one(lo, hi, qmin, qmax, symmetric, eps)
+        scale, zp, ok = finalize_one(lo, hi, qmin, qmax, symmetric, eps, fmt)
         if not ok:
             return r
         scales[r] = scale

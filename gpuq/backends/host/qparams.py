@@ -38,13 +38,13 @@ _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
 
 
-def choose_qparams(x, scheme, qmin, qmax, symmetric, eps):
+def choose_qparams(x, scheme, qmin, qmax, symmetric, eps, scale_dtype="float32"):
     """Scales and zero points for host ``x`` (validated by ``gpuq.qparams``)."""
     lo, hi = minmax(x, scheme)
-    return finalize(lo, hi, qmin, qmax, symmetric, eps)
+    return finalize(lo, hi, qmin, qmax, symmetric, eps, scale_dtype)
 
 
-def quantize_dynamic(x, scheme, code, symmetric, eps):
+def quantize_dynamic(x, scheme, code, symmetric, eps, scale_dtype="float32"):
     """Codes (the affine one-byte ``code``: int8, uint8), scales and zps in one pass over ``x``
     where every scale covers one
     contiguous row of C-order ``x`` (per-row / per-token, per-group along the last
@@ -65,7 +65,8 @@ def quantize_dynamic(x, scheme, code, symmetric, eps):
     scales = np.empty(nrows, _F32)
     zps = None if symmetric and qmin < 0 else np.empty(nrows, np.int32)
     kernels = choice.kernels()
-    plan = _FusedRows(rows, q.reshape(rows.shape), scales, zps, qmin, qmax, symmetric, eps, kernels)
+    plan = _FusedRows(rows, q.reshape(rows.shape), scales, zps, qmin, qmax, symmetric, eps, scale_dtype,
+                      kernels)
     plan.pshape = scheme.param_shape
     if kernels is not None:
         fn = functools.partial(_dynamic_rows_compiled, plan=plan)
@@ -91,10 +92,11 @@ def _dynamic_rows_compiled(xb, qb, span, scratch, *, plan):
     zps = None if plan.zps is None else plan.zps[r0:r1]
     bad = plan.kernels.quantize_dynamic_rows(
         x, table, xb.reshape(-1).view(it), xb.shape[1], qb.reshape(-1), plan.scales[r0:r1], zps,
-        plan.qmin, plan.qmax, plan.symmetric, np.float32(plan.eps), plan.ct.type(0), shift, mag, inf)
+        plan.qmin, plan.qmax, plan.symmetric, np.float32(plan.eps), SCALE_FORMATS[plan.scale_dtype],
+        plan.ct.type(0), shift, mag, inf)
     if bad >= 0:
         lo, hi = row_minmax(xb, plan.kernels)
-        plan.raise_not_finite(r0, r1, lo, hi)
+        plan.raise_bad_rows(r0, r1, lo, hi)
 
 
 def _row_view(x, scheme):
@@ -119,9 +121,10 @@ class _FusedRows:
     hands the rows with their parameters to the ufunc quantize (``zparams``: finalized zps ->
     its zero-point params)."""
 
-    def __init__(self, rows, q, scales, zps, qmin, qmax, symmetric, eps, kernels):
+    def __init__(self, rows, q, scales, zps, qmin, qmax, symmetric, eps, scale_dtype, kernels):
         self.rows, self.q, self.scales, self.zps = rows, q, scales, zps
         self.qmin, self.qmax, self.symmetric, self.eps = qmin, qmax, symmetric, eps
+        self.scale_dtype = scale_dtype
         self.kernels, self.zparams = kernels, None
         self.ct = compute_dtype(rows.dtype)
         self.size = rows.size
@@ -136,23 +139,23 @@ class _FusedRows:
             return xb, self.q[r0:r1], (r0, r1)
         lo, hi = row_minmax(xb, None)
         try:
-            s, z = finalize(lo, hi, self.qmin, self.qmax, self.symmetric, self.eps)
+            s, z = finalize(lo, hi, self.qmin, self.qmax, self.symmetric, self.eps, self.scale_dtype)
         except ValueError:
-            self.raise_not_finite(r0, r1, lo, hi)
+            self.raise_bad_rows(r0, r1, lo, hi)
         self.scales[r0:r1] = s
         if self.zps is not None:
             self.zps[r0:r1] = z
         params = [s.astype(self.ct)[:, None]] + [p[:, None] for p in self.zparams(z)]
         return xb, self.q[r0:r1], params
 
-    def raise_not_finite(self, r0, r1, lo, hi):
+    def raise_bad_rows(self, r0, r1, lo, hi):
         """The ValueError of :func:`finalize` for rows ``r0:r1`` (min/max ``lo``/``hi``), saying
-        where in the coordinates of the whole scales array."""
+        where in the coordinates of the whole scales array (the other rows as all-zero ones)."""
         full_lo, full_hi = np.zeros(self.scales.shape, lo.dtype), np.zeros(self.scales.shape, hi.dtype)
         full_lo[r0:r1], full_hi[r0:r1] = lo, hi
         full_lo, full_hi = full_lo.reshape(self.pshape), full_hi.reshape(self.pshape)
-        _check_finite(full_lo.astype(_F32), full_hi.astype(_F32), full_lo, full_hi)
-        raise AssertionError("gpuq internal error: a bound is infinite but no finite check failed")
+        finalize(full_lo, full_hi, self.qmin, self.qmax, self.symmetric, self.eps, self.scale_dtype)
+        raise AssertionError("gpuq internal error: a block failed in the loop but not in finalize")
 
 
 def minmax(x, scheme):
@@ -325,13 +328,21 @@ def _reduce_seq(x, lo, hi, reduced, accumulate):
             _reduce_seq(x[a:a + step], lo[a:a + step], hi[a:a + step], reduced, accumulate)
 
 
+#: The kernels' number of each ``scale_dtype`` (``loops.finalize_one``; kernels/qparams.cu's
+#: ``round_scale`` numbers them the same way).
+SCALE_FORMATS = {"float32": 0, "bfloat16": 1, "float16": 2}
+
+
 @np.errstate(over="ignore", invalid="ignore", divide="ignore")
-def finalize(lo, hi, qmin, qmax, symmetric, eps):
+def finalize(lo, hi, qmin, qmax, symmetric, eps, scale_dtype="float32", strict=True):
     """Scales (float32) and zero points (int32, or None) from per-slot ``lo``/``hi``.
 
     ``lo``/``hi`` of any float dtype; float64 is rounded to float32 first
     (rounding is monotonic, so this is the min/max of the rounded values).
-    Raises ``ValueError`` if a slot holds +/-inf or a value beyond float32.
+    Raises ``ValueError`` if a slot holds +/-inf or a value beyond float32, or
+    if a scale rounds to 0 or overflows in ``scale_dtype`` (:func:`round_scales`);
+    with ``strict=False`` such a scale is returned as 0 or +inf instead (its zero
+    point is then meaningless): the MSE search leaves those candidates out.
     """
     lo32, hi32 = lo.astype(_F32), hi.astype(_F32)
     _check_finite(lo32, hi32, lo, hi)
@@ -340,6 +351,7 @@ def finalize(lo, hi, qmin, qmax, symmetric, eps):
         # Half the code range: 127 for 8-bit codes, 7 for 4-bit, max_finite for fp8 (+-max).
         amax = np.fmax(np.fmax(hi32, -lo32), np.float32(0))
         scales = np.asarray(np.maximum(amax / np.float32((qmax - qmin) // 2), eps), _F32)
+        scales = round_scales(scales, scale_dtype, strict)
         zps = None if qmin < 0 else np.full(scales.shape, (qmax + 1) // 2, np.int32)
         return scales, zps
     lo0 = np.fmin(lo32, np.float32(0))
@@ -351,10 +363,59 @@ def finalize(lo, hi, qmin, qmax, symmetric, eps):
         # hi - lo overflows float32 (values near +/-FLT_MAX): the same quotient via float64.
         wide_s = (hi0.astype(_F64) - lo0.astype(_F64)) / float(qmax - qmin)
         scales = np.where(wide, wide_s.astype(_F32), scales)
-    scales = np.asarray(np.maximum(scales, eps), _F32)
+    scales = round_scales(np.asarray(np.maximum(scales, eps), _F32), scale_dtype, strict)
     zps = np.float32(qmin) - np.rint(lo0 / scales)
     zps = np.asarray(np.clip(zps, qmin, qmax), np.int32)
     return scales, zps
+
+
+def round_scales(scales, scale_dtype, strict=True):
+    """Positive finite float32 ``scales`` rounded to nearest even in ``scale_dtype``, as float32
+    holding exactly the rounded values; ``ValueError`` where one rounds to 0 or overflows
+    (``strict=False``: returned as 0 or +inf).
+
+    bfloat16 by its bits (``(u + 0x7fff + lsb) >> 16``, no ml_dtypes needed: a scale is never
+    NaN), float16 by NumPy's cast (nearest even, subnormals kept, +inf from 65520 on).
+
+    >>> round_scales(np.float32([1 / 3, 70000.0]), "bfloat16").tolist()
+    [0.333984375, 70144.0]
+    >>> round_scales(np.float32([70000.0]), "float16")
+    Traceback (most recent call last):
+    ...
+    ValueError: scale_dtype float16 cannot hold the scale 70000.0 chosen for the block of scales index (0,): it overflows float16 (largest 65504); use a wider scale_dtype
+    """
+    if scale_dtype == "float32":
+        return scales
+    if scale_dtype == "bfloat16":
+        u = scales.view(np.uint32)
+        rounded = (((u + np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))) >> 16) << 16).view(_F32)
+    else:
+        with np.errstate(over="ignore"):  # an overflow is an Inf here, reported below
+            rounded = scales.astype(np.float16).astype(_F32)
+    bad = (rounded == 0) | (rounded == np.inf)
+    if strict and bad.any():
+        i = np.unravel_index(int(np.argmax(bad)), bad.shape)
+        raise ValueError(scale_range_message(scale_dtype, scales[i], rounded[i] == 0,
+                                             f" chosen for the block of scales index "
+                                             f"{tuple(int(j) for j in i)}" if bad.ndim else ""))
+    return np.asarray(rounded, _F32)
+
+
+#: Smallest positive and largest finite value of each rounded scale dtype, for the messages.
+_SCALE_LIMITS = {"bfloat16": ("2**-133", "3.39e+38"), "float16": ("2**-24", "65504")}
+
+
+def scale_range_message(scale_dtype, value, to_zero, where):
+    """The ValueError text of a scale that ``scale_dtype`` cannot hold (it rounds to 0 or
+    overflows). ``value`` is the float32 scale (None where it is not known: the GPU's flag)."""
+    smallest, largest = _SCALE_LIMITS[scale_dtype]
+    what = "" if value is None else f" {value}"
+    if to_zero:
+        why = (f"it rounds to 0 in {scale_dtype} (smallest {smallest}); pass a larger eps or use a "
+               f"wider scale_dtype")
+    else:
+        why = f"it overflows {scale_dtype} (largest {largest}); use a wider scale_dtype"
+    return f"scale_dtype {scale_dtype} cannot hold the scale{what}{where}: {why}"
 
 
 def _check_finite(lo32, hi32, lo, hi):
