@@ -138,6 +138,10 @@ def _float_dtype(dtype):
     return as_dtype(dtype, "dtype", FLOAT_DTYPES)
 
 
+def _scale_dtype(dtype):
+    return as_dtype(dtype, "scale_dtype", FLOAT_DTYPES)
+
+
 def _codes(data, shape, name):
     """``gpuq.Codes(data, shape, name)`` for bytes an op has just made (so they fit).
 
@@ -214,16 +218,20 @@ def _dequantize(src, scales, zps=None, *, axis=None, group_size=None, block_size
     return y if out is None else _into(out, y)
 
 
-def _choose_qparams(x, *, axis=None, group_size=None, block_size=None, dtype="int8", symmetric=None, eps=None):
+def _choose_qparams(x, *, axis=None, group_size=None, block_size=None, dtype="int8", symmetric=None, eps=None,
+                    scale_dtype="float32", method="minmax"):
     scales, *zps = torch.ops.gpuq.choose_qparams(x, dtype=_dtype_name(dtype, as_code_type), symmetric=symmetric,
-                                                 eps=eps, **_granularity(x, axis, group_size, block_size))
+                                                 eps=eps, scale_dtype=_dtype_name(scale_dtype, _scale_dtype),
+                                                 method=method, **_granularity(x, axis, group_size, block_size))
     return scales, (zps[0] if zps else None)
 
 
-def _quantize_dynamic(x, *, axis=None, group_size=None, block_size=None, dtype="int8", symmetric=None):
+def _quantize_dynamic(x, *, axis=None, group_size=None, block_size=None, dtype="int8", symmetric=None,
+                      scale_dtype="float32", method="minmax"):
     dtype = _dtype_name(dtype, as_code_type)
     q, scales, *zps = torch.ops.gpuq.quantize_dynamic(x, dtype=dtype, symmetric=symmetric,
-                                                      **_granularity(x, axis, group_size, block_size))
+                                                      scale_dtype=_dtype_name(scale_dtype, _scale_dtype),
+                                                      method=method, **_granularity(x, axis, group_size, block_size))
     return _as_codes(q, x, dtype), scales, (zps[0] if zps else None)
 
 

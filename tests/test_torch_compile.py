@@ -56,7 +56,10 @@ def _every_code_type(x, xb):
     s4, z4 = gpuq.choose_qparams(xb, axis=1, group_size=4, dtype="uint4")
     q4, _, _ = gpuq.quantize_dynamic(xb, axis=1, group_size=4, dtype="uint4")
     fb, sb, _ = gpuq.quantize_dynamic(x, block_size=(4, -1), dtype="float8_e4m3fn")  # block scales
-    return (q8, f8, c4, u8, qd, sd, zd, s4, z4, q4, fb, sb,
+    sm, zm = gpuq.choose_qparams(x, axis=1, group_size=4, dtype="int4", method="mse",
+                                 scale_dtype="bfloat16")  # the MSE search, bfloat16 scales
+    qm, _, _ = gpuq.quantize_dynamic(xb, axis=0, method="mse", scale_dtype=np.float16)
+    return (q8, f8, c4, u8, qd, sd, zd, s4, z4, q4, fb, sb, sm, zm, qm,
             gpuq.dequantize(fb, sb, block_size=(4, -1), dtype="bfloat16"),
             gpuq.dequantize(q8, 0.05, 3, dtype="bfloat16"),
             gpuq.dequantize(f8, _S10, axis=1),
@@ -79,7 +82,7 @@ def test_one_graph_with_the_bits_of_eager_and_numpy():
     # What the eager call returns comes back: torch tensors (fp8 as torch fp8), Codes of packed
     # torch bytes for int4/uint4, None for symmetric zero points.
     assert isinstance(got[2], gpuq.Codes) and isinstance(got[2].data, torch.Tensor)
-    assert got[1].dtype == got[10].dtype == torch.float8_e4m3fn and got[12].dtype == torch.bfloat16
+    assert got[1].dtype == got[10].dtype == torch.float8_e4m3fn and got[15].dtype == torch.bfloat16
     numpy = _every_code_type(x.numpy(), as_numpy(xb))
     same(as_numpy(got), numpy)
     assert (bits(x), bits(xb)) == before  # inputs never written
