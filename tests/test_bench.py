@@ -251,3 +251,13 @@ def test_gpu_bf16_expressions_agree_with_gpuq_on_cpu_tensors(tmp_path):
     rows = gpu_bf16.run("cpu", (1 << 13,), 1, str(tmp_path), compile=False)
     assert rows and all(r.get("mismatches") == 0 for r in rows), rows
     assert {r["contender"] for r in rows} >= {"gpuq", "torch eager"}, rows
+
+
+def test_blocks_bench_int4_rows_match_the_naive_peer():
+    """``python -m bench.blocks --dtype int4`` on a small ragged tensor: every contender runs and
+    the naive peer's packed codes and parameters equal gpuq's bit for bit."""
+    from bench import blocks
+
+    rows = blocks.run((130, 300), 1, log=lambda s: None, dtype="int4")
+    assert {r["op"] for r in rows} == {"quantize", "dequantize", "choose_qparams"}
+    assert all(r["dtype"] == "int4" and r["mismatches"] == 0 for r in rows)

@@ -126,7 +126,7 @@ def _int4_cases():
         ((7,), None, None), ((1,), None, None), ((3, 5), 1, None), ((3, 5), 0, None),
         ((9, 130), 1, 64),    # ragged groups on the last axis
         ((5, 13, 3), 1, 4),   # ragged groups on a middle axis: consecutive parameters
-        ((4, 6, 5), (0, 2), None),  # multi-axis: the NumPy loops in both cases
+        ((4, 6, 5), (0, 2), None),  # multi-axis: a strided map (formats._strided_map)
         ((big,), None, None), ((3, big // 3), 0, None), ((big // 129, 129), 1, None),
         ((big // 1000, 1000), 1, 128), ((big // 77, 7, 11), 1, 3),
     ]
@@ -200,20 +200,31 @@ def test_int4_non_contiguous_src_and_out(name):
 
 
 def test_int4_map_equals_param_index():
-    """The kernels' map (``formats.int4_map``) gives ``param_index``'s parameter everywhere."""
+    """The kernels' map (``formats.int4_map``) gives ``param_index``'s parameter everywhere, and
+    covers block scales (2-D, rank-3 ``(1, b1, b2)``, ragged, odd rows) and multi-axis schemes."""
     from gpuq._scheme import Scheme
 
-    for shape, axis, gs in [((7,), None, None), ((3, 5), 1, None), ((4, 3, 5), 1, None),
-                            ((9, 130), 1, 64), ((5, 13, 3), 1, 4), ((2, 9, 1), 1, 2), ((6, 8), 1, 4)]:
-        scheme = Scheme.build(shape, axis=axis, group_size=gs)
+    schemes = [((7,), dict()), ((3, 5), dict(axis=1)), ((4, 3, 5), dict(axis=1)),
+               ((9, 130), dict(axis=1, group_size=64)), ((5, 13, 3), dict(axis=1, group_size=4)),
+               ((2, 9, 1), dict(axis=1, group_size=2)), ((6, 8), dict(axis=1, group_size=4)),
+               ((4, 6, 5), dict(axis=(0, 2))), ((300, 201), dict(block_size=(128, 128))),
+               ((17, 9), dict(block_size=(16, 4))), ((9, 7), dict(block_size=(2, 5))),
+               ((4, 33, 17), dict(block_size=(1, 8, 16))), ((3, 1, 9, 5), dict(block_size=(1, 1, 4, 2))),
+               ((6, 10, 7), dict(block_size=(-1, 4, 3))), ((6, 10, 7), dict(block_size=(2, 4, 1))),
+               ((6, 10, 7), dict(block_size=(4, 1, -1))), ((5, 12), dict(block_size=(2, -1)))]
+    for shape, kw in schemes:
+        scheme = Scheme.build(shape, **kw)
         n = int(np.prod(shape))
-        T, C, g, G, P, cons = formats.int4_map(scheme, n)
+        T, C, g, G, P, R, rb, cons = formats.int4_map(scheme, n)
         i = np.arange(n)
         o, rem = np.divmod(i, C * T)
         c, t = np.divmod(rem, T)
-        got = ((o % P) * G + c // g) * (T if cons else 1) + (t if cons else 0)
+        f = ((o // R) % P) * -(-R // rb) + (o % R) // rb
+        got = (f * G + c // g) * (T if cons else 1) + (t if cons else 0)
         want = formats.param_index(scheme, 0, n)
-        np.testing.assert_array_equal(got, np.zeros(n, int) if want is None else want)
+        np.testing.assert_array_equal(got, np.zeros(n, int) if want is None else want, err_msg=str((shape, kw)))
+    # Three blocked levels: the per-element gather (the NumPy loops), not this map.
+    assert formats.int4_map(Scheme.build((6, 10, 7), block_size=(2, 4, 3)), 420) is None
 
 
 def test_bfloat16_widening_without_the_dtype_cast(monkeypatch):

@@ -510,3 +510,96 @@ def test_rows_plan_layouts():
     assert not isinstance(blocks.plan(x.transpose(0, 2, 1), o.transpose(0, 2, 1), one, expand=False),
                           blocks.RowsPlan)
     assert not isinstance(blocks.plan(big[::-1, :, :64], o, one, expand=False), blocks.RowsPlan)
+
+
+# --- int4/uint4 with block scales on the compiled int4 kernels (issue 28): formats.int4_map -----
+
+#: (shape, block_size, view): ragged edges, odd row lengths (a byte holds the last code of one
+#: row or block and the first of the next), rank-3 ``(1, b1, b2)``, sizes 1, 17, 1025, views.
+_INT4_BLOCKS = [
+    ((300, 201), (128, 128), None),
+    ((17, 17), (16, 16), "wide"),
+    ((1025, 3), (2, 2), None),
+    ((1, 1025), (1, 128), None),
+    ((1, 1), (4, 4), None),
+    ((17,), (4,), None),
+    ((4, 33, 17), (1, 8, 16), "transposed"),
+    ((3, 130, 101), (1, 64, 64), "wide"),
+    ((70, 91), (16, 32), "transposed"),
+]
+
+
+@pytest.fixture
+def int4_counted(monkeypatch, host_loops):
+    """Counts calls of the compiled int4 kernels; with numba, the ufunc int4 path (its per-element
+    parameter gather, ``formats._gathered``) fails the test."""
+    from gpuq.backends.host import formats
+
+    counted = {"quantize_int4": 0, "dequantize_int4": 0}
+    if host_loops == "numba":
+        from gpuq.backends.host import loops
+
+        for name in counted:
+            def counting(*args, _kernel=getattr(loops, name), _name=name):
+                counted[_name] += 1
+                return _kernel(*args)
+            monkeypatch.setattr(loops, name, counting)
+
+        def fail(*args):
+            raise AssertionError("the ufunc int4 path (a per-element parameter gather) ran")
+        monkeypatch.setattr(formats, "_gathered", fail)
+    return counted
+
+
+def _check_int4_blocks(x, block, code, with_zp, out_dtype, seed):
+    """Quantize and dequantize ``x`` with ``block`` scales against the naive statement, bit for
+    bit (the codes as ONNX packs them; dequantize into a strided ``out`` as well)."""
+    qmin, qmax = FR.INT4[code]
+    s, z = _scheme_params(x.shape, dict(block_size=block), (qmin - 2, qmax + 2), seed)
+    z = z if with_zp else None
+    x32 = np.ascontiguousarray(x).astype(np.float32)  # exact (float16, bfloat16)
+    got = gpuq.quantize(x, s, z, block_size=block, dtype=code)
+    want = FR.naive_quantize(x32, s, z, block_size=block, dtype=code)
+    np.testing.assert_array_equal(np.asarray(got.data), FR.pack_nibbles(want))
+    y_want = FR.naive_dequantize(want, s, z, block_size=block, out_dtype=out_dtype)
+    y = gpuq.dequantize(got, s, z, block_size=block, dtype=np.dtype(out_dtype).name)
+    np.testing.assert_array_equal(y.view(np.uint8), y_want.view(np.uint8))
+    wide = np.empty(x.shape[:-1] + (x.shape[-1] + 3,), out_dtype)[..., :x.shape[-1]]
+    gpuq.dequantize(got, s, z, block_size=block, out=wide)
+    np.testing.assert_array_equal(wide.view(np.uint8), y_want.view(np.uint8))
+
+
+@pytest.mark.parametrize("shape,block,view", _INT4_BLOCKS, ids=str)
+def test_int4_block_scales_take_the_compiled_kernels(host_loops, int4_counted, shape, block, view):
+    """int4 and uint4, with and without zero points, float32 in and out: the same bits as the
+    naive statement on both loops, and with numba every chunk runs the compiled int4 kernels."""
+    x = _input(shape, view)
+    for i, (code, with_zp) in enumerate([("int4", True), ("uint4", True), ("int4", False), ("uint4", False)]):
+        _check_int4_blocks(x, block, code, with_zp, np.float32, seed=i)
+    if host_loops == "numba":
+        assert int4_counted["quantize_int4"] >= 4 and int4_counted["dequantize_int4"] >= 8
+
+
+@pytest.mark.parametrize("shape,block,view", [_INT4_BLOCKS[0], _INT4_BLOCKS[6], _INT4_BLOCKS[8]], ids=str)
+def test_int4_block_scales_half_precision(host_loops, int4_counted, shape, block, view):
+    """float16 and bfloat16 src and out on the compiled int4 kernels: the same bits."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    for dtype in (np.float16, ml_dtypes.bfloat16):
+        x = _input(shape, view, dtype)
+        _check_int4_blocks(x, block, "int4", True, dtype, seed=5)
+        _check_int4_blocks(x, block, "uint4", False, dtype, seed=6)
+
+
+@pytest.mark.parametrize("shape,block", [((301, 1001), (128, 128)), ((3, 301, 333), (1, 64, 128))], ids=str)
+def test_int4_block_scales_across_chunks(host_loops, int4_counted, monkeypatch, shape, block):
+    """Chunks of 4096 elements (even, inside odd rows and ragged blocks) on two threads: each
+    chunk starts the walk mid-row, mid-block; the same bits."""
+    from gpuq.backends.host import formats
+
+    monkeypatch.setattr(formats, "BLOCK", 4096)
+    monkeypatch.setattr("gpuq.backends.host.threads.PARALLEL_MIN", 0)
+    x = _input(shape, "wide")
+    _check_int4_blocks(x, block, "int4", True, np.float32, seed=7)
+    _check_int4_blocks(x, block, "uint4", False, np.float32, seed=8)
+    if host_loops == "numba":
+        assert int4_counted["quantize_int4"] >= 2 * (x.size // 4096)

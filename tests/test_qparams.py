@@ -428,3 +428,71 @@ def test_fused_rows_match_two_passes_across_blocks(monkeypatch, host_loops):
         np.testing.assert_array_equal(z, z2)
         q2 = gpuq.quantize(x, s2, z2, axis=0, dtype=kw.get("dtype", "int8"))
         np.testing.assert_array_equal(q, q2)
+
+
+# --- Ragged groups and blocks: rows at a stride on the compiled reduction (issue 28) -------------
+
+def _ragged_with_nans(shape, fdtype, edge=128):
+    """``shape`` data of ``fdtype`` (last dim not a multiple of ``edge``) with signalling and quiet
+    NaNs at both ends of every group of ``edge`` along the last dim and of the ragged tail, each
+    next to its row's largest magnitude (a reduction restarting after a NaN loses it); one row
+    all NaN and one row's tail all NaN (slots with no number: all zero)."""
+    dt = np.dtype(fdtype) if fdtype != "bfloat16" else np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    rng = np.random.default_rng(28)
+    x = rng.normal(size=shape).astype(np.float32)
+    n = shape[-1]
+    ends = sorted({c for g in range(0, n, edge) for c in (g, min(g + edge, n) - 1)})
+    for k, c in enumerate(ends):
+        x[..., c + (1 if c % edge == 0 else -1)] = (-1) ** k * (20.0 + k)
+    x = x.astype(dt)
+    bits = x.view(f"u{dt.itemsize}")
+    payloads = SNAN_BITS[fdtype]
+    for k, c in enumerate(ends):
+        bits[..., c] = payloads[k % len(payloads)]
+    x[..., ends[1::4]] = np.nan  # quiet ones among them
+    x[..., 1, :] = np.nan
+    x[..., 2, (n // edge) * edge:] = np.nan
+    return x
+
+
+@pytest.mark.parametrize("fdtype", list(SNAN_BITS))
+@pytest.mark.parametrize("shape,kw", [((37, 1100), dict(axis=1, group_size=128)),
+                                      ((3, 11, 300), dict(axis=-1, group_size=128)),
+                                      ((37, 1100), dict(block_size=(16, 128)))],
+                         ids=["group128", "group128-3d", "block16x128"])
+@pytest.mark.parametrize("symmetric", [False, True], ids=["asym", "sym"])
+def test_ragged_groups_reduce_rows_at_a_stride(host_loops, monkeypatch, fdtype, shape, kw, symmetric):
+    """Ragged groups along the last axis reduce their whole groups (``x[:, :1024]``, rows at a
+    stride) and the tail on the compiled kernels (``loops.minmax_keys_rows``) with numba, in
+    units on two threads, NaN skipped (quiet or signalling) at every group edge: the scales and
+    zero points of the naive statement, bit for bit, on both loops (blocks, whose reduced dims
+    are not trailing, reduce on NumPy: the same bits)."""
+    from gpuq.backends.host import qparams as host_qparams
+
+    monkeypatch.setattr(host_qparams, "UNIT", 2048)  # several units a piece, shared by two threads
+    monkeypatch.setattr("gpuq.backends.host.threads.PARALLEL_MIN", 0)
+    rows = {"calls": 0}
+    if host_loops == "numba":
+        from gpuq.backends.host import loops
+
+        kernel = loops.minmax_keys_rows
+
+        def counting(*args):
+            rows["calls"] += 1
+            return kernel(*args)
+        monkeypatch.setattr(loops, "minmax_keys_rows", counting)
+        if "group_size" in kw:
+            def fail(*args):
+                raise AssertionError("a NumPy reduction ran")
+            monkeypatch.setattr(host_qparams, "_reduce_seq", fail)
+    x = _ragged_with_nans(shape, fdtype)
+    with np.errstate(invalid="ignore"):
+        x32 = x.astype(np.float32)  # the NaNs stay NaN; the reference sees values only
+    want_s, want_z = ref.choose_qparams(x32, symmetric=symmetric, **kw)
+    s, z = gpuq.choose_qparams(x, symmetric=symmetric, **kw)
+    _same_bits(s, want_s)
+    if want_z is None:
+        assert z is None
+    else:
+        _same_bits(z, want_z)
+    assert rows["calls"] > 0 or host_loops == "numpy" or "block_size" in kw

@@ -382,6 +382,29 @@ class RowsPlan:
         return self.x, self.o, Rows(self.runs, (self.shape, self.strides, first, last, self.length, self.count))
 
 
+def reduction_rows(x, kept):
+    """``(span, layout)``: ``x`` as rows at a stride for a kernel that reduces its dims from
+    ``kept`` on (``loops.minmax_keys_rows``), or None where those dims are not contiguous (or a
+    stride runs backwards).
+
+    A row holds ``x``'s dims from the first dim ``k <= kept`` on which ``x`` is C-contiguous;
+    ``layout`` is :class:`Rows`' (its out and parameter strides 0), ``count`` the slots of a row
+    (``prod(x.shape[k:kept])``), ``span`` a flat view of ``x``'s memory.
+
+    >>> x = np.zeros((6, 100), np.float32)[:, :64].reshape(6, 4, 16)
+    >>> _, (shape, strides, first, last, length, count) = reduction_rows(x, 2)
+    >>> shape.tolist(), strides[:, 0].tolist(), (first, last, length, count)
+    ([6], [100], (0, 6, 64, 4))
+    """
+    k = _contiguous_from(x, x)
+    if not x.size or k > kept or not _forward(x):
+        return None
+    strides = np.array([[_elements(x, d), 0, 0] for d in range(k)], np.int64).reshape(k, 3)
+    layout = (np.array(x.shape[:k], np.int64), strides, 0, math.prod(x.shape[:k]), math.prod(x.shape[k:]),
+              math.prod(x.shape[k:kept]))
+    return _span(x), layout
+
+
 def _forward(a) -> bool:
     """Whether every stride of ``a`` (dims longer than 1) is a non-negative multiple of its items."""
     return all(s >= 0 and s % a.itemsize == 0 for n, s in zip(a.shape, a.strides) if n > 1)

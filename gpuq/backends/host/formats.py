@@ -7,11 +7,17 @@ widens through a 256-entry table (:func:`fp8_table`) and multiplies once.
 
 int4 codes are packed two per byte over the C-order flattened tensor, so a
 block must be a flat range starting at an even element: :class:`_FlatChunks`
-cuts the flattened tensor into such ranges and gathers each element's
-parameter by its flat index (:func:`param_index`, the kernels' index maps).
-Each chunk is quantized into per-thread int8 scratch by the int8 block
-function with int4's range and packed into the output bytes, so no unpacked
-copy of the tensor is ever made (dequantize unpacks a chunk into scratch).
+cuts the flattened tensor into such ranges. The compiled kernels
+(``loops.quantize_int4``) walk each chunk's parameters themselves by
+:func:`int4_map`: per-tensor, per-channel, groups, multi-axis, and block
+scales with up to two blocked dims (2-D, rank-3 ``(1, b1, b2)``, ragged, a
+byte straddling two rows or blocks) cost what int4 groups cost. Otherwise
+(the ufunc loop, wide zero points, maps :func:`int4_map` does not cover)
+each element's parameter is gathered by its flat index (:func:`param_index`,
+the kernels' index maps), the chunk is quantized into per-thread int8
+scratch by the int8 block function with int4's range and packed into the
+output bytes, so no unpacked copy of the tensor is ever made (dequantize
+unpacks a chunk into scratch).
 
 Why :func:`fp8_bits` rounds correctly (a = the float32 quotient's magnitude bits):
 
@@ -285,23 +291,54 @@ def _unpack_into(src, n, signed, dst) -> None:
 
 
 def int4_map(scheme, n):
-    """``(T, C, gs, G, P, cons)``: the parameter of flat element ``i = (o * C + c) * T + t``
-    is ``((o % P) * G + c // gs) * T + t`` where ``cons``, else ``(o % P) * G + c // gs``
-    (``loops.quantize_int4``); None for the maps it does not cover (strided, expand).
+    """``(T, C, gs, G, P, R, rb, cons)``: the parameter of flat element ``i = (o * C + c) * T + t``
+    is ``(f * G + c // gs) * T + t`` where ``cons``, else ``f * G + c // gs``, with
+    ``f = ((o // R) % P) * ceil(R / rb) + (o % R) // rb`` (``loops.quantize_int4``); None for
+    the maps it does not cover (``expand``, strided maps of more levels, :func:`_strided_map`).
 
     >>> from gpuq._scheme import Scheme
     >>> int4_map(Scheme.build((2, 5), axis=1, group_size=2), 10)
-    (1, 5, 2, 3, 10, False)
+    (1, 5, 2, 3, 10, 1, 1, False)
+    >>> int4_map(Scheme.build((300, 201), block_size=(128, 128)), 60300)
+    (1, 201, 128, 2, 1, 300, 128, False)
     """
-    name, m0, m1, m2, _ = scheme.index_map
+    name, m0, m1, m2, dims = scheme.index_map
     big = max(n, 1)
     if name == "tensor":
-        return big, 1, 1, 1, 1, False
+        return big, 1, 1, 1, 1, 1, 1, False
     if name == "channel":
-        return m1, m0, 1, 1, 1, False
+        if m1 == 1:  # one parameter per element of a row: consecutive (segments of one were 5x slower)
+            return m0, 1, 1, 1, 1, 1, 1, True
+        return m1, m0, 1, 1, 1, 1, 1, False
     if name == "group":
-        return m1, m0, m2, -(-m0 // m2), big, m1 > 1
+        return m1, m0, m2, -(-m0 // m2), big, 1, 1, m1 > 1
+    if name == "strided":
+        return _strided_map(dims, big)
     return None
+
+
+def _strided_map(dims, big):
+    """:func:`int4_map` of a strided index map (block scales, multi-axis), or None.
+
+    The merged dims (``Scheme.index_map``: sizes, parameter strides, blocks; each one blocked,
+    per-element or whole) are read from the last: a per-element or whole last dim is ``T``
+    (``cons`` where per-element), the next ``C`` with groups of ``gs``, the next ``R`` with
+    outer blocks of ``rb``, and one more per-element dim is ``P`` (a whole one does not vary):
+    2-D blocks ``(b0, b1)`` and rank-3 ``(1, b1, b2)`` (ragged or not) are ``T = 1``, groups
+    of ``b_last`` along ``C`` and outer blocks along ``R``. A map with more levels is None.
+    """
+    k = len(dims) // 3
+    levels = list(zip(dims[:k], dims[2 * k:]))  # (size, block) of each merged dim
+    T, cons = 1, False
+    if levels[-1][1] in (1, levels[-1][0]):  # per-element (consecutive) or whole: the inner dim
+        T, cons = levels[-1][0], levels[-1][1] == 1
+        levels.pop()
+    C, gs = levels.pop() if levels else (1, 1)
+    R, rb = levels.pop() if levels else (1, 1)
+    if len(levels) > 1 or (levels and 1 < levels[0][1] < levels[0][0]):  # more blocked levels
+        return None
+    P = big if levels and levels[0][1] == 1 else 1
+    return T, C, gs, -(-C // gs), P, R, rb, cons
 
 
 def _int4_kernel_args(src_or_out, scheme, zps, ct):
@@ -322,14 +359,13 @@ def quantize_int4(src, scheme, scales, zps, packed, signed) -> None:
     read = _flat_reader(src)
     compiled = _int4_kernel_args(src, scheme, zps, ct)
     if compiled is not None:
-        kernels, (T, C, gs, G, P, cons) = compiled
+        kernels, m = compiled
         s = scales.reshape(-1)
         z = None if zps is None else zps.reshape(-1).astype(ct)
 
         def kchunk(a, b, _, scratch):
             x, table = affine.kernel_input(read(a, b))
-            kernels.quantize_int4(x, table, packed[a // 2:(b + 1) // 2], a, T, C, gs, G, P, cons,
-                                  s, z, qmin, qmax)
+            kernels.quantize_int4(x, table, packed[a // 2:(b + 1) // 2], a, *m, s, z, qmin, qmax)
 
         run_blocks([_FlatChunks(src.size)], kchunk)
         return
@@ -358,14 +394,13 @@ def dequantize_int4(packed, scheme, scales, zps, out, signed) -> None:
     flat_out = target.reshape(-1)
     compiled = _int4_kernel_args(out, scheme, zps, ct)
     if compiled is not None:
-        kernels, (T, C, gs, G, P, cons) = compiled
+        kernels, m = compiled
         s = scales.reshape(-1)
         z = None if zps is None else zps.reshape(-1).astype(ct)
         kout = affine.kernel_output(flat_out)
 
         def kchunk(a, b, _, scratch):
-            kernels.dequantize_int4(packed[a // 2:(b + 1) // 2], kout[a:b], a, T, C, gs, G, P, cons,
-                                    bool(signed), s, z)
+            kernels.dequantize_int4(packed[a // 2:(b + 1) // 2], kout[a:b], a, *m, bool(signed), s, z)
 
         run_blocks([_FlatChunks(out.size)], kchunk)
         if target is not out:

@@ -301,6 +301,22 @@ def minmax_keys(bits, run, kmin, kmax, shift, mag, inf):
         kmin[r], kmax[r] = run_keys(bits, r * run, run, shift, mag, inf)
 
 
+_minmax_keys = inlined(minmax_keys)
+
+
+@njit(**_JIT)
+def minmax_keys_rows(rows, bits, run, kmin, kmax, shift, mag, inf):
+    """:func:`minmax_keys` on each row of a block of rows at a stride (``rows`` as
+    ``blocks.Rows.layout``, the src column of its strides used): row ``r`` fills the ``count``
+    slots from ``(r - first) * count``. The whole groups of a ragged tensor (``x[:, :14336]`` of
+    rows of 14400) reduce as fast as a contiguous tensor's."""
+    shape, strides, first, last, length, count = rows
+    for r in range(first, last):
+        a, _, _ = row_starts(r, shape, strides)
+        k = (r - first) * count
+        _minmax_keys(bits[a:a + length], run, kmin[k:k + count], kmax[k:k + count], shift, mag, inf)
+
+
 def float_of_key(key, bits, shift, mag, table):
     """The float (compute type) whose order key is ``key``, ``bits`` the integer view it came from."""
 
@@ -526,56 +542,86 @@ INT4_SUB = 4096
 
 
 @njit(inline="always")
-def _walk(begin, T, C, gs, P):
-    """The walk's state at flat element ``begin = (o * C + c) * T + t``: ``(ob, c, t, g, gend)``
-    with ``ob = o % P``, ``g = c // gs`` and ``gend`` the end of group ``g`` (``<= C``)."""
-    o, rem = divmod(begin, C * T)
-    c, t = divmod(rem, T)
-    g = c // gs
-    return o % P, c, t, g, min((g + 1) * gs, C)
+def _geometry(T, C, gs, G, P, R, rb):
+    """The int4 map as the walk carries it: ``(T, C, gs, G, P, R, rb, GR)``, ``GR = ceil(R / rb)``
+    (the outer blocks per ``R`` rows)."""
+    return T, C, gs, G, P, R, rb, -(-R // rb)
 
 
 @njit(inline="always")
-def _next_row(ob, c, g, gend, C, gs, P):
+def _walk(begin, geo):
+    """The walk's state at flat element ``begin = (o * C + c) * T + t``: ``(outer, c, t, g, gend)``
+    with ``g = c // gs``, ``gend`` the end of group ``g`` (``<= C``) and ``outer = (f, q, m, k)``:
+    ``f`` the outer parameter row of row-set ``o`` (:func:`quantize_int4`), ``q = (o // R) % P``,
+    ``m = o % R`` and ``k = m % rb`` (how far into its outer block)."""
+    T, C, gs, G, P, R, rb, GR = geo
+    o, rem = divmod(begin, C * T)
+    c, t = divmod(rem, T)
+    g = c // gs
+    q, m = divmod(o, R)
+    q = q % P
+    return (q * GR + m // rb, q, m, m % rb), c, t, g, min((g + 1) * gs, C)
+
+
+@njit(inline="always")
+def _next_outer(outer, geo):
+    """``outer`` (:func:`_walk`) after row-set ``o`` ends: no division. ``f`` moves on where an
+    outer block ends (``rb`` rows, or the ragged last one at ``R``)."""
+    T, C, gs, G, P, R, rb, GR = geo
+    f, q, m, k = outer
+    m += 1
+    k += 1
+    if m == R:
+        q = q + 1 if q + 1 < P else 0
+        return q * GR, q, 0, 0
+    if k == rb:
+        return f + 1, q, m, 0
+    return f, q, m, k
+
+
+@njit(inline="always")
+def _next_row(outer, c, g, gend, geo):
     """The state after row ``c`` ends (``t`` back to 0): no division."""
+    T, C, gs, G, P, R, rb, GR = geo
     c += 1
     if c == gend:
         g += 1
         gend = min(gend + gs, C)
     if c == C:
         c, g, gend = 0, 0, min(gs, C)
-        ob = ob + 1 if ob + 1 < P else 0
-    return ob, c, g, gend
+        outer = _next_outer(outer, geo)
+    return outer, c, g, gend
 
 
 @njit(inline="always")
-def _segment(state, T, C, gs, G, P, cons, left):
+def _segment(state, geo, cons, left):
     """``(p, length, state)``: the first parameter and the length (at most ``left``) of the
     segment at ``state`` (:func:`_walk`), and the state after it. An element's parameter is
-    ``(ob * G + g) * T + t`` where ``cons`` (consecutive over a row), else ``ob * G + g``
+    ``(f * G + g) * T + t`` where ``cons`` (consecutive over a row), else ``f * G + g``
     (constant to the end of the group). ``cons`` must be a compile-time constant here (the
     kernels are split on it): a runtime branch between the two kept the inner loops from
     vectorizing (g128 quantize 2.7x slower, measured)."""
-    ob, c, t, g, gend = state
-    row = ob * G + g
+    T, C, gs, G, P, R, rb, GR = geo
+    outer, c, t, g, gend = state
+    row = outer[0] * G + g
     if cons:
         first = row * T + t
         length = min(T - t, left)
         t += length
         if t == T:
             t = 0
-            ob, c, g, gend = _next_row(ob, c, g, gend, C, gs, P)
-        return first, length, (ob, c, t, g, gend)
+            outer, c, g, gend = _next_row(outer, c, g, gend, geo)
+        return first, length, (outer, c, t, g, gend)
     full = (gend - c) * T - t
     if full <= left:
         c, t = gend - 1, 0
-        ob, c, g, gend = _next_row(ob, c, g, gend, C, gs, P)
-        return row, full, (ob, c, t, g, gend)
+        outer, c, g, gend = _next_row(outer, c, g, gend, geo)
+        return row, full, (outer, c, t, g, gend)
     # Stops inside the group's rows (the end of a sub-range): one division.
     t += left
     c += t // T
     t = t % T
-    return row, left, (ob, c, t, g, gend)
+    return row, left, (outer, c, t, g, gend)
 
 
 @njit(inline="always")
@@ -605,16 +651,16 @@ def _unpack(packed, m, buf, s0, signed):
 
 
 @njit(inline="always")
-def _q4(x, table, packed, begin, T, C, gs, G, P, cons, scales, zps, qmin, qmax):
+def _q4(x, table, packed, begin, geo, cons, scales, zps, qmin, qmax):
     zero, lo, hi = to_compute(0, scales[0]), to_compute(qmin, scales[0]), to_compute(qmax, scales[0])
     n = x.size
     buf = np.empty(INT4_SUB, np.int8)
-    state = _walk(begin, T, C, gs, P)
+    state = _walk(begin, geo)
     for s0 in range(0, n, INT4_SUB):
         m = min(INT4_SUB, n - s0)
         k = 0
         while k < m:
-            p, length, state = _segment(state, T, C, gs, G, P, cons, m - k)
+            p, length, state = _segment(state, geo, cons, m - k)
             xs, bs = x[s0 + k:s0 + k + length], buf[k:k + length]
             if cons:
                 sc = scales[p:p + length]
@@ -634,17 +680,17 @@ def _q4(x, table, packed, begin, T, C, gs, G, P, cons, scales, zps, qmin, qmax):
 
 
 @njit(inline="always")
-def _dq4(packed, out, begin, T, C, gs, G, P, cons, signed, scales, zps):
+def _dq4(packed, out, begin, geo, cons, signed, scales, zps):
     zero = to_compute(0, scales[0])
     n = out.size
     buf = np.empty(INT4_SUB, np.int8)
-    state = _walk(begin, T, C, gs, P)
+    state = _walk(begin, geo)
     for s0 in range(0, n, INT4_SUB):
         m = min(INT4_SUB, n - s0)
         _unpack(packed, m, buf, s0, signed)
         k = 0
         while k < m:
-            p, length, state = _segment(state, T, C, gs, G, P, cons, m - k)
+            p, length, state = _segment(state, geo, cons, m - k)
             os_, bs = out[s0 + k:s0 + k + length], buf[k:k + length]
             if cons:
                 sc = scales[p:p + length]
@@ -668,28 +714,32 @@ def _dq4(packed, out, begin, T, C, gs, G, P, cons, signed, scales, zps):
 
 
 @njit(**_JIT)
-def quantize_int4(x, table, packed, begin, T, C, gs, G, P, cons, scales, zps, qmin, qmax):
+def quantize_int4(x, table, packed, begin, T, C, gs, G, P, R, rb, cons, scales, zps, qmin, qmax):
     """Packed int4/uint4 codes of flat ``x`` (elements ``begin ..`` of the tensor, ``begin``
     even) into ``packed`` (``ceil(x.size / 2)`` bytes, ONNX nibble order).
 
-    Parameter of element ``i`` (absolute): see :func:`_segment` with
-    ``i = (o * C + c) * T + t``, ``ob = o % P``, ``g = c // gs`` (``formats.int4_map``: per-tensor, per-channel and
-    per-group maps). Codes go through an L1 buffer of :data:`INT4_SUB`, segment by
-    segment (long inner loops with one parameter, or consecutive ones), then are packed
-    as uint16 pairs: memory is read and written once.
+    The parameter of element ``i = (o * C + c) * T + t`` (absolute) is ``(f * G + c // gs) * T + t``
+    where ``cons``, else ``f * G + c // gs``, with the outer parameter row
+    ``f = ((o // R) % P) * ceil(R / rb) + (o % R) // rb`` (``formats.int4_map``: per-tensor,
+    per-channel and per-group maps take ``R = rb = 1``, so ``f = o % P``; block scales and
+    multi-axis maps block the row-sets too). Codes go through an L1 buffer of
+    :data:`INT4_SUB`, segment by segment (long inner loops with one parameter, or consecutive
+    ones, :func:`_segment`), then are packed as uint16 pairs: memory is read and written once.
     """
+    geo = _geometry(T, C, gs, G, P, R, rb)
     if cons:
-        _q4(x, table, packed, begin, T, C, gs, G, P, True, scales, zps, qmin, qmax)
+        _q4(x, table, packed, begin, geo, True, scales, zps, qmin, qmax)
     else:
-        _q4(x, table, packed, begin, T, C, gs, G, P, False, scales, zps, qmin, qmax)
+        _q4(x, table, packed, begin, geo, False, scales, zps, qmin, qmax)
 
 
 @njit(**_JIT)
-def dequantize_int4(packed, out, begin, T, C, gs, G, P, cons, signed, scales, zps):
+def dequantize_int4(packed, out, begin, T, C, gs, G, P, R, rb, cons, signed, scales, zps):
     """``(q - zp) * s`` of the packed int4/uint4 codes of elements ``begin .. begin + out.size``
     (``begin`` even; ``packed`` starts at element ``begin``) into flat ``out``; parameters
     as :func:`quantize_int4`."""
+    geo = _geometry(T, C, gs, G, P, R, rb)
     if cons:
-        _dq4(packed, out, begin, T, C, gs, G, P, True, signed, scales, zps)
+        _dq4(packed, out, begin, geo, True, signed, scales, zps)
     else:
-        _dq4(packed, out, begin, T, C, gs, G, P, False, signed, scales, zps)
+        _dq4(packed, out, begin, geo, False, signed, scales, zps)

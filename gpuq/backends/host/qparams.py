@@ -234,13 +234,38 @@ class _ReducePlan:
 
 def _reduce_unit(x, out, reduced, scratch, *, kernels):
     kept = x.ndim - len(reduced)
-    if kernels is not None and x.flags.c_contiguous and reduced == tuple(range(kept, x.ndim)):
-        # Rows of contiguous reduced elements: one compiled pass.
-        lo, hi = row_minmax(x.reshape(math.prod(x.shape[:kept]), -1), kernels)
-        out[0][...] = lo.reshape(out[0].shape)
-        out[1][...] = hi.reshape(out[1].shape)
-        return
+    if kernels is not None and reduced == tuple(range(kept, x.ndim)):
+        # Slots of contiguous reduced elements: one compiled pass.
+        found = _slot_minmax(x, kept, kernels)
+        if found is not None:
+            out[0][...] = found[0].reshape(out[0].shape)
+            out[1][...] = found[1].reshape(out[1].shape)
+            return
     _reduce_seq(x, out[0], out[1], reduced, False)
+
+
+def _slot_minmax(x, kept, kernels):
+    """NaN-ignoring min and max (flat, C order) of every slot of ``x``, its dims from ``kept`` on
+    reduced, by the compiled kernels; None where the slots are not contiguous.
+
+    A C-contiguous ``x`` is rows of slots (:func:`row_minmax`). Otherwise its trailing dims
+    from some dim ``k <= kept`` may still be contiguous: rows of slots at a stride, e.g. the
+    whole groups ``x[:, :14336]`` of a ragged ``(4160, 14400)`` tensor, reduced row by row
+    (``loops.minmax_keys_rows``, ``blocks.reduction_rows``) instead of by NumPy on a strided
+    view (3x the time, measured).
+    """
+    if x.flags.c_contiguous:
+        return row_minmax(x.reshape(math.prod(x.shape[:kept]), -1), kernels)
+    rows = blocks.reduction_rows(x, kept)
+    if rows is None:
+        return None
+    span, layout = rows
+    slots = math.prod(x.shape[:kept])
+    it = _KEY_INT[x.dtype.itemsize]
+    shift, mag, inf = _key_constants(x.dtype)
+    kmin, kmax = np.empty(slots, it), np.empty(slots, it)
+    kernels.minmax_keys_rows(layout, span.view(it), math.prod(x.shape[kept:]), kmin, kmax, shift, mag, inf)
+    return _floats_of_keys(kmin, kmax, x.dtype, shift, mag)
 
 
 _KEY_INT = {2: np.dtype(np.int16), 4: np.dtype(np.int32), 8: np.dtype(np.int64)}
@@ -267,10 +292,13 @@ def row_minmax(rows, kernels):
     shift, mag, inf = _key_constants(rows.dtype)
     kmin, kmax = np.empty(rows.shape[0], it), np.empty(rows.shape[0], it)
     kernels.minmax_keys(rows.reshape(-1).view(it), rows.shape[1], kmin, kmax, shift, mag, inf)
-    # A key is its own inverse map: the same flip turns it back into the float's bits.
-    lo = (kmin ^ ((kmin >> shift) & mag)).view(rows.dtype)
-    hi = (kmax ^ ((kmax >> shift) & mag)).view(rows.dtype)
-    return lo, hi
+    return _floats_of_keys(kmin, kmax, rows.dtype, shift, mag)
+
+
+def _floats_of_keys(kmin, kmax, dtype, shift, mag):
+    """The floats (``dtype``) of order keys: a key is its own inverse map, the same flip turns
+    it back into the float's bits."""
+    return (kmin ^ ((kmin >> shift) & mag)).view(dtype), (kmax ^ ((kmax >> shift) & mag)).view(dtype)
 
 
 def nan_skipping_minmax(x, axes, lo, hi, keepdims=True):

@@ -129,13 +129,33 @@ def run_blocks(plans, block_fn) -> None:
     if threads <= 1 or total < PARALLEL_MIN:
         run_range(work, block_fn)
         return
-    bounds = [len(work) * i // threads for i in range(threads + 1)]
+    bounds = _shares(plans, threads)
     pool = _executor()
     futures = [pool.submit(run_range, work[bounds[i]:bounds[i + 1]], block_fn)
                for i in range(1, threads)]
     run_range(work[bounds[0]:bounds[1]], block_fn)
     for f in futures:
         f.result()
+
+
+def _shares(plans, threads) -> list:
+    """Where each thread's contiguous share of the blocks of ``plans`` starts and ends: about
+    equal elements each, a plan's blocks weighing its size over its block count.
+
+    Not equal block counts: the reductions cut every piece of a scheme into as many units
+    (``qparams._ReducePlan``), so a ragged scheme's small edge pieces weighed as much as its
+    main piece, and one thread reduced the main piece alone.
+
+    >>> from types import SimpleNamespace as P
+    >>> _shares([P(size=800, nblocks=8), P(size=8, nblocks=8)], 2)
+    [0, 4, 16]
+    """
+    counts = [p.nblocks for p in plans]
+    weights = np.repeat([p.size / max(n, 1) for p, n in zip(plans, counts)], counts)
+    ends = np.cumsum(weights)
+    # The blocks that end within each share (equal weights: len(work) * i // threads, as before).
+    cuts = np.searchsorted(ends, ends[-1] * (1 + 1e-9) * np.arange(1, threads) / threads, side="right")
+    return [0, *(int(c) for c in cuts), len(weights)]
 
 
 def run_range(work, block_fn) -> None:
