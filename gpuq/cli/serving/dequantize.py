@@ -103,7 +103,7 @@ def recognise(model: ModelFolder, qc, where: str) -> tuple:
         if not isinstance(ignore, list) or not all(isinstance(i, str) for i in ignore):
             raise CliError(f"{where}: ignore {ignore!r} is not a list of module names")
         found = {n.rpartition(".")[0] for n in specs if n.endswith((".weight_packed", ".weight_scale"))}
-        modules = {m: _ct_scheme(m, groups, ignore, where) for m in found}
+        modules = {m: _ct_scheme(m, groups, ignore, where) for m in sorted(found, key=natural_key)}
         what = "compressed-tensors " + "/".join(sorted({s.layout.name for s in modules.values()}))
     elif method == "fp8":
         scheme = read_fp8_blocks(qc, where)

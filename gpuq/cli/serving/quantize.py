@@ -224,9 +224,9 @@ def quantize_weight(x, scheme: WeightScheme, device, name, nonfinite="warn", war
     >>> from gpuq.cli.env import HostDevice
     >>> x = np.array([[0.5, -1.0], [2.0, 4.0]], np.float32)
     >>> s = WeightScheme(int_code(8), "channel", True, "float32", PACK)
-    >>> t, stats, _ = quantize_weight(x, s, HostDevice(), "w")
-    >>> sorted(t), t["w.weight_scale"].ravel().tolist()
-    ['w.weight_packed', 'w.weight_scale', 'w.weight_shape'], [0.007874015718698502, 0.031496062874794006]
+    >>> t, stats, _ = quantize_weight(x, s, HostDevice(), "m.weight")
+    >>> sorted(t), t["m.weight_scale"].ravel().tolist()
+    (['m.weight_packed', 'm.weight_scale', 'm.weight_shape'], [0.007874015718698502, 0.031496062874794006])
     """
     import gpuq
 
