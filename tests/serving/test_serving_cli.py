@@ -225,6 +225,11 @@ def test_fp8_blocks_tensors_against_the_reference(tmp_path, capsys):
         same_bits(t[m + ".weight_scale_inv"], s)
         full = s[np.arange(out) // 128][:, np.arange(n) // 128]
         same_bits(t[m + ".weight"], ref_fp8(x, full))
+        # the SQNR reported is that of these codes and scales, dequantized in float32
+        row = next(r for r in report["tensors"] if r["name"] == m + ".weight")
+        d = ref_fp8(x, full).astype(np.float32) * full
+        x64 = x.astype(np.float64)
+        assert abs(row["sqnr_db"] - 10 * np.log10((x64 * x64).sum() / ((x64 - d) ** 2).sum())) < 1e-9
     assert _config(tmp_path / "q")["quantization_config"] == {
         "activation_scheme": "dynamic", "fmt": "e4m3", "ignored_layers": [
             "lm_head", "model.embed_tokens", "model.layers.0.input_layernorm",
@@ -425,6 +430,8 @@ def test_a_failed_run_leaves_out_as_it_was(tmp_path, capsys, monkeypatch, comman
     (("--dtype", "float8_e4m3fn", "--group-size", "32"), "float8_e4m3fn has no zero point"),
     (("--group-size", "32", "--axis", "0"), "--group-size groups along the input dimension (axis 1), got --axis 0"),
     (("--workers", "2"), "--format compressed-tensors runs on this machine: drop --scheduler/--workers"),
+    (("--block", "128x128"), "--block 128x128: --format fp8-blocks has 128x128 blocks (its weight_block_size), "
+                             "and compressed-tensors is written per channel, group or tensor"),
 ])
 def test_compressed_tensors_options_refused(tmp_path, capsys, options, message):
     make_model(tmp_path / "m")
@@ -435,12 +442,15 @@ def test_compressed_tensors_options_refused(tmp_path, capsys, options, message):
 
 
 @pytest.mark.parametrize("options", [("--dtype", "int8"), ("--group-size", "128"), ("--per-tensor",),
-                                     ("--axis", "0"), ("--asymmetric",)])
+                                     ("--axis", "0"), ("--asymmetric",), ("--block", "64x64")])
 def test_fp8_blocks_has_one_scheme(tmp_path, capsys, options):
     make_model(tmp_path / "m")
     assert gpuq_main("quantize", tmp_path / "m", "-o", tmp_path / "q", "--format", "fp8-blocks", *options) == 2
-    assert "--format fp8-blocks has one scheme, float8_e4m3fn with one scale per 128x128 block" in \
-        one_error_line(capsys)
+    assert re.search(r"--format fp8-blocks has (one scheme, float8_e4m3fn with one scale per )?128x128 block",
+                     one_error_line(capsys))
+    # --block 128x128 says what the format does: accepted
+    assert gpuq_main("quantize", tmp_path / "m", "-o", tmp_path / "q", "--format", "fp8-blocks", "--block",
+                     "128x128", "-q", "--device", "cpu") == 0
 
 
 def _edit(folder, fn):

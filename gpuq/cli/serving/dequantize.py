@@ -96,22 +96,12 @@ def recognise(model: ModelFolder, qc, where: str) -> tuple:
     if not isinstance(qc, dict):
         raise CliError(f"{where}: quantization_config is {type(qc).__name__}, not an object")
     method = qc.get("quant_method")
-    specs = model.specs
-    if method == "compressed-tensors":
-        groups = read_ct_groups(qc, where)
-        ignore = qc.get("ignore") or []
-        if not isinstance(ignore, list) or not all(isinstance(i, str) for i in ignore):
-            raise CliError(f"{where}: ignore {ignore!r} is not a list of module names")
-        found = {n.rpartition(".")[0] for n in specs if n.endswith((".weight_packed", ".weight_scale"))}
-        modules = {m: _ct_scheme(m, groups, ignore, where) for m in sorted(found, key=natural_key)}
-        what = "compressed-tensors " + "/".join(sorted({s.layout.name for s in modules.values()}))
-    elif method == "fp8":
-        scheme = read_fp8_blocks(qc, where)
-        modules = {n.rpartition(".")[0]: scheme for n in specs if n.endswith(".weight_scale_inv")}
-        what = "fine-grained fp8"
-    else:
+    reader = _READERS.get(method) if isinstance(method, str) else None
+    if reader is None:
         raise CliError(f"{where}: quantization_config quant_method {method!r} is not one gpuq reads "
                        f"(compressed-tensors, fp8 with weight_block_size; or gpuq's own files)")
+    specs = model.specs
+    modules, what = reader(qc, specs, where)
     if not modules:
         raise CliError(f"{where} says {what}, but no tensor of IN is a quantized weight")
     used = set()
@@ -130,6 +120,28 @@ def recognise(model: ModelFolder, qc, where: str) -> tuple:
         raise CliError(f"tensor {orphans[0]!r} is a quantization parameter of no quantized weight "
                        f"({what}): IN does not match its config")
     return planned, what
+
+
+def _compressed_tensors(qc, specs, where) -> tuple:
+    """``({module: scheme}, what)``: the modules with compressed-tensors' tensors, each with the
+    scheme of the config group that targets it."""
+    groups = read_ct_groups(qc, where)
+    ignore = qc.get("ignore") or []
+    if not isinstance(ignore, list) or not all(isinstance(i, str) for i in ignore):
+        raise CliError(f"{where}: ignore {ignore!r} is not a list of module names")
+    found = {n.rpartition(".")[0] for n in specs if n.endswith((".weight_packed", ".weight_scale"))}
+    modules = {m: _ct_scheme(m, groups, ignore, where) for m in sorted(found, key=natural_key)}
+    return modules, "compressed-tensors " + "/".join(sorted({s.layout.name for s in modules.values()}))
+
+
+def _fine_grained_fp8(qc, specs, where) -> tuple:
+    """``({module: scheme}, what)``: every module with a ``weight_scale_inv``."""
+    scheme = read_fp8_blocks(qc, where)
+    return {n.rpartition(".")[0]: scheme for n in specs if n.endswith(".weight_scale_inv")}, "fine-grained fp8"
+
+
+#: The readers of each ``quant_method`` (the value in config.json, not a gpuq code type).
+_READERS = {"compressed-tensors": _compressed_tensors, "fp8": _fine_grained_fp8}
 
 
 def _ct_scheme(module, groups, ignore, where):

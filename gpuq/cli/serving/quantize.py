@@ -25,16 +25,15 @@ weight's tensors in its place.
 
 from __future__ import annotations
 
-import math
 import os
 
 import numpy as np
 
 from ..._codetypes import as_code_type
-from ..convert import (code_rows, count_nonfinite, error_stats, finish_report, host_codes, progress_bar,
-                       sqnr_db)
+from ..convert import count_nonfinite, error_stats, finish_report, host_codes, progress_bar, sqnr_db
 from ..files import Checkpoint, CliError, check_header_size, checkpoint_writer, safetensors_layout
 from ..report import nonfinite_text
+from ..selection import parse_block
 from ..sharded import output_shard_entries
 from .folder import CONFIG, ModelFolder, model_output
 from .formats import (FP8_BLOCK, FP8_BLOCKS, NAIVE, PACK, WeightScheme, ct_config, fp8_blocks_config,
@@ -52,10 +51,14 @@ class Request:
     ``code`` (a row), ``strategy``, ``group_size``, ``symmetric``, ``layout``."""
 
     def __init__(self, fmt, *, dtype=None, axis=None, per_tensor=False, group_size=None,
-                 symmetric=False, asymmetric=False):
+                 symmetric=False, asymmetric=False, block=None):
         if fmt not in FORMATS:
             raise CliError(f"--format must be gpuq, {' or '.join(FORMATS)}, got {fmt!r}")
         self.format = fmt
+        if block is not None and (fmt != "fp8-blocks" or parse_block(block, "--block") != FP8_BLOCK):
+            raise CliError(f"--block {block}: --format fp8-blocks has {FP8_BLOCK[0]}x{FP8_BLOCK[1]} blocks "
+                           f"(its weight_block_size), and compressed-tensors is written per channel, "
+                           f"group or tensor")
         if fmt == "fp8-blocks":
             self._fp8_blocks(dtype, axis, per_tensor, group_size, asymmetric)
         else:
@@ -110,7 +113,8 @@ def run(args, *, warn, progress, device) -> dict:
     if args.scheduler is not None or args.workers is not None:
         raise CliError(f"--format {args.format} runs on this machine: drop --scheduler/--workers")
     request = Request(args.format, dtype=args.dtype, axis=args.axis, per_tensor=args.per_tensor,
-                      group_size=args.group_size, symmetric=args.symmetric, asymmetric=args.asymmetric)
+                      group_size=args.group_size, symmetric=args.symmetric, asymmetric=args.asymmetric,
+                      block=args.block)
     if args.min_size < 0:
         raise CliError(f"--min-size must be >= 0, got {args.min_size}")
     model = ModelFolder(args.input)
@@ -260,24 +264,11 @@ def quantize_weight(x, scheme: WeightScheme, device, name, nonfinite="warn", war
 
 
 def _stats(x, q, scales, zps, scheme, device, finite_only) -> dict:
-    """error_stats of the weight: its own scheme, or for blocks each stripe of block rows as
-    groups along the input with the stripe's scales repeated down its rows."""
-    code = scheme.code.name
+    """:func:`gpuq.cli.convert.error_stats` of one weight, in its own scheme."""
     kw = scheme.api_kwargs()
-    if scheme.block is None:
-        cli = {"axis": kw["axis"], "group_size": kw["group_size"], "dtype": code}
-        return error_stats(x, q, scales, zps, cli, get=device.get, finite_only=finite_only)
-    b0, b1 = scheme.block
-    total = {"signal": 0.0, "error": 0.0, "max_abs_error": 0.0}
-    for i, r0 in enumerate(range(0, x.shape[0], b0)):
-        r1 = min(x.shape[0], r0 + b0)
-        s = np.repeat(scales[i:i + 1], r1 - r0, axis=0)
-        part = error_stats(x[r0:r1], code_rows(q, r0, r1), s, None,
-                           {"axis": 1, "group_size": b1, "dtype": code}, get=device.get, finite_only=finite_only)
-        if not math.isnan(part["signal"]):
-            total = {"signal": total["signal"] + part["signal"], "error": total["error"] + part["error"],
-                     "max_abs_error": max(total["max_abs_error"], part["max_abs_error"])}
-    return total
+    cli = {"axis": kw["axis"], "group_size": kw["group_size"], "block_size": kw["block_size"],
+           "dtype": scheme.code.name}
+    return error_stats(x, q, scales, zps, cli, get=device.get, finite_only=finite_only)
 
 
 def _scheme_json(scheme: WeightScheme) -> dict:
