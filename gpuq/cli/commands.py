@@ -117,6 +117,20 @@ client once every shard has succeeded, and the result is the same bytes as a
 local run. The first shard that fails stops the others at their next tensor;
 the client waits for them (for --workers, closes its cluster) before it
 removes the run's files.
+
+Serving formats (--format compressed-tensors | fp8-blocks): IN and OUT are
+model folders (config.json, model.safetensors or shards with their index,
+other files copied) that vLLM, SGLang and transformers load. The rank-2
+*.weight tensors of Linear layers are quantized (not embeddings, not norms;
+lm_head only when an --include names it), with scales in the model's dtype.
+compressed-tensors: int8 (default; per output channel, symmetric: W8A16),
+int4 (groups of 128 by default, --group-size G, or --axis 0 per channel),
+--asymmetric for zero points; float8_e4m3fn per output channel or
+--per-tensor. fp8-blocks: float8_e4m3fn, one float32 weight_scale_inv per
+128x128 block. Every module whose weight stays in float is listed in the
+config's ignore (ignored_layers), q/k/v and gate/up are quantized together or
+not at all, and the report's vLLM column says whether vLLM's kernels take
+each layer's shape. The folder is written all or nothing, config.json last.
 """
 
 
@@ -216,9 +230,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sharded IN: run the shards on a local Dask cluster of N worker "
                         "processes")
 
-    d = sub.add_parser("dequantize", help="restore float tensors from a gpuq-quantized file",
+    d = sub.add_parser("dequantize", help="restore float tensors from a gpuq-quantized file or a "
+                                          "quantized model folder",
                        description="Restore float tensors from a file written by gpuq quantize; "
-                                   "other tensors are copied bit for bit. Every tensor is "
+                                   "other tensors are copied bit for bit. A model folder (with a "
+                                   "config.json) quantized as compressed-tensors (pack-quantized, "
+                                   "naive/float/int-quantized), fine-grained fp8 (weight_scale_inv) "
+                                   "or by gpuq gives a dense model folder in the model's dtype (or "
+                                   "--dtype), quantization_config removed; an unknown "
+                                   "quantization_config is one line, exit 2. Every tensor is "
                                    "checked against the file's gpuq metadata (format version, "
                                    "code, scale and zero-point dtypes and shapes) before "
                                    "anything is written. A .npz IN may be "

@@ -116,8 +116,9 @@ def default_notes(report: dict) -> list:
 def format_dequantize(report: dict) -> str:
     """One summary line for ``gpuq dequantize``."""
     tot = report["total"]
+    fmt = f"{report['format']}, " if report.get("format") else ""
     return (f"gpuq dequantize: {report['input']} -> {report['output']} "
-            f"(device: {report['device']}): restored {tot['quantized']}, "
+            f"({fmt}device: {report['device']}): restored {tot['quantized']}, "
             f"kept {tot['kept']}, {human_bytes(tot['bytes_before'])} -> "
             f"{human_bytes(tot['bytes_after'])}")
 

@@ -312,7 +312,12 @@ def test_the_table_shows_the_column_and_the_notes(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "(compressed-tensors, device: cpu)" in out.splitlines()[0]
     assert re.search(r"model\.layers\.0\.mlp\.down_proj\.weight +128x128 +int8 sym channel .* Marlin ok", out)
-    assert "note: kept in float and listed in ignore: lm_head (lm_head: kept in float unless --include names it)" in out
+    assert ("note: kept in float and listed in ignore: lm_head (the output layer, kept by default: an --include "
+            "naming it quantizes it)") in out
+    assert gpuq_main("dequantize", tmp_path / "q", "-o", tmp_path / "d", "--device", "cpu", "-q") == 0
+    assert capsys.readouterr().out.startswith(
+        f"gpuq dequantize: {tmp_path / 'q'} -> {tmp_path / 'd'} (compressed-tensors pack-quantized, device: cpu): "
+        f"restored 7, kept 5,")
     assert "note: not copied into OUT: original/, pytorch_model.bin" in out
 
 

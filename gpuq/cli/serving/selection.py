@@ -65,7 +65,7 @@ def choose(specs: dict, config: dict, scheme_for, *, include=(), exclude=(), min
         if name not in eligible:
             kept[name] = "not selected (--include/--exclude/--min-size)"
         elif module.rpartition(".")[2] == "lm_head" and not any(fnmatch.fnmatchcase(name, p) for p in include):
-            kept[name] = "lm_head: kept in float unless --include names it"
+            kept[name] = "the output layer, kept by default: an --include naming it quantizes it"
         else:
             scheme = scheme_for(name, specs[name][0])
             if isinstance(scheme, str):
