@@ -29,7 +29,7 @@ import secrets
 import shutil
 
 from ..files import Checkpoint, CliError, _one_line, atomic_output
-from ..sharded import INDEX_SUFFIX, OutputFolder, ShardedCheckpoint, write_index
+from ..sharded import INDEX_SUFFIX, OutputFolder, ShardedCheckpoint, prepare_folder, write_index
 from ..signals import held_signals
 
 CONFIG = "config.json"
@@ -175,40 +175,19 @@ class ModelOutput(OutputFolder):
         with ``index_name`` and ``metadata``, is given: see :func:`gpuq.cli.sharded.write_index`,
         from ``{shard: {name: nbytes}}``) and then ``config.json``."""
         with held_signals():
-            try:
-                for old in [CONFIG] + sorted(n for n in self.names if n.endswith(INDEX_SUFFIX)):
-                    p = os.path.join(self.path, old)
-                    if os.path.lexists(p):
-                        os.unlink(p)
-                for name in staged:
-                    os.replace(self.staged(name), os.path.join(self.path, name))
-            except OSError as exc:
-                raise CliError(f"cannot write OUT {self.path!r}: {_one_line(exc)}") from exc
+            # config.json goes first and comes back last: a half-committed OUT is no model folder
+            self.put_in_place([CONFIG] + sorted(n for n in self.names if n.endswith(INDEX_SUFFIX)), staged)
             if index_src is not None:
                 write_index(self.path, index_src, shard_entries)
             write_json(os.path.join(self.path, CONFIG), config)
 
 
 def _prepare(out: str, src, names) -> bool:
-    """Check OUT (a folder for a model), create it if missing; True if created here."""
-    if os.path.splitext(out)[1].lower() in (".safetensors", ".npz", ".npy", ".json"):
-        raise CliError(f"OUT {out!r} must be a folder (a model folder: config.json and the "
-                       f"weights go there), not a file name")
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise CliError(f"cannot write OUT {out!r}: it is a file; a model folder is written to a folder")
-    parent = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(parent):
-        raise CliError(f"cannot write OUT {out!r}: directory {parent!r} does not exist")
-    if not os.path.isdir(out):
-        try:
-            os.mkdir(out)
-        except OSError as exc:
-            raise CliError(f"cannot write OUT {out!r}: {_one_line(exc)}") from exc
+    """Check OUT (a folder for a model), create it if missing; True if created here. An existing
+    OUT may hold ``names`` (replaced at the commit) but no other weight file."""
+    if prepare_folder(out, src.path, "for a model (config.json and the weights go there)",
+                      "a model folder is written to a folder"):
         return True
-    if os.path.samefile(out, src.path):
-        raise CliError(f"OUT {out!r} is the input folder; write to a new folder")
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise CliError(f"cannot write OUT {out!r}: the folder is not writable")
     stale = sorted(f for f in os.listdir(out) if f.endswith(_OTHER_WEIGHTS) and f not in names
                    and not f.startswith("."))
     if stale:
