@@ -30,7 +30,6 @@ import os
 import shutil
 import sys
 
-import numpy as np
 import pytest
 
 if sys.version_info < (3, 11):

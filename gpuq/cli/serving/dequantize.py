@@ -81,7 +81,7 @@ def run(in_path, out_path, *, dtype, device, progress=True) -> dict:
     finally:
         bar.close()
     report = finish_report("dequantize", in_path, out_path, device.name, rows)
-    report["format"] = what
+    report.update(format=what, left_out=model.left_out)
     return report
 
 
