@@ -69,7 +69,8 @@ def tree(folder) -> dict:
     """``{file: bytes}`` of a folder (hidden files included): what a failed run must not change."""
     if not os.path.isdir(folder):
         return None
-    return {f: Path(folder, f).read_bytes() for f in sorted(os.listdir(folder))}
+    return {f: Path(folder, f).read_bytes() if Path(folder, f).is_file() else "<folder>"
+            for f in sorted(os.listdir(folder))}
 
 
 def make_model(folder, *, hidden=128, inter=128, heads=4, kv_heads=2, head_dim=32, vocab=128, layers=1,

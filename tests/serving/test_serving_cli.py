@@ -334,6 +334,16 @@ def test_other_files_are_copied_and_weights_of_other_formats_are_not(tmp_path, c
     assert {k: v for k, v in cfg.items() if k != "quantization_config"} == src_cfg
 
 
+def test_inputs_are_not_modified(tmp_path):
+    make_model(tmp_path / "m")
+    before = tree(tmp_path / "m")
+    _quantize(tmp_path / "m", tmp_path / "q", "--format", "compressed-tensors", "--dtype", "int4", "--asymmetric")
+    assert tree(tmp_path / "m") == before
+    quantized = tree(tmp_path / "q")
+    assert gpuq_main("dequantize", tmp_path / "q", "-o", tmp_path / "d", "--device", "cpu", "-q") == 0
+    assert tree(tmp_path / "q") == quantized
+
+
 def test_sharded_model_folder_round_trip(tmp_path, capsys):
     """A sharded model quantized shard by shard (each quantized weight's tensors in its shard), the
     index complete; dequantized back: the bits of the one-file run."""
@@ -536,6 +546,9 @@ def test_unsupported_fp8_configs(tmp_path, capsys, qc, message):
      "tensor 'model.layers.0.mlp.up_proj.weight_zero_point' is int32 [1, 1], expected int32 [16, 1]"),
     (lambda t: t.update({"model.layers.0.mlp.up_proj.input_scale": np.ones((1,), BF16)}),
      "tensor 'model.layers.0.mlp.up_proj.input_scale' is a quantization parameter of no quantized weight"),
+    (lambda t: t.update({"model.layers.0.mlp.up_proj.weight": np.ones((128, 128), BF16)}),
+     "module 'model.layers.0.mlp.up_proj' holds both 'model.layers.0.mlp.up_proj.weight_packed' and a dense "
+     "'model.layers.0.mlp.up_proj.weight': which one is the weight?"),
     (lambda t: t.update({"model.layers.9.mlp.up_proj.weight_scale": np.ones((4, 1), BF16)}),
      "module 'model.layers.9.mlp.up_proj' (int4 asym g=128, PackQuantized): tensor "
      "'model.layers.9.mlp.up_proj.weight_packed' is missing from IN"),

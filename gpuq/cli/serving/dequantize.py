@@ -33,6 +33,7 @@ dtype unless ``--dtype`` is given.
 
 from __future__ import annotations
 
+import os
 import re
 
 import numpy as np
@@ -54,7 +55,16 @@ _QPARAMS = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape"
 
 
 def run(in_path, out_path, *, dtype, device, progress=True) -> dict:
-    """Dequantize the model folder ``in_path`` into ``out_path``; return the report."""
+    """Dequantize the model folder ``in_path`` into ``out_path``; return the report.
+
+    >>> import tempfile
+    >>> from gpuq.cli.env import HostDevice
+    >>> d = tempfile.mkdtemp()
+    >>> run(os.path.join(os.path.dirname(__file__), *[".."] * 3, "tests", "serving", "fixtures",
+    ...     "ct-int8-w8a16-channel-sym"), os.path.join(d, "dense"), dtype=None, device=HostDevice(),
+    ...     progress=False)["format"]                                              # doctest: +SKIP
+    'compressed-tensors pack-quantized'
+    """
     model = ModelFolder(in_path)
     qc_key = next((k for k in _QC_KEYS if model.config.get(k) is not None), None)
     config = {k: v for k, v in model.config.items() if k not in _QC_KEYS}
@@ -92,7 +102,13 @@ def _output_dtype(dtype, config) -> np.dtype:
 
 def recognise(model: ModelFolder, qc, where: str) -> tuple:
     """``({module: (scheme, weight shard)}, what)`` of a quantized model folder, every module's
-    tensors present; one CliError line for a config or a folder gpuq does not read."""
+    tensors present; one CliError line for a config or a folder gpuq does not read.
+
+    >>> recognise(None, {"quant_method": "gptq"}, "config.json")
+    Traceback (most recent call last):
+    ...
+    gpuq.cli.files.CliError: config.json: quantization_config quant_method 'gptq' is not one gpuq reads (compressed-tensors, fp8 with weight_block_size; or gpuq's own files)
+    """
     if not isinstance(qc, dict):
         raise CliError(f"{where}: quantization_config is {type(qc).__name__}, not an object")
     method = qc.get("quant_method")
@@ -113,6 +129,9 @@ def recognise(model: ModelFolder, qc, where: str) -> tuple:
         if missing:
             raise CliError(f"module {m!r} ({scheme.describe()}, {scheme.layout.__class__.__name__}): "
                            f"tensor {missing[0]!r} is missing from IN")
+        if primary != f"{m}.weight" and f"{m}.weight" in specs:
+            raise CliError(f"module {m!r} holds both {primary!r} and a dense {m + '.weight'!r}: which one "
+                           f"is the weight?")
         used.update(wanted)
         planned[m] = (scheme, model.weight_map[primary])
     orphans = sorted((n for n in specs if n.rpartition(".")[2] in _QPARAMS and n not in used), key=natural_key)

@@ -218,7 +218,18 @@ def read_json(path: str, what: str) -> dict:
 
 
 def write_json(path: str, obj: dict) -> None:
-    """``obj`` as transformers writes a config: indented, keys sorted, a final newline; atomic."""
+    """``obj`` as transformers writes a config: indented, keys sorted, a final newline; atomic.
+
+    >>> import tempfile
+    >>> p = os.path.join(tempfile.mkdtemp(), "config.json")
+    >>> write_json(p, {"b": 1, "a": [2]}); print(open(p).read(), end="")
+    {
+      "a": [
+        2
+      ],
+      "b": 1
+    }
+    """
     with atomic_output(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
         fh.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
@@ -226,7 +237,17 @@ def write_json(path: str, obj: dict) -> None:
 @contextlib.contextmanager
 def model_output(out: str, src: ModelFolder, names):
     """A :class:`ModelOutput` whose run's files are removed on the way out, whatever happens
-    (after a commit only what a failed step left)."""
+    (after a commit only what a failed step left).
+
+    >>> import tempfile
+    >>> class Src:
+    ...     path, folder = "/nonexistent", "/nonexistent"
+    >>> out = os.path.join(tempfile.mkdtemp(), "out")
+    >>> with model_output(out, Src(), ["model.safetensors"]) as folder:
+    ...     open(folder.staged("model.safetensors"), "w").close()       # a run that never commits
+    >>> os.path.exists(out)
+    False
+    """
     folder = ModelOutput(out, src, names)
     try:
         yield folder

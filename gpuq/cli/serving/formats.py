@@ -68,7 +68,11 @@ def fp8_code():
 
 
 def ct_type(code) -> str:
-    """compressed-tensors' ``"type"`` of a code row."""
+    """compressed-tensors' ``"type"`` of a code row.
+
+    >>> ct_type(int_code(4)), ct_type(fp8_code())
+    ('int', 'float')
+    """
     return "float" if code.codec == "float8" else "int"
 
 

@@ -36,7 +36,11 @@ MARLIN_GROUPS, MARLIN_OUT, MARLIN_IN = (-1, 32, 64, 128), 64, 128
 
 
 def module_of(name: str) -> str:
-    """``model.layers.0.mlp.up_proj`` of ``model.layers.0.mlp.up_proj.weight``."""
+    """The module of a tensor name.
+
+    >>> module_of("model.layers.0.mlp.up_proj.weight")
+    'model.layers.0.mlp.up_proj'
+    """
     return name.rpartition(".")[0]
 
 
@@ -55,6 +59,15 @@ def choose(specs: dict, config: dict, scheme_for, *, include=(), exclude=(), min
     for the Linear weights kept in float, and the ``ignore`` list (see the module docstring).
 
     ``scheme_for(name, shape)`` is the scheme of a weight, or the reason it cannot have one.
+
+    >>> import numpy as np
+    >>> f = np.dtype("float32")
+    >>> specs = {"embed_tokens.weight": ((64, 32), f), "a.q_proj.weight": ((32, 32), f),
+    ...          "a.k_proj.weight": ((32, 32), f), "a.v_proj.weight": ((32, 32), f),
+    ...          "norm.weight": ((32,), f), "lm_head.weight": ((64, 32), f)}
+    >>> chosen, kept, ignore = choose(specs, {}, lambda name, shape: ("a scheme",), min_size=0)
+    >>> sorted(chosen), sorted(kept), ignore
+    (['a.k_proj.weight', 'a.q_proj.weight', 'a.v_proj.weight'], ['lm_head.weight'], ['embed_tokens', 'lm_head', 'norm'])
     """
     eligible = set(select(specs, include=include, exclude=exclude, min_size=min_size))
     linear = [n for n, (shape, dtype) in specs.items() if n.endswith(".weight") and len(shape) == 2
