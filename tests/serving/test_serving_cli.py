@@ -188,6 +188,26 @@ def test_pack_quantized_tensors_against_the_reference(tmp_path, capsys, options,
     assert abs(row["sqnr_db"] - 10 * np.log10((x * x).sum() / ((x - d) ** 2).sum())) < 1e-9
 
 
+def test_calibrate_mse_is_the_library_call_with_the_model_dtype(tmp_path, capsys):
+    """--calibrate mse: the stored scales are choose_qparams(method="mse", scale_dtype=the model's)
+    and the codes are those scales'; the table says how the scales were chosen."""
+    import gpuq
+
+    src = make_model(tmp_path / "m", seed=5)
+    assert gpuq_main("quantize", tmp_path / "m", "-o", tmp_path / "q", "--format", "compressed-tensors",
+                     "--dtype", "int4", "--calibrate", "mse", "--device", "cpu", "-q") == 0
+    assert "note: scales by the MSE search (--calibrate mse)" in capsys.readouterr().out
+    t = load(tmp_path / "q" / "model.safetensors")
+    for m in LINEARS:
+        x = src[m + ".weight"]
+        s, _ = gpuq.choose_qparams(x, axis=1, group_size=128, dtype="int4", symmetric=True, method="mse",
+                                   scale_dtype="bfloat16")
+        same_bits(t[m + ".weight_scale"], s.astype(BF16))
+        same_bits(t[m + ".weight_packed"], ref_pack(ref_codes(x, s, None, -8, 7, 128), 4))
+    minmax = ref_params(src[LINEARS[0] + ".weight"], -8, 7, 7, True, 128)[0]
+    assert (t[LINEARS[0] + ".weight_scale"].astype(np.float32) != minmax).any()  # the search moved them
+
+
 @pytest.mark.parametrize("per_tensor", [False, True])
 def test_fp8_naive_tensors_against_the_reference(tmp_path, capsys, per_tensor):
     src = make_model(tmp_path / "m", seed=3)

@@ -141,7 +141,7 @@ def run(args, *, warn, progress, device) -> dict:
         with model_output(args.output, model, names) as out:
             for shard in model.shards:
                 rows += _quantize_shard(model, shard, out.staged(shard), layouts[shard], chosen, device,
-                                        args.nonfinite, warn, present, bar)
+                                        args.nonfinite, warn, present, bar, args.calibrate)
             out.copy_others(model)
             entries = {s: output_shard_entries(out.staged(s)) for s in model.shards} if model.index_name else None
             out.commit(model.shards + model.others, model if model.index_name else None, entries,
@@ -149,7 +149,7 @@ def run(args, *, warn, progress, device) -> dict:
     finally:
         bar.close()
     report = finish_report("quantize", args.input, args.output, device.name, rows)
-    report.update(format=args.format, ignore=ignore, left_out=model.left_out,
+    report.update(format=args.format, calibrate=args.calibrate, ignore=ignore, left_out=model.left_out,
                   extra_column=("vLLM", "vllm"), notes=_notes(kept, model.left_out, request))
     return report
 
@@ -191,7 +191,7 @@ def _plan_shards(model, chosen, out_path) -> dict:
     return layouts
 
 
-def _quantize_shard(model, shard, path, entries, chosen, device, nonfinite, warn, present, bar) -> list:
+def _quantize_shard(model, shard, path, entries, chosen, device, nonfinite, warn, present, bar, method) -> list:
     rows = []
     with Checkpoint(model.shard_path(shard)) as ckpt, \
             checkpoint_writer(path, "safetensors", entries, None, model.extra[shard]) as w:
@@ -204,7 +204,8 @@ def _quantize_shard(model, shard, path, entries, chosen, device, nonfinite, warn
                              "sqnr_db": None, "max_abs_error": None, "nonfinite": None, "vllm": None})
             else:
                 scheme = chosen[name]
-                tensors, stats, counts = quantize_weight(ckpt.load(name), scheme, device, name, nonfinite, warn)
+                tensors, stats, counts = quantize_weight(ckpt.load(name), scheme, device, name, nonfinite, warn,
+                                                         method)
                 for n, t in tensors.items():
                     w.write(n, t)
                 rows.append({**row, "quantized": True, "scheme": _scheme_json(scheme),
@@ -218,12 +219,13 @@ def _quantize_shard(model, shard, path, entries, chosen, device, nonfinite, warn
     return rows
 
 
-def quantize_weight(x, scheme: WeightScheme, device, name, nonfinite="warn", warn=None) -> tuple:
+def quantize_weight(x, scheme: WeightScheme, device, name, nonfinite="warn", warn=None, method="minmax") -> tuple:
     """``(tensors, stats, counts)``: the stored tensors of one ``[out, in]`` weight, its error
     statistics (:func:`gpuq.cli.convert.error_stats`) and its NaN/Inf counts.
 
     Parameters come from the finite values (NaN/Inf replaced by 0, which changes no range that
-    includes 0, nor ``max |x|``), rounded to the scale dtype; the codes from ``x`` itself.
+    includes 0, nor ``max |x|``) by ``method`` (``--calibrate``: min/max or the MSE search),
+    rounded to the scale dtype; the codes from ``x`` itself.
 
     >>> from gpuq.cli.env import HostDevice
     >>> x = np.array([[0.5, -1.0], [2.0, 4.0]], np.float32)
@@ -248,7 +250,7 @@ def quantize_weight(x, scheme: WeightScheme, device, name, nonfinite="warn", war
         xd = device.put(x)
         pd = device.put(np.where(np.isfinite(x), x, x.dtype.type(0))) if bad else xd
         scales, zps = gpuq.choose_qparams(pd, dtype=code, symmetric=scheme.symmetric,
-                                          scale_dtype=scheme.scale_dtype, **kw)
+                                          scale_dtype=scheme.scale_dtype, method=method, **kw)
         q = gpuq.quantize(xd, scales, zps, dtype=code, **kw)
     except (ValueError, TypeError) as exc:
         raise CliError(f"tensor {name!r}: {' '.join(str(exc).split())}") from exc
