@@ -18,6 +18,7 @@ import pytest
 
 import gpuq
 import reference as ref
+from test_qparams import _same_bits
 
 TINY = np.finfo(np.float32).tiny
 #: (qmin, qmax, divisor of a symmetric scale, symmetric zero point) of each code dtype.
@@ -71,14 +72,6 @@ def _block_minmax(x, axis, group_size, block):
     if axis is None and block is None:
         lo, hi = lo.reshape(()), hi.reshape(())
     return lo.astype(np.float32), hi.astype(np.float32)
-
-
-def _same_bits(got, want):
-    got, want = np.asarray(got), np.asarray(want)
-    assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, got.shape, want.dtype, want.shape)
-    if got.dtype.kind == "f":
-        got, want = got.view(f"u{got.itemsize}"), want.view(f"u{want.itemsize}")
-    np.testing.assert_array_equal(got, want)
 
 
 def _codes(backend, q):

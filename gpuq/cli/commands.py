@@ -35,6 +35,7 @@ from .files import CliError
 from .convert import DEQUANTIZE_DTYPES
 from .quantized import CODE_DTYPES, is_float8
 from .selection import DEFAULT_MIN_SIZE, DEFAULTS_HELP, parse_block
+from .serving.quantize import FORMATS as SERVING_FORMATS
 from .signals import EXIT_STATUS, Terminated, stop_signals
 
 __all__ = ["main", "build_parser"]
@@ -116,6 +117,20 @@ client once every shard has succeeded, and the result is the same bytes as a
 local run. The first shard that fails stops the others at their next tensor;
 the client waits for them (for --workers, closes its cluster) before it
 removes the run's files.
+
+Serving formats (--format compressed-tensors | fp8-blocks): IN and OUT are
+model folders (config.json, model.safetensors or shards with their index,
+other files copied) that vLLM, SGLang and transformers load. The rank-2
+*.weight tensors of Linear layers are quantized (not embeddings, not norms;
+lm_head only when an --include names it), with scales in the model's dtype.
+compressed-tensors: int8 (default; per output channel, symmetric: W8A16),
+int4 (groups of 128 by default, --group-size G, or --axis 0 per channel),
+--asymmetric for zero points; float8_e4m3fn per output channel or
+--per-tensor. fp8-blocks: float8_e4m3fn, one float32 weight_scale_inv per
+128x128 block. Every module whose weight stays in float is listed in the
+config's ignore (ignored_layers), q/k/v and gate/up are quantized together or
+not at all, and the report's vLLM column says whether vLLM's kernels take
+each layer's shape. The folder is written all or nothing, config.json last.
 """
 
 
@@ -178,12 +193,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "dimensions get blocks of 1)")
     q.add_argument("--group-size", type=int, metavar="G",
                    help="one scale per G elements along --axis")
-    q.add_argument("--dtype", choices=CODE_DTYPES, default="int8",
-                   help="code type (default int8): int8, uint8; int4, uint4 (packed two per "
-                        "byte); float8_e4m3fn, float8_e5m2 (fp8, always symmetric)")
-    q.add_argument("--symmetric", action="store_true",
+    q.add_argument("--dtype", choices=CODE_DTYPES, default=None,
+                   help="code type (default int8; float8_e4m3fn for --format fp8-blocks): int8, "
+                        "uint8; int4, uint4 (packed two per byte); float8_e4m3fn, float8_e5m2 "
+                        "(fp8, always symmetric)")
+    s = q.add_mutually_exclusive_group()
+    s.add_argument("--symmetric", action="store_true",
                    help="scale from max |x|, zero point 0 (128 for uint8, 8 for uint4); "
-                        "implied for fp8")
+                        "implied for fp8 and the default of --format compressed-tensors")
+    s.add_argument("--asymmetric", action="store_true",
+                   help="min/max scale and a zero point: the default of gpuq's format; "
+                        "with --format compressed-tensors, zero points for int8/int4")
+    q.add_argument("--format", choices=("gpuq",) + SERVING_FORMATS, default="gpuq",
+                   help="gpuq (default: IN's format, gpuq's metadata); compressed-tensors or "
+                        "fp8-blocks: a model folder (config.json + safetensors) that vLLM, "
+                        "SGLang and transformers load (see 'Serving formats' above)")
     q.add_argument("--include", action="append", default=[], metavar="PATTERN",
                    help="quantize only tensors whose name matches this glob (repeatable)")
     q.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
@@ -206,9 +230,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sharded IN: run the shards on a local Dask cluster of N worker "
                         "processes")
 
-    d = sub.add_parser("dequantize", help="restore float tensors from a gpuq-quantized file",
+    d = sub.add_parser("dequantize", help="restore float tensors from a gpuq-quantized file or a "
+                                          "quantized model folder",
                        description="Restore float tensors from a file written by gpuq quantize; "
-                                   "other tensors are copied bit for bit. Every tensor is "
+                                   "other tensors are copied bit for bit. A model folder (with a "
+                                   "config.json) quantized as compressed-tensors (pack-quantized, "
+                                   "naive/float/int-quantized), fine-grained fp8 (weight_scale_inv) "
+                                   "or by gpuq gives a dense model folder in the model's dtype (or "
+                                   "--dtype), quantization_config removed; an unknown "
+                                   "quantization_config is one line, exit 2. Every tensor is "
                                    "checked against the file's gpuq metadata (format version, "
                                    "code, scale and zero-point dtypes and shapes) before "
                                    "anything is written. A .npz IN may be "
@@ -257,8 +287,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("example", help="write a small Llama-shaped checkpoint to try gpuq on",
                        description="Write a small deterministic checkpoint (2 layers, hidden "
-                                   "256, 2.1M parameters, 4 MiB in bfloat16): no download needed.")
-    e.add_argument("output", metavar="OUT", help=".safetensors (default choice), .npz or .npy")
+                                   "256, 2.1M parameters, 4 MiB in bfloat16): no download needed. "
+                                   "--model-dir DIR writes it as a model folder that transformers "
+                                   "loads (config.json + model.safetensors, MLP 768: 2.5M "
+                                   "parameters).")
+    e.add_argument("output", metavar="OUT", nargs="?",
+                   help=".safetensors (default choice), .npz or .npy")
+    e.add_argument("--model-dir", metavar="DIR",
+                   help="write a model folder (a new or empty folder) instead of OUT")
     e.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16",
                    help="tensor dtype (default bfloat16; .npz/.npy need float16 or float32)")
     e.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
@@ -312,6 +348,15 @@ def _quantize(args) -> int:
     from .report import format_table, to_json
     from .selection import default_note
 
+    if args.format != "gpuq":
+        from .serving.quantize import run
+
+        report = run(args, warn=_warn, progress=_show_progress(args), device=pick_device(args.device))
+        print(to_json(report) if args.json else format_table(report))
+        return 0
+    args.dtype = args.dtype or "int8"
+    if args.asymmetric and is_float8(args.dtype):
+        raise CliError(f"--asymmetric: {args.dtype} has no zero point (fp8 is always symmetric)")
     plan = _plan(args)
     if args.workers is not None and args.workers < 1:
         raise CliError(f"--workers must be a positive integer, got {args.workers}")
@@ -350,6 +395,13 @@ def _dequantize(args) -> int:
     from .sharded import is_sharded
     from .sharded_run import run_sharded_dequantize
 
+    if os.path.isfile(os.path.join(args.input, "config.json")):  # a model folder
+        from .serving.dequantize import run
+
+        report = run(args.input, args.output, dtype=args.dtype, device=pick_device(args.device),
+                     progress=_show_progress(args))
+        print(to_json(report) if args.json else format_dequantize(report))
+        return 0
     if is_sharded(args.input):
         report = run_sharded_dequantize(args.input, args.output, dtype=args.dtype,
                                         device=args.device, progress=_show_progress(args))
@@ -380,9 +432,14 @@ def _info(args) -> int:
 
 
 def _example(args) -> int:
-    from .example import write_example
+    from .example import write_example, write_model_dir
 
-    s = write_example(args.output, dtype=args.dtype, seed=args.seed)
+    if (args.output is None) == (args.model_dir is None):
+        raise CliError("gpuq example takes OUT (a checkpoint file) or --model-dir DIR, one of them")
+    if args.model_dir is not None:
+        s = write_model_dir(args.model_dir, dtype=args.dtype, seed=args.seed)
+    else:
+        s = write_example(args.output, dtype=args.dtype, seed=args.seed)
     print(f"wrote {s['path']}: {s['tensors']} tensors, {s['parameters']:,} parameters, "
           f"{s['dtype']}, {s['bytes']:,} bytes")
     return 0

@@ -56,21 +56,24 @@ def format_table(report: dict) -> str:
     """
     rows = []
     kept = [t for t in report["tensors"] if not t["quantized"]]
+    # A serving format's report adds one column (its title, the rows' key): vLLM's shape check.
+    title, key = report.get("extra_column") or (None, None)
+    extra = [] if key is None else [""]
     for t in report["tensors"]:
         if t["quantized"]:
             rows.append([t["name"], _shape(t["shape"]), t["scheme_text"],
                          human_bytes(t["bytes_before"]), human_bytes(t["bytes_after"]),
-                         _db(t["sqnr_db"]), _err(t["max_abs_error"])])
+                         _db(t["sqnr_db"]), _err(t["max_abs_error"])] + ([t[key]] if key else []))
     if kept:
         size = sum(t["bytes_before"] for t in kept)
         rows.append([f"({len(kept)} kept as they are)", "", "unchanged",
-                     human_bytes(size), human_bytes(size), "", ""])
+                     human_bytes(size), human_bytes(size), "", ""] + extra)
     tot = report["total"]
     ratio = tot["bytes_after"] / tot["bytes_before"] if tot["bytes_before"] else 1.0
     total = [f"total: {tot['quantized']} quantized, {tot['kept']} kept", "", f"{ratio:.1%} of the bytes",
              human_bytes(tot["bytes_before"]), human_bytes(tot["bytes_after"]),
-             _db(tot["sqnr_db"]), _err(tot["max_abs_error"])]
-    header = ["tensor", "shape", "scheme", "before", "after", "SQNR dB", "max abs err"]
+             _db(tot["sqnr_db"]), _err(tot["max_abs_error"])] + extra
+    header = ["tensor", "shape", "scheme", "before", "after", "SQNR dB", "max abs err"] + ([title] if key else [])
     table = [header] + rows + [total]
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     right = {3, 4, 5, 6}  # numbers align right
@@ -80,10 +83,11 @@ def format_table(report: dict) -> str:
         return "  ".join(cells).rstrip()
 
     rule = "  ".join("-" * w for w in widths)
-    title = f"gpuq quantize: {report['input']} -> {report['output']} (device: {report['device']})"
+    fmt = f"{report['format']}, " if report.get("format") else ""
+    title = f"gpuq quantize: {report['input']} -> {report['output']} ({fmt}device: {report['device']})"
     return "\n".join([title, "", line(header), rule] + [line(r) for r in rows]
                      + [rule, line(total)] + default_notes(report) + calibrate_notes(report)
-                     + nonfinite_notes(report))
+                     + nonfinite_notes(report) + list(report.get("notes") or ()))
 
 
 def calibrate_notes(report: dict) -> list:
@@ -112,8 +116,9 @@ def default_notes(report: dict) -> list:
 def format_dequantize(report: dict) -> str:
     """One summary line for ``gpuq dequantize``."""
     tot = report["total"]
+    fmt = f"{report['format']}, " if report.get("format") else ""
     return (f"gpuq dequantize: {report['input']} -> {report['output']} "
-            f"(device: {report['device']}): restored {tot['quantized']}, "
+            f"({fmt}device: {report['device']}): restored {tot['quantized']}, "
             f"kept {tot['kept']}, {human_bytes(tot['bytes_before'])} -> "
             f"{human_bytes(tot['bytes_after'])}")
 

@@ -199,15 +199,21 @@ class OutputFolder:
         names a shard that is not this run's; SIGINT/SIGTERM wait for the end.
         """
         with held_signals():
-            try:
-                stale = os.path.join(self.path, self.src.index_name)
-                if os.path.lexists(stale):
-                    os.unlink(stale)
-                for shard in shard_entries:
-                    os.replace(self.staged(shard), os.path.join(self.path, shard))
-            except OSError as exc:
-                raise CliError(f"cannot write OUT {self.path!r}: {_one_line(exc)}") from exc
+            self.put_in_place([self.src.index_name], shard_entries)
             return write_index(self.path, self.src, shard_entries)
+
+    def put_in_place(self, stale, staged) -> None:
+        """Remove the ``stale`` files of OUT (an earlier run's), then rename each ``staged``
+        name into place; for a commit, with the signals held."""
+        try:
+            for name in stale:
+                path = os.path.join(self.path, name)
+                if os.path.lexists(path):
+                    os.unlink(path)
+            for name in staged:
+                os.replace(self.staged(name), os.path.join(self.path, name))
+        except OSError as exc:
+            raise CliError(f"cannot write OUT {self.path!r}: {_one_line(exc)}") from exc
 
     def remove_own(self) -> None:
         """Remove every file of this run left in OUT (a staged shard, a temporary file that a
@@ -223,16 +229,30 @@ class OutputFolder:
 
 def _prepare(out: str, src) -> bool:
     """Check OUT (a folder), create it if missing; True if created here."""
+    return prepare_folder(out, src.folder, f"for a sharded IN (its shards and {src.index_name} go there)",
+                          "a sharded IN needs a folder")
+
+
+def prepare_folder(out: str, in_folder: str, what: str, why: str) -> bool:
+    """Check an OUT folder (not a file name, not IN's folder ``in_folder``, its parent there,
+    writable), create it if missing; True if created here. ``what`` and ``why`` word the
+    errors: "OUT must be a folder {what}", "it is a file; {why}".
+
+    >>> import tempfile
+    >>> prepare_folder(os.path.join(tempfile.mkdtemp(), "o.json"), "/in", "for x", "x needs a folder")
+    Traceback (most recent call last):
+    ...
+    gpuq.cli.files.CliError: OUT '...o.json' must be a folder for x, not a file name
+    """
     if os.path.splitext(out)[1].lower() in (".safetensors", ".npz", ".npy", ".json"):
-        raise CliError(f"OUT {out!r} must be a folder for a sharded IN (its shards and "
-                       f"{src.index_name} go there), not a file name")
+        raise CliError(f"OUT {out!r} must be a folder {what}, not a file name")
     if os.path.exists(out) and not os.path.isdir(out):
-        raise CliError(f"cannot write OUT {out!r}: it is a file; a sharded IN needs a folder")
+        raise CliError(f"cannot write OUT {out!r}: it is a file; {why}")
     parent = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(parent):
         raise CliError(f"cannot write OUT {out!r}: directory {parent!r} does not exist")
     if os.path.isdir(out):
-        if os.path.samefile(out, src.folder):
+        if os.path.samefile(out, in_folder):
             raise CliError(f"OUT {out!r} is the input folder; write to a new folder")
         if not os.access(out, os.W_OK | os.X_OK):
             raise CliError(f"cannot write OUT {out!r}: the folder is not writable")

@@ -1,0 +1,247 @@
+"""``gpuq dequantize MODEL_DIR -o OUT_DIR``: a quantized model folder back to a dense one.
+
+What IN is comes from its ``config.json`` (``quantization_config``, or ``compression_config`` in
+older compressed-tensors configs) and its weights:
+
+==============================================  ===================================================
+found                                           read as
+==============================================  ===================================================
+``quant_method: "compressed-tensors"``          every config group's scheme (:func:`.formats.read_ct_groups`):
+                                                ``pack-quantized`` int4/int8, ``naive-quantized``,
+                                                ``float-quantized``, ``int-quantized``; tensor,
+                                                channel, group and block scales; symmetric or not
+``quant_method: "fp8"`` + ``weight_block_size``  fine-grained fp8 (``weight_scale_inv``)
+no quantization_config, gpuq metadata            gpuq's own files (:func:`gpuq.cli.convert.dequantize_file`)
+anything else                                   one line naming what was found, exit 2
+==============================================  ===================================================
+
+A quantized module is one whose tensors say so (``M.weight_packed``, ``M.weight_scale``,
+``M.weight_scale_inv``); its scheme is the config group whose ``targets`` match its name
+(``"Linear"`` matches every module, as in compressed-tensors' model-free tools; ``re:``
+prefixes are regular expressions, others exact names) and not an ``ignore`` entry. Its scales
+and zero points may sit in any shard: they are found through the index. Every tensor is checked
+(dtypes, shapes against ``weight_shape`` and the scheme, packing, scales finite and > 0, no
+quantization parameter left without its weight) before it is used, and the output is atomic.
+
+The output is a dense model folder: the same shard names (``M.weight`` in the shard that held
+its codes), an index without the quantization parameters, ``config.json`` without
+``quantization_config`` and with ``dtype`` the output's, the other files copied. Each weight is
+``(q - zp) * s`` in one float32 product rounded once to the output dtype: ``--dtype``, else the
+model's (``dtype``, ``torch_dtype``), else float32; gpuq's own files keep each tensor's recorded
+dtype unless ``--dtype`` is given.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+
+from ..convert import DEQUANTIZE_DTYPES, check_quantized, dequantize_file, finish_report, float_dtype, progress_bar
+from ..files import Checkpoint, CliError, checkpoint_writer
+from ..report import natural_key
+from ..sharded import output_shard_entries
+from .folder import CONFIG, ModelFolder, Tensors, model_output
+from .formats import read_ct_groups, read_fp8_blocks
+
+#: The config keys that hold a quantization config (compressed-tensors wrote ``compression_config``
+#: before 0.9; transformers reads both).
+_QC_KEYS = ("quantization_config", "compression_config")
+#: Tensor name endings that are quantization parameters, never model weights.
+_QPARAMS = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx",
+            "weight_scale_inv", "weight_global_scale", "input_scale", "input_zero_point",
+            "input_global_scale", "output_scale", "k_scale", "v_scale")
+
+
+def run(in_path, out_path, *, dtype, device, progress=True) -> dict:
+    """Dequantize the model folder ``in_path`` into ``out_path``; return the report.
+
+    >>> import tempfile
+    >>> from gpuq.cli.env import HostDevice
+    >>> d = tempfile.mkdtemp()
+    >>> run(os.path.join(os.path.dirname(__file__), *[".."] * 3, "tests", "serving", "fixtures",
+    ...     "ct-int8-w8a16-channel-sym"), os.path.join(d, "dense"), dtype=None, device=HostDevice(),
+    ...     progress=False)["format"]                                              # doctest: +SKIP
+    'compressed-tensors pack-quantized'
+    """
+    model = ModelFolder(in_path)
+    qc_key = next((k for k in _QC_KEYS if model.config.get(k) is not None), None)
+    config = {k: v for k, v in model.config.items() if k not in _QC_KEYS}
+    names = model.shards + ([model.index_name] if model.index_name else []) + [CONFIG] + model.others
+    bar = progress_bar(len(model.specs), progress, "dequantize")
+    try:
+        with model_output(out_path, model, names) as out:
+            if qc_key is None:
+                rows, what = _gpuq_files(model, out, dtype, device, bar), "gpuq"
+            else:
+                modules, what = recognise(model, model.config[qc_key], f"{in_path}/{CONFIG}")
+                out_dtype = _output_dtype(dtype, model.config)
+                rows = []
+                with Tensors(model) as loader:
+                    for shard in model.shards:
+                        rows += _dequantize_shard(model, shard, out.staged(shard), modules, loader,
+                                                  out_dtype, device, bar)
+                dtype = out_dtype.name
+            if dtype is not None:  # the weights' dtype is the one the config names
+                config["dtype" if "dtype" in config or "torch_dtype" not in config else "torch_dtype"] = dtype
+            out.copy_others(model)
+            entries = {s: output_shard_entries(out.staged(s)) for s in model.shards} if model.index_name else None
+            out.commit(model.shards + model.others, model if model.index_name else None, entries, config)
+    finally:
+        bar.close()
+    report = finish_report("dequantize", in_path, out_path, device.name, rows)
+    report.update(format=what, left_out=model.left_out)
+    return report
+
+
+def _output_dtype(dtype, config) -> np.dtype:
+    named = config.get("dtype", config.get("torch_dtype"))
+    return float_dtype(dtype or (named if named in DEQUANTIZE_DTYPES else "float32"))
+
+
+def recognise(model: ModelFolder, qc, where: str) -> tuple:
+    """``({module: (scheme, weight shard)}, what)`` of a quantized model folder, every module's
+    tensors present; one CliError line for a config or a folder gpuq does not read.
+
+    >>> recognise(None, {"quant_method": "gptq"}, "config.json")
+    Traceback (most recent call last):
+    ...
+    gpuq.cli.files.CliError: config.json: quantization_config quant_method 'gptq' is not one gpuq reads (compressed-tensors, fp8 with weight_block_size; or gpuq's own files)
+    """
+    if not isinstance(qc, dict):
+        raise CliError(f"{where}: quantization_config is {type(qc).__name__}, not an object")
+    method = qc.get("quant_method")
+    reader = _READERS.get(method) if isinstance(method, str) else None
+    if reader is None:
+        raise CliError(f"{where}: quantization_config quant_method {method!r} is not one gpuq reads "
+                       f"(compressed-tensors, fp8 with weight_block_size; or gpuq's own files)")
+    specs = model.specs
+    modules, what = reader(qc, specs, where)
+    if not modules:
+        raise CliError(f"{where} says {what}, but no tensor of IN is a quantized weight")
+    used = set()
+    planned = {}
+    for m, scheme in modules.items():
+        primary = scheme.layout.primary(m, scheme)
+        wanted = [primary] + scheme.layout.companions(m, scheme)
+        missing = [n for n in wanted if n not in specs]
+        if missing:
+            raise CliError(f"module {m!r} ({scheme.describe()}, {scheme.layout.__class__.__name__}): "
+                           f"tensor {missing[0]!r} is missing from IN")
+        if primary != f"{m}.weight" and f"{m}.weight" in specs:
+            raise CliError(f"module {m!r} holds both {primary!r} and a dense {m + '.weight'!r}: which one "
+                           f"is the weight?")
+        used.update(wanted)
+        planned[m] = (scheme, model.weight_map[primary])
+    orphans = sorted((n for n in specs if n.rpartition(".")[2] in _QPARAMS and n not in used), key=natural_key)
+    if orphans:
+        raise CliError(f"tensor {orphans[0]!r} is a quantization parameter of no quantized weight "
+                       f"({what}): IN does not match its config")
+    return planned, what
+
+
+def _compressed_tensors(qc, specs, where) -> tuple:
+    """``({module: scheme}, what)``: the modules with compressed-tensors' tensors, each with the
+    scheme of the config group that targets it."""
+    groups = read_ct_groups(qc, where)
+    ignore = qc.get("ignore") or []
+    if not isinstance(ignore, list) or not all(isinstance(i, str) for i in ignore):
+        raise CliError(f"{where}: ignore {ignore!r} is not a list of module names")
+    found = {n.rpartition(".")[0] for n in specs if n.endswith((".weight_packed", ".weight_scale"))}
+    modules = {m: _ct_scheme(m, groups, ignore, where) for m in sorted(found, key=natural_key)}
+    return modules, "compressed-tensors " + "/".join(sorted({s.layout.name for s in modules.values()}))
+
+
+def _fine_grained_fp8(qc, specs, where) -> tuple:
+    """``({module: scheme}, what)``: every module with a ``weight_scale_inv``."""
+    scheme = read_fp8_blocks(qc, where)
+    return {n.rpartition(".")[0]: scheme for n in specs if n.endswith(".weight_scale_inv")}, "fine-grained fp8"
+
+
+#: The readers of each ``quant_method`` (the value in config.json, not a gpuq code type).
+_READERS = {"compressed-tensors": _compressed_tensors, "fp8": _fine_grained_fp8}
+
+
+def _ct_scheme(module, groups, ignore, where):
+    if any(_match(module, i) for i in ignore):
+        raise CliError(f"{where}: module {module!r} holds quantized tensors but the config's ignore "
+                       f"list names it")
+    schemes = {s for _, targets, s in groups if "Linear" in targets or any(_match(module, t) for t in targets)}
+    if len(schemes) != 1:
+        which = "no config group's targets match it" if not schemes else "config groups disagree on it"
+        raise CliError(f"{where}: module {module!r} holds quantized tensors but {which}")
+    return schemes.pop()
+
+
+def _match(name: str, target: str) -> bool:
+    """compressed-tensors' ``match_name``: ``re:`` + a regular expression (matched at the start),
+    else the exact name."""
+    if target.startswith("re:"):
+        return re.match(target[3:], name) is not None
+    return target == name
+
+
+def _dequantize_shard(model, shard, path, modules, loader, out_dtype, device, bar) -> list:
+    here = {m: s for m, (s, owner) in modules.items() if owner == shard}
+    primaries = {s.layout.primary(m, s): m for m, s in here.items()}
+    dropped = {n for m, (s, _) in modules.items() for n in s.layout.companions(m, s)}
+    entries = {}
+    for name in model.tensors[shard]:
+        if name in primaries:
+            m = primaries[name]
+            entries[f"{m}.weight"] = (here[m].layout.shape(m, here[m], loader.load, model.specs), out_dtype)
+        elif name not in dropped:
+            entries[name] = model.specs[name]
+    rows = []
+    with checkpoint_writer(path, "safetensors", entries, None, model.extra[shard]) as w:
+        for name in model.tensors[shard]:
+            bar.update(1)
+            if name in primaries:
+                m = primaries[name]
+                rows.append(_dequantize_module(m, here[m], loader, out_dtype, device, w, model))
+            elif name not in dropped:
+                w.write(name, loader.load(name))
+                nbytes = int(np.prod(model.specs[name][0])) * model.specs[name][1].itemsize
+                rows.append({"name": name, "shape": list(model.specs[name][0]), "dtype": model.specs[name][1].name,
+                             "quantized": False, "bytes_before": nbytes, "bytes_after": nbytes})
+    return rows
+
+
+def _dequantize_module(module, scheme, loader, out_dtype, device, w, model) -> dict:
+    import gpuq
+
+    codes, scales, zps, shape = scheme.layout.decode(module, scheme, loader.load)
+    if scheme.code.codec == "float8" and device.xp is not np:  # no fp8 dtype on the GPU side
+        src = gpuq.Codes(device.put(codes.view(np.uint8)), codes.shape, scheme.code.name)
+    else:
+        src = device.put(codes)
+    try:
+        y = gpuq.dequantize(src, scheme.api_params(scales, shape), scheme.api_params(zps, shape),
+                            dtype=out_dtype, **scheme.api_kwargs())
+    except (ValueError, TypeError) as exc:
+        raise CliError(f"module {module!r}: {' '.join(str(exc).split())}") from exc
+    y = device.get(y)
+    w.write(f"{module}.weight", y)
+    stored = [scheme.layout.primary(module, scheme)] + scheme.layout.companions(module, scheme)
+    before = sum(int(np.prod(model.specs[n][0])) * model.specs[n][1].itemsize for n in stored)
+    return {"name": f"{module}.weight", "shape": list(shape), "dtype": scheme.code.name, "quantized": True,
+            "bytes_before": before, "bytes_after": int(y.nbytes)}
+
+
+def _gpuq_files(model, out, dtype, device, bar) -> list:
+    """Shards written by ``gpuq quantize`` (each checked against its own gpuq metadata first)."""
+    plain = [s for s, m in model.metas.items() if m is None]
+    if plain:
+        raise CliError(f"IN {model.path!r} is not quantized: config.json has no quantization_config and "
+                       f"{plain[0]!r} carries no gpuq metadata")
+    schemes = {}
+    for shard in model.shards:
+        with Checkpoint(model.shard_path(shard)) as ckpt:
+            schemes[shard] = check_quantized(ckpt)
+    rows = []
+    for shard in model.shards:
+        with Checkpoint(model.shard_path(shard)) as ckpt:
+            rows += dequantize_file(ckpt, out.staged(shard), "safetensors", schemes[shard], dtype=dtype,
+                                    device=device, tick=lambda name: bar.update(1))
+    return rows

@@ -1,0 +1,257 @@
+"""A model folder, as ``save_pretrained`` writes it: read, and written all or nothing.
+
+A model folder holds ``config.json``, its weights (one ``model.safetensors``, the name
+transformers and compressed-tensors look for, or shards named by a
+``*.safetensors.index.json``) and other files (tokenizer, generation config, chat template).
+
+Reading (:class:`ModelFolder`): the config must be a JSON object; the weights are checked as
+every gpuq input is (:class:`gpuq.cli.sharded.ShardedCheckpoint` for an index and its shards,
+:class:`gpuq.cli.files.Checkpoint` for one file), before any work. Other plain files at the top
+are carried over as they are; folders and weight files of other formats (``*.bin``, ``*.pt``,
+``*.gguf``, ...) are not (a quantized folder must not hold a second, dense copy of the model),
+and the report lists what was left out.
+
+Writing (:class:`ModelOutput`): OUT is a new or existing folder. Every output shard and copied
+file is staged under a hidden name of the run (``.gpuq-RUN.NAME``, as a sharded run stages its
+shards); only when all are complete does the commit, with SIGINT/SIGTERM held, remove the old
+``config.json`` and index, rename the staged files into place and write the index and then
+``config.json`` last. A run that fails or is stopped before the commit removes what it made, so
+OUT is as it was; an OUT holding weight files this run would not replace (another model's
+shards) is refused before any work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+
+from ..files import Checkpoint, CliError, _one_line, atomic_output
+from ..sharded import INDEX_SUFFIX, OutputFolder, ShardedCheckpoint, prepare_folder, write_index
+from ..signals import held_signals
+
+CONFIG = "config.json"
+#: The one-file model's name (transformers' SAFE_WEIGHTS_NAME).
+SINGLE = "model.safetensors"
+#: Weight files of other formats, never carried into OUT (a dense copy beside the new weights).
+_OTHER_WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf",
+                  ".onnx", ".index.json")
+
+
+class ModelFolder:
+    """A model folder opened for reading; no tensor data is read.
+
+    ``config`` (the parsed config.json), ``shards`` (weight file names, natural order),
+    ``tensors`` (shard -> tensor names, file order), ``specs`` (name -> (shape, dtype)),
+    ``weight_map`` (name -> shard), ``index_name`` (None for one ``model.safetensors``),
+    ``metadata`` (the index's), ``extra`` (shard -> its safetensors metadata), ``metas``
+    (shard -> its gpuq metadata or None), ``others`` (files carried over) and ``left_out``
+    (what is not).
+
+    >>> import tempfile, numpy as np
+    >>> from gpuq.cli.files import write_checkpoint
+    >>> d = tempfile.mkdtemp()
+    >>> write_checkpoint(os.path.join(d, SINGLE), "safetensors", {"w": np.ones((2, 2), np.float32)}, None)
+    >>> write_json(os.path.join(d, CONFIG), {"model_type": "llama"})
+    >>> m = ModelFolder(d); m.shards, m.index_name, m.specs["w"][0]
+    (['model.safetensors'], None, (2, 2))
+    """
+
+    def __init__(self, path: str):
+        if not os.path.isdir(path):
+            what = "does not exist" if not os.path.exists(path) else "is a file"
+            raise CliError(f"IN {path!r} must be a model folder (config.json and the safetensors "
+                           f"weights), but it {what}")
+        self.path = path
+        self.config = read_json(os.path.join(path, CONFIG), f"IN {path!r} is not a model folder")
+        indexes = sorted(f for f in os.listdir(path) if f.endswith(INDEX_SUFFIX))
+        single = os.path.join(path, SINGLE)
+        if indexes:
+            src = ShardedCheckpoint(path)  # exactly one index, its shards checked against it
+            if os.path.exists(single) and SINGLE not in src.shards:
+                raise CliError(f"IN {path!r} holds both {SINGLE} and {src.index_name}, which does "
+                               f"not name it: which are the model's weights? Remove one")
+            self.index_name, self.metadata = src.index_name, src.metadata
+            self.shards, self.tensors, self.specs = src.shards, src.tensors, src.specs
+            self.extra, self.metas = src.extra, src.metas
+        elif os.path.isfile(single):
+            with Checkpoint(single) as ckpt:
+                self.tensors = {SINGLE: ckpt.names}
+                self.specs = {n: ckpt.spec(n) for n in ckpt.names}
+                self.extra, self.metas = {SINGLE: ckpt.extra_metadata}, {SINGLE: ckpt.meta}
+            self.index_name, self.metadata, self.shards = None, {}, [SINGLE]
+        else:
+            raise CliError(f"IN {path!r} has no {SINGLE} and no *{INDEX_SUFFIX}: gpuq reads model "
+                           f"folders with safetensors weights")
+        self.weight_map = {n: s for s, names in self.tensors.items() for n in names}
+        weights = set(self.shards) | {self.index_name, CONFIG}
+        self.others, self.left_out = [], []
+        for f in sorted(os.listdir(path)):
+            full = os.path.join(path, f)
+            if f in weights or f.startswith("."):
+                continue
+            if os.path.isfile(full) and not f.endswith(_OTHER_WEIGHTS):
+                self.others.append(f)
+            else:
+                self.left_out.append(f + ("/" if os.path.isdir(full) else ""))
+
+    # what sharded.OutputFolder and write_index read of a source
+    @property
+    def folder(self) -> str:
+        return self.path
+
+    def shard_path(self, shard: str) -> str:
+        return os.path.join(self.path, shard)
+
+
+class Tensors:
+    """Tensors of a model folder by name, from whichever shard holds them (a scale may sit in
+    another shard than its weight); each shard opened once, closed with the block.
+
+    >>> import tempfile, numpy as np
+    >>> from gpuq.cli.files import write_checkpoint
+    >>> d = tempfile.mkdtemp()
+    >>> write_checkpoint(os.path.join(d, SINGLE), "safetensors", {"w": np.ones(2, np.int8)}, None)
+    >>> write_json(os.path.join(d, CONFIG), {})
+    >>> with Tensors(ModelFolder(d)) as t:
+    ...     t.load("w")
+    array([1, 1], dtype=int8)
+    """
+
+    def __init__(self, model: ModelFolder):
+        self.model, self._open = model, {}
+
+    def load(self, name: str):
+        shard = self.model.weight_map[name]
+        if shard not in self._open:
+            self._open[shard] = Checkpoint(self.model.shard_path(shard))
+        return self._open[shard].load(name)
+
+    def close(self):
+        for ckpt in self._open.values():
+            ckpt.close()
+        self._open.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class ModelOutput(OutputFolder):
+    """OUT of a model-folder run: checked (created if missing) at once, written all or nothing.
+
+    ``names`` are the files the run writes (shards, index, config.json, copied files): OUT may
+    hold those (they are replaced), but no other weight file. ``staged(name)`` is where a file
+    is written first; :meth:`commit` puts everything in place; :meth:`remove_own` (inherited)
+    removes the run's files and OUT if the run made it.
+
+    >>> import tempfile
+    >>> class Src:
+    ...     path, folder, shards = "/nonexistent", "/nonexistent", ["model.safetensors"]
+    >>> out = ModelOutput(os.path.join(tempfile.mkdtemp(), "out"), Src(), ["model.safetensors"])
+    >>> out.remove_own(); os.path.exists(out.path)
+    False
+    """
+
+    def __init__(self, path: str, src, names):
+        self.path, self.src, self.names = path, src, set(names)
+        self.run = secrets.token_hex(6)
+        self.created = _prepare(path, src, self.names)
+
+    def copy_others(self, src: ModelFolder) -> None:
+        """Stage a copy of every file of ``src`` carried over as it is."""
+        for f in src.others:
+            try:
+                shutil.copyfile(os.path.join(src.path, f), self.staged(f))
+            except OSError as exc:
+                raise CliError(f"cannot copy {f!r} into OUT {self.path!r}: {_one_line(exc)}") from exc
+
+    def commit(self, staged: list, index_src, shard_entries: dict | None, config: dict) -> None:
+        """Rename the ``staged`` files into place, write the index (when ``index_src``, a source
+        with ``index_name`` and ``metadata``, is given: see :func:`gpuq.cli.sharded.write_index`,
+        from ``{shard: {name: nbytes}}``) and then ``config.json``."""
+        with held_signals():
+            # config.json goes first and comes back last: a half-committed OUT is no model folder
+            self.put_in_place([CONFIG] + sorted(n for n in self.names if n.endswith(INDEX_SUFFIX)), staged)
+            if index_src is not None:
+                write_index(self.path, index_src, shard_entries)
+            write_json(os.path.join(self.path, CONFIG), config)
+
+
+def _prepare(out: str, src, names) -> bool:
+    """Check OUT (a folder for a model), create it if missing; True if created here. An existing
+    OUT may hold ``names`` (replaced at the commit) but no other weight file."""
+    if prepare_folder(out, src.path, "for a model (config.json and the weights go there)",
+                      "a model folder is written to a folder"):
+        return True
+    stale = sorted(f for f in os.listdir(out) if f.endswith(_OTHER_WEIGHTS) and f not in names
+                   and not f.startswith("."))
+    if stale:
+        raise CliError(f"OUT {out!r} holds {stale[0]!r}, which this run would not replace (the "
+                       f"weights of another model would sit beside the new ones); remove it or "
+                       f"write to a new folder")
+    return False
+
+
+def read_json(path: str, what: str) -> dict:
+    """A JSON object from ``path``, or one CliError starting with ``what``.
+
+    >>> read_json("/nonexistent/config.json", "IN 'x' is not a model folder")
+    Traceback (most recent call last):
+    ...
+    gpuq.cli.files.CliError: IN 'x' is not a model folder: no /nonexistent/config.json
+    """
+    if not os.path.isfile(path):
+        raise CliError(f"{what}: no {path}")
+    try:
+        with open(path, "rb") as fh:
+            obj = json.loads(fh.read().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise CliError(f"cannot read {path!r}: not a UTF-8 JSON file ({_one_line(exc)})") from None
+    if not isinstance(obj, dict):
+        raise CliError(f"cannot read {path!r}: it holds a JSON {type(obj).__name__}, not an object")
+    return obj
+
+
+def write_json(path: str, obj: dict) -> None:
+    """``obj`` as transformers writes a config: indented, keys sorted, a final newline; atomic.
+
+    >>> import tempfile
+    >>> p = os.path.join(tempfile.mkdtemp(), "config.json")
+    >>> write_json(p, {"b": 1, "a": [2]}); print(open(p).read(), end="")
+    {
+      "a": [
+        2
+      ],
+      "b": 1
+    }
+    """
+    with atomic_output(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+@contextlib.contextmanager
+def model_output(out: str, src: ModelFolder, names):
+    """A :class:`ModelOutput` whose run's files are removed on the way out, whatever happens
+    (after a commit only what a failed step left).
+
+    >>> import tempfile
+    >>> class Src:
+    ...     path, folder = "/nonexistent", "/nonexistent"
+    >>> out = os.path.join(tempfile.mkdtemp(), "out")
+    >>> with model_output(out, Src(), ["model.safetensors"]) as folder:
+    ...     open(folder.staged("model.safetensors"), "w").close()       # a run that never commits
+    >>> os.path.exists(out)
+    False
+    """
+    folder = ModelOutput(out, src, names)
+    try:
+        yield folder
+    finally:
+        folder.remove_own()
+
+

@@ -1,0 +1,293 @@
+"""``gpuq quantize MODEL_DIR -o OUT_DIR --format compressed-tensors | fp8-blocks``.
+
+The schemes each format takes (anything else is one line, exit 2, before IN is read):
+
+=====================  ================================================================================
+``--format``           ``--dtype`` and scheme
+=====================  ================================================================================
+compressed-tensors     ``int8`` (default): per output channel, symmetric (W8A16); ``int4``: groups of
+                       128 along the input (default), ``--group-size G``, or ``--axis 0`` per channel;
+                       ``--asymmetric`` adds zero points (both); ``float8_e4m3fn``: per output
+                       channel (default) or ``--per-tensor``, symmetric. int codes are
+                       ``pack-quantized``, fp8 ``naive-quantized``
+fp8-blocks             ``float8_e4m3fn`` (default and only): one float32 scale per 128 x 128 block
+                       (``weight_scale_inv``), ragged at the edges
+=====================  ================================================================================
+
+Scales are stored in the model's dtype (``config.json``'s ``dtype``, ``torch_dtype`` in older
+configs, else the weights' own) as vLLM allocates them, so they are chosen with
+``choose_qparams(scale_dtype=...)`` and the codes, the zero points and the report's SQNR
+describe exactly what is stored; fine-grained fp8's are float32. Which weights, the ``ignore``
+list and the vLLM column: :mod:`.selection`. The folder is written shard by shard, all or
+nothing (:mod:`.folder`): each output shard holds what its input shard held, a quantized
+weight's tensors in its place.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..._codetypes import as_code_type
+from ..convert import count_nonfinite, error_stats, finish_report, host_codes, progress_bar, sqnr_db
+from ..files import Checkpoint, CliError, check_header_size, checkpoint_writer, safetensors_layout
+from ..report import nonfinite_text
+from ..selection import parse_block
+from ..sharded import output_shard_entries
+from .folder import CONFIG, ModelFolder, model_output
+from .formats import (FP8_BLOCK, FP8_BLOCKS, NAIVE, PACK, WeightScheme, ct_config, fp8_blocks_config,
+                      fp8_code, int_code)
+from .selection import choose, module_of, vllm_check
+
+#: The serving formats of ``gpuq quantize --format`` (gpuq's own is ``gpuq``).
+FORMATS = ("compressed-tensors", "fp8-blocks")
+#: The dtypes a model's scales may be stored in (the model's dtype).
+_SCALE_DTYPES = ("bfloat16", "float16", "float32")
+
+
+class Request:
+    """The scheme a run asks for, checked against the format before any file is read:
+    ``code`` (a row), ``strategy``, ``group_size``, ``symmetric``, ``layout``."""
+
+    def __init__(self, fmt, *, dtype=None, axis=None, per_tensor=False, group_size=None,
+                 symmetric=False, asymmetric=False, block=None):
+        if fmt not in FORMATS:
+            raise CliError(f"--format must be gpuq, {' or '.join(FORMATS)}, got {fmt!r}")
+        self.format = fmt
+        if block is not None and (fmt != "fp8-blocks" or parse_block(block, "--block") != FP8_BLOCK):
+            raise CliError(f"--block {block}: --format fp8-blocks has {FP8_BLOCK[0]}x{FP8_BLOCK[1]} blocks "
+                           f"(its weight_block_size), and compressed-tensors is written per channel, "
+                           f"group or tensor")
+        if fmt == "fp8-blocks":
+            self._fp8_blocks(dtype, axis, per_tensor, group_size, asymmetric)
+        else:
+            self._compressed_tensors(dtype, axis, per_tensor, group_size, symmetric, asymmetric)
+
+    def _fp8_blocks(self, dtype, axis, per_tensor, group_size, asymmetric):
+        self.code = as_code_type(dtype or fp8_code().name, "--dtype")
+        if self.code != fp8_code() or axis is not None or per_tensor or group_size is not None or asymmetric:
+            raise CliError(f"--format fp8-blocks has one scheme, {fp8_code().name} with one scale per "
+                           f"{FP8_BLOCK[0]}x{FP8_BLOCK[1]} block: drop --dtype other than {fp8_code().name}, "
+                           f"--axis, --per-tensor, --group-size and --asymmetric")
+        self.strategy, self.group_size, self.symmetric, self.layout = "block", None, True, FP8_BLOCKS
+
+    def _compressed_tensors(self, dtype, axis, per_tensor, group_size, symmetric, asymmetric):
+        code = as_code_type(dtype or "int8", "--dtype")
+        takes = (int_code(8), int_code(4), fp8_code())
+        if code not in takes:
+            raise CliError(f"--format compressed-tensors takes --dtype {', '.join(c.name for c in takes)}, got "
+                           f"{code.name} (compressed-tensors' int codes are signed: --asymmetric int8/int4 "
+                           f"holds what uint8/uint4 would)")
+        fp8 = code.codec == "float8"
+        if fp8 and (asymmetric or group_size is not None):
+            raise CliError(f"{code.name} has no zero point and compressed-tensors stores it per channel "
+                           f"or per tensor: drop --asymmetric and --group-size")
+        if symmetric and asymmetric:
+            raise CliError("--symmetric and --asymmetric: choose one")
+        if axis is not None and axis != 0 and group_size is None:
+            raise CliError(f"--axis {axis}: compressed-tensors scales output channels (--axis 0), groups "
+                           f"along the input (--group-size G) or the whole tensor (--per-tensor, fp8)")
+        if group_size is not None and axis not in (None, 1, -1):
+            raise CliError(f"--group-size groups along the input dimension (axis 1), got --axis {axis}")
+        if per_tensor and not fp8:
+            raise CliError(f"--per-tensor: vLLM's kernels for {code.name} weights (wNa16) take channel or "
+                           f"group scales")
+        self.code, self.symmetric, self.layout = code, fp8 or not asymmetric, NAIVE if fp8 else PACK
+        self.group_size = group_size if group_size is not None else (
+            128 if code.storage == "packed" and axis is None else None)
+        self.strategy = ("tensor" if per_tensor else "group" if self.group_size is not None else "channel")
+
+    def scheme(self, scale_dtype) -> WeightScheme:
+        block = FP8_BLOCK if self.strategy == "block" else None
+        return WeightScheme(self.code, self.strategy, self.symmetric, scale_dtype, self.layout,
+                            group_size=self.group_size, block=block)
+
+
+def run(args, *, warn, progress, device) -> dict:
+    """``gpuq quantize`` to a serving format (``args`` as :mod:`gpuq.cli.commands` parses them).
+
+    Returns the report (:func:`gpuq.cli.convert.finish_report`'s, with the format, each row's
+    vLLM column, the ``ignore`` list and notes).
+    """
+    if args.scheduler is not None or args.workers is not None:
+        raise CliError(f"--format {args.format} runs on this machine: drop --scheduler/--workers")
+    request = Request(args.format, dtype=args.dtype, axis=args.axis, per_tensor=args.per_tensor,
+                      group_size=args.group_size, symmetric=args.symmetric, asymmetric=args.asymmetric,
+                      block=args.block)
+    if args.min_size < 0:
+        raise CliError(f"--min-size must be >= 0, got {args.min_size}")
+    model = ModelFolder(args.input)
+    if model.config.get("quantization_config") is not None or any(m is not None for m in model.metas.values()):
+        raise CliError(f"IN {args.input!r} is already quantized (config.json has a quantization_config, "
+                       f"or its weights carry gpuq metadata); dequantize it first")
+    scheme = request.scheme("float32" if request.layout is FP8_BLOCKS else _model_dtype(model))
+
+    def scheme_for(name, shape):
+        if scheme.strategy == "group" and shape[1] % scheme.group_size:
+            return (f"group size {scheme.group_size} does not divide its input dimension {shape[1]} "
+                    f"(compressed-tensors refuses it)")
+        return scheme
+
+    chosen, kept, ignore = choose(model.specs, model.config, scheme_for, include=args.include,
+                                  exclude=args.exclude, min_size=args.min_size)
+    layouts = _plan_shards(model, chosen, args.output)
+    qc = fp8_blocks_config(ignore) if request.layout is FP8_BLOCKS else ct_config(scheme, ignore)
+    present = {module_of(n) for n in model.specs}
+    rows = []
+    names = model.shards + ([model.index_name] if model.index_name else []) + [CONFIG] + model.others
+    bar = progress_bar(len(model.specs), progress, "quantize")
+    try:
+        with model_output(args.output, model, names) as out:
+            for shard in model.shards:
+                rows += _quantize_shard(model, shard, out.staged(shard), layouts[shard], chosen, device,
+                                        args.nonfinite, warn, present, bar, args.calibrate)
+            out.copy_others(model)
+            entries = {s: output_shard_entries(out.staged(s)) for s in model.shards} if model.index_name else None
+            out.commit(model.shards + model.others, model if model.index_name else None, entries,
+                       {**model.config, "quantization_config": qc})
+    finally:
+        bar.close()
+    report = finish_report("quantize", args.input, args.output, device.name, rows)
+    report.update(format=args.format, calibrate=args.calibrate, ignore=ignore, left_out=model.left_out,
+                  extra_column=("vLLM", "vllm"), notes=_notes(kept, model.left_out, request))
+    return report
+
+
+def _model_dtype(model: ModelFolder) -> str:
+    """The dtype the model's scales are stored in: config.json's, else its weights'."""
+    named = model.config.get("dtype", model.config.get("torch_dtype"))
+    if named in _SCALE_DTYPES:
+        return named
+    floats = sorted({dt.name for shape, dt in model.specs.values() if len(shape) == 2 and dt.name in
+                     _SCALE_DTYPES + ("float64",)})
+    if len(floats) != 1 or floats[0] not in _SCALE_DTYPES:
+        raise CliError(f"the model's dtype is not bfloat16, float16 or float32 (config.json says "
+                       f"{named!r}, its weights are {', '.join(floats) or 'not floating'}): "
+                       f"compressed-tensors stores scales in the model's dtype")
+    return floats[0]
+
+
+def _plan_shards(model, chosen, out_path) -> dict:
+    """``{shard: entries}`` of every output shard (each checked against the header limit),
+    refusing an output name that is already a tensor of the model."""
+    layouts = {}
+    for shard in model.shards:
+        entries = {}
+        for name in model.tensors[shard]:
+            if name not in chosen:
+                entries[name] = model.specs[name]
+                continue
+            scheme = chosen[name]
+            new = scheme.layout.entries(module_of(name), model.specs[name][0], scheme)
+            clash = [n for n in new if n != name and n in model.specs]
+            if clash:
+                raise CliError(f"tensor {name!r} cannot be quantized: IN already has a tensor named "
+                               f"{clash[0]!r}, where its quantized form would go")
+            entries.update(new)
+        header = safetensors_layout(entries, None, model.extra[shard])[0]
+        check_header_size(os.path.join(out_path, shard), header, entries)
+        layouts[shard] = entries
+    return layouts
+
+
+def _quantize_shard(model, shard, path, entries, chosen, device, nonfinite, warn, present, bar, method) -> list:
+    rows = []
+    with Checkpoint(model.shard_path(shard)) as ckpt, \
+            checkpoint_writer(path, "safetensors", entries, None, model.extra[shard]) as w:
+        for name in ckpt.names:
+            shape, dtype = model.specs[name]
+            row = {"name": name, "shape": list(shape), "dtype": dtype.name, "bytes_before": ckpt.nbytes(name)}
+            if name not in chosen:
+                w.write(name, ckpt.load(name))
+                rows.append({**row, "quantized": False, "scheme": None, "bytes_after": row["bytes_before"],
+                             "sqnr_db": None, "max_abs_error": None, "nonfinite": None, "vllm": None})
+            else:
+                scheme = chosen[name]
+                tensors, stats, counts = quantize_weight(ckpt.load(name), scheme, device, name, nonfinite, warn,
+                                                         method)
+                for n, t in tensors.items():
+                    w.write(n, t)
+                rows.append({**row, "quantized": True, "scheme": _scheme_json(scheme),
+                             "scheme_text": scheme.describe(),
+                             "bytes_after": int(sum(t.nbytes for t in tensors.values())),
+                             "sqnr_db": sqnr_db(stats["signal"], stats["error"]),
+                             "max_abs_error": stats["max_abs_error"], "nonfinite": counts,
+                             "vllm": vllm_check(module_of(name), shape, scheme, present),
+                             "_signal": stats["signal"], "_error": stats["error"]})
+            bar.update(1)
+    return rows
+
+
+def quantize_weight(x, scheme: WeightScheme, device, name, nonfinite="warn", warn=None, method="minmax") -> tuple:
+    """``(tensors, stats, counts)``: the stored tensors of one ``[out, in]`` weight, its error
+    statistics (:func:`gpuq.cli.convert.error_stats`) and its NaN/Inf counts.
+
+    Parameters come from the finite values (NaN/Inf replaced by 0, which changes no range that
+    includes 0, nor ``max |x|``) by ``method`` (``--calibrate``: min/max or the MSE search),
+    rounded to the scale dtype; the codes from ``x`` itself.
+
+    >>> from gpuq.cli.env import HostDevice
+    >>> x = np.array([[0.5, -1.0], [2.0, 4.0]], np.float32)
+    >>> s = WeightScheme(int_code(8), "channel", True, "float32", PACK)
+    >>> t, stats, _ = quantize_weight(x, s, HostDevice(), "m.weight")
+    >>> sorted(t), t["m.weight_scale"].ravel().tolist()
+    (['m.weight_packed', 'm.weight_scale', 'm.weight_shape'], [0.007874015718698502, 0.031496062874794006])
+    """
+    import gpuq
+
+    counts = count_nonfinite(x)
+    bad = sum(counts.values())
+    if bad and nonfinite == "error":
+        raise CliError(f"tensor {name!r} has {nonfinite_text(counts)}; --nonfinite warn or allow "
+                       f"quantizes it with parameters from its finite values")
+    if bad and nonfinite == "warn" and warn is not None:
+        warn(f"tensor {name!r} has {nonfinite_text(counts)}: quantized with parameters from its finite "
+             f"values; --nonfinite error refuses it, allow keeps quiet")
+    kw = scheme.api_kwargs()
+    code = scheme.code.name
+    try:
+        xd = device.put(x)
+        pd = device.put(np.where(np.isfinite(x), x, x.dtype.type(0))) if bad else xd
+        scales, zps = gpuq.choose_qparams(pd, dtype=code, symmetric=scheme.symmetric,
+                                          scale_dtype=scheme.scale_dtype, method=method, **kw)
+        q = gpuq.quantize(xd, scales, zps, dtype=code, **kw)
+    except (ValueError, TypeError) as exc:
+        raise CliError(f"tensor {name!r}: {' '.join(str(exc).split())}") from exc
+    del xd, pd
+    scales = np.asarray(device.get(scales), np.float32)
+    zps = None if zps is None else np.asarray(device.get(zps), np.int32)
+    stats = _stats(x, q, scales, zps, scheme, device, bool(bad))
+    codes = host_codes(q, device)
+    if isinstance(codes, gpuq.Codes):  # packed nibbles: one code per element for the layout
+        codes = gpuq.unpack(codes)
+    module = module_of(name)
+    return scheme.layout.encode(module, x.shape, scheme, codes, scales, zps), stats, counts
+
+
+def _stats(x, q, scales, zps, scheme, device, finite_only) -> dict:
+    """:func:`gpuq.cli.convert.error_stats` of one weight, in its own scheme."""
+    kw = scheme.api_kwargs()
+    cli = {"axis": kw["axis"], "group_size": kw["group_size"], "block_size": kw["block_size"],
+           "dtype": scheme.code.name}
+    return error_stats(x, q, scales, zps, cli, get=device.get, finite_only=finite_only)
+
+
+def _scheme_json(scheme: WeightScheme) -> dict:
+    return {"dtype": scheme.code.name, "strategy": scheme.strategy, "group_size": scheme.group_size,
+            "block": list(scheme.block) if scheme.block else None, "symmetric": scheme.symmetric,
+            "scale_dtype": scheme.scale_dtype}
+
+
+def _notes(kept, left_out, request) -> list:
+    where = "ignored_layers" if request.layout is FP8_BLOCKS else "ignore"
+    notes = [f"note: kept in float and listed in {where}: {module_of(name)} ({why})"
+             for name, why in kept.items()]
+    if left_out:
+        notes.append(f"note: not copied into OUT: {', '.join(left_out)} (folders and weight files of "
+                     f"other formats)")
+    if request.layout is not FP8_BLOCKS:
+        notes.append("note: vLLM column: Marlin's shape rules for int weights (group -1/32/64/128, "
+                     "out % 64, in % 128); '-' where no rule is checked")
+    return notes
+
