@@ -84,26 +84,11 @@ mse_search(const T* __restrict__ x, int nd, const long long* __restrict__ dims, 
         widen_scale(valid ? q.scale : 1.0f, sc);  // a left-out candidate: any scale, never chosen
         const long long zlo = static_cast<long long>(qmin) - q.zp, zhi = static_cast<long long>(qmax) - q.zp;
 
-        // The block's first element and extent along each dim (ragged at the ends), as
-        // minmax_blocks finds them; slot s is the parameter index (C order of the grid).
-        long long extent[kMseMaxDims], step[kMseMaxDims], coord[kMseMaxDims];
-        long long rest = s, origin = 0, stride = 1;
-#pragma unroll 1
-        for (int d = nd - 1; d >= 0; --d) {
-            const long long n = dims[d], ps = dims[nd + d], b = dims[2 * nd + d];
-            long long blk = 0;
-            if (ps != 0) {
-                long long count, unused, above;
-                divmod(n + b - 1, b, count, unused);
-                divmod(rest, count, above, blk);
-                rest = above;
-            }
-            origin += blk * b * stride;
-            extent[d] = min(b, n - blk * b);
-            step[d] = stride;
-            coord[d] = 0;
-            stride *= n;
-        }
+        // The block's first element and extent along each dim (ragged at the ends), by
+        // minmax_blocks' own block_of_slot; slot s is the parameter index (C order of the grid).
+        long long extent[kMseMaxDims], step[kMseMaxDims], coord[kMseMaxDims], param;
+        const long long origin = block_of_slot(s, nd, dims, extent, step, &param);
+        for (int d = 0; d < nd; ++d) coord[d] = 0;
 
         // C order: the last dim is contiguous (step 1), the others an odometer.
         double err = 0.0;

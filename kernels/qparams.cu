@@ -229,6 +229,46 @@ minmax_columns(const T* __restrict__ x, long long outer, long long n, long long 
     flush(lo, hi, t, acc.lo32(), acc.hi32());
 }
 
+// Slot s of a block grid (dims as minmax_blocks takes them; the MSE search walks the same):
+// the offset of its block's first element, and for each merged dim the block's extent (ragged
+// at the ends) and C-order stride; *param is the slot's parameter index sum_d blk_d * pstride_d.
+__device__ __forceinline__ long long block_of_slot(long long s, int nd, const long long* __restrict__ dims,
+                                                   long long* extent, long long* step, long long* param) {
+    long long rest = s, origin = 0, stride = 1, p = 0;
+#pragma unroll 1
+    for (int d = nd - 1; d >= 0; --d) {
+        const long long n = dims[d], ps = dims[nd + d], b = dims[2 * nd + d];
+        long long blk = 0;
+        if (ps != 0) {  // a dim the parameters follow: its block index is part of the slot
+            long long count, unused, above;
+            divmod(n + b - 1, b, count, unused);
+            divmod(rest, count, above, blk);
+            rest = above;
+            p += blk * ps;
+        }
+        origin += blk * b * stride;
+        extent[d] = min(b, n - blk * b);
+        step[d] = stride;
+        stride *= n;
+    }
+    *param = p;
+    return origin;
+}
+
+// The offset of the element with C-order index r over dims 0..last of a block at origin.
+__device__ __forceinline__ long long block_offset(long long r, long long origin, int last,
+                                                  const long long* extent, const long long* step) {
+    long long off = origin;
+#pragma unroll 1
+    for (int d = last; d >= 0; --d) {
+        long long q, c;
+        divmod(r, extent[d], q, c);
+        off += c * step[d];
+        r = q;
+    }
+    return off;
+}
+
 // Blocks of any shape: x C-contiguous as merged dims (nd <= kMaxBlockDims), dims =
 // [shape[0..nd), pstride[0..nd), block[0..nd)] (the strided map's, kernels/elementwise.cuh):
 // the slot of coordinates c is sum_d (c_d / block_d) * pstride_d (pstride 0 where a block
@@ -242,26 +282,10 @@ __global__ void __launch_bounds__(256)
 minmax_blocks(const T* __restrict__ x, int nd, const long long* __restrict__ dims, long long slots,
               unsigned* __restrict__ lo, unsigned* __restrict__ hi) {
     for (long long s = blockIdx.x; s < slots; s += gridDim.x) {
-        // The slot's first element and its block's extent along each dim (ragged at the ends).
-        long long rest = s, origin = 0, stride = 1, volume = 1, p = 0;
-        long long extent[kMaxBlockDims], step[kMaxBlockDims];
-#pragma unroll 1
-        for (int d = nd - 1; d >= 0; --d) {
-            const long long n = dims[d], ps = dims[nd + d], b = dims[2 * nd + d];
-            long long blk = 0;
-            if (ps != 0) {  // a dim the parameters follow: its block index is part of the slot
-                long long count, unused, above;
-                divmod(n + b - 1, b, count, unused);
-                divmod(rest, count, above, blk);
-                rest = above;
-                p += blk * ps;
-            }
-            origin += blk * b * stride;
-            extent[d] = min(b, n - blk * b);
-            step[d] = stride;
-            volume *= extent[d];
-            stride *= n;
-        }
+        long long extent[kMaxBlockDims], step[kMaxBlockDims], p;
+        const long long origin = block_of_slot(s, nd, dims, extent, step, &p);
+        long long volume = 1;
+        for (int d = 0; d < nd; ++d) volume *= extent[d];
         Acc<T> acc;
         const long long inner = extent[nd - 1];  // contiguous: step[nd - 1] == 1
         if (inner >= 32) {
@@ -271,28 +295,12 @@ minmax_blocks(const T* __restrict__ x, int nd, const long long* __restrict__ dim
             const long long rows = volume / inner;
             const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
             for (long long row = threadIdx.x / 32; row < rows; row += warps) {
-                long long r = row, off = origin;
-#pragma unroll 1
-                for (int d = nd - 2; d >= 0; --d) {
-                    long long q, c;
-                    divmod(r, extent[d], q, c);
-                    off += c * step[d];
-                    r = q;
-                }
+                const long long off = block_offset(row, origin, nd - 2, extent, step);
                 for (long long j = lane; j < inner; j += 32) acc.add(x[off + j]);
             }
         } else {
-            for (long long e = threadIdx.x; e < volume; e += blockDim.x) {
-                long long r = e, off = origin;
-#pragma unroll 1
-                for (int d = nd - 1; d >= 0; --d) {
-                    long long q, c;
-                    divmod(r, extent[d], q, c);
-                    off += c * step[d];
-                    r = q;
-                }
-                acc.add(x[off]);
-            }
+            for (long long e = threadIdx.x; e < volume; e += blockDim.x)
+                acc.add(x[block_offset(e, origin, nd - 1, extent, step)]);
         }
         float l = acc.lo32(), h = acc.hi32();
         team_minmax<false>(l, h);

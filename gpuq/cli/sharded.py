@@ -204,7 +204,9 @@ class OutputFolder:
 
     def put_in_place(self, stale, staged) -> None:
         """Remove the ``stale`` files of OUT (an earlier run's), then rename each ``staged``
-        name into place; for a commit, with the signals held."""
+        name into place; for a commit, with the signals held. A folder where a staged file goes
+        is refused before anything is removed: OUT keeps its earlier model whole."""
+        refuse_folders_in_the_way(self.path, staged)
         try:
             for name in stale:
                 path = os.path.join(self.path, name)
@@ -231,6 +233,24 @@ def _prepare(out: str, src) -> bool:
     """Check OUT (a folder), create it if missing; True if created here."""
     return prepare_folder(out, src.folder, f"for a sharded IN (its shards and {src.index_name} go there)",
                           "a sharded IN needs a folder")
+
+
+def refuse_folders_in_the_way(out: str, names) -> None:
+    """A CliError if one of ``names``, files this run puts into OUT, is a folder there (the
+    rename onto it would fail halfway through a commit).
+
+    >>> import tempfile
+    >>> out = tempfile.mkdtemp(); os.mkdir(os.path.join(out, "model.safetensors"))
+    >>> refuse_folders_in_the_way(out, ["config.json", "model.safetensors"])
+    Traceback (most recent call last):
+    ...
+    gpuq.cli.files.CliError: cannot write OUT '...': 'model.safetensors' there is a folder, and this run writes a file of that name; remove it or write to a new folder
+    """
+    for name in sorted(names):
+        path = os.path.join(out, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            raise CliError(f"cannot write OUT {out!r}: {name!r} there is a folder, and this run "
+                           f"writes a file of that name; remove it or write to a new folder")
 
 
 def prepare_folder(out: str, in_folder: str, what: str, why: str) -> bool:

@@ -465,6 +465,8 @@ def test_a_failed_run_leaves_out_as_it_was(tmp_path, capsys, monkeypatch, comman
     (("--dtype", "float8_e4m3fn", "--group-size", "32"), "float8_e4m3fn has no zero point"),
     (("--group-size", "32", "--axis", "0"), "--group-size groups along the input dimension (axis 1), got --axis 0"),
     (("--workers", "2"), "--format compressed-tensors runs on this machine: drop --scheduler/--workers"),
+    (("--dtype", "int4", "--group-size", "0"), "--group-size must be a positive integer, got 0"),
+    (("--dtype", "int4", "--group-size", "-128"), "--group-size must be a positive integer, got -128"),
     (("--block", "128x128"), "--block 128x128: --format fp8-blocks has 128x128 blocks (its weight_block_size), "
                              "and compressed-tensors is written per channel, group or tensor"),
 ])
@@ -521,6 +523,14 @@ def _qc_edit(fn):
     (_qc_edit(lambda qc: qc["config_groups"]["group_0"]["weights"].update(symmetric=True)),
      "tensor 'model.layers.0.mlp.down_proj.weight_zero_point' is a quantization parameter of no quantized weight"),
     (lambda cfg: cfg.update(quantization_config=[1]), "quantization_config is list, not an object"),
+    (_qc_edit(lambda qc: qc["ignore"].append("re:(")),
+     "ignore entry 're:(' is not a regular expression (missing ), unterminated subpattern at position 0)"),
+    (_qc_edit(lambda qc: qc["config_groups"]["group_0"].update(targets=["Linear", "re:[a-"])),
+     "config group 'group_0': targets entry 're:[a-' is not a regular expression"),
+    (_qc_edit(lambda qc: qc["config_groups"]["group_0"]["weights"].update(strategy="block", block_structure=128)),
+     "config group 'group_0': block strategy with block_structure 128: gpuq reads a list of two block sizes"),
+    (_qc_edit(lambda qc: qc.update(format="naive-quantized") or qc["config_groups"]["group_0"].update(format=None)),
+     "config group 'group_0': naive-quantized with num_bits 4: gpuq reads 4-bit int weights as pack-quantized"),
 ])
 def test_unknown_or_unsupported_configs(tmp_path, capsys, edit, message):
     import shutil
@@ -613,6 +623,46 @@ def test_folders_refused(tmp_path, capsys):
     (tmp_path / "nocfg").mkdir()
     assert gpuq_main("quantize", tmp_path / "nocfg", "-o", tmp_path / "o2", "--format", "fp8-blocks") == 2
     assert "is not a model folder: no " in one_error_line(capsys)
+
+
+@pytest.mark.parametrize("blocker", ["config.json", "model.safetensors", "tokenizer.json"])
+def test_a_folder_in_the_way_keeps_the_earlier_model_whole(tmp_path, capsys, blocker):
+    """A folder where this run writes a file is refused before anything of OUT is removed."""
+    make_model(tmp_path / "m")
+    _quantize(tmp_path / "m", tmp_path / "q", "--format", "compressed-tensors")
+    (tmp_path / "q" / blocker).rename(tmp_path / "moved")
+    (tmp_path / "q" / blocker / "x").mkdir(parents=True)
+    before = {f: (tmp_path / "q" / f).read_bytes() for f in os.listdir(tmp_path / "q")
+              if (tmp_path / "q" / f).is_file()}
+    assert gpuq_main("quantize", tmp_path / "m", "-o", tmp_path / "q", "--format", "compressed-tensors",
+                     "--dtype", "int4", "--device", "cpu", "-q") == 2
+    assert f"{blocker!r} there is a folder, and this run writes a file of that name" in one_error_line(capsys)
+    after = {f: (tmp_path / "q" / f).read_bytes() for f in os.listdir(tmp_path / "q")
+             if (tmp_path / "q" / f).is_file()}
+    assert after == before
+
+
+def test_a_config_without_dtype(tmp_path, capsys):
+    """float16 weights and no dtype in config.json: quantize records the dtype it inferred, and
+    dequantize of a folder that names none takes the kept tensors' dtype, not float32."""
+    make_model(tmp_path / "m", dtype="float16")
+    _edit(tmp_path / "m", lambda cfg: cfg.pop("dtype"))
+    _quantize(tmp_path / "m", tmp_path / "q", "--format", "compressed-tensors")
+    assert _config(tmp_path / "q")["dtype"] == "float16"
+    _edit(tmp_path / "q", lambda cfg: cfg.pop("dtype"))
+    assert gpuq_main("dequantize", tmp_path / "q", "-o", tmp_path / "d", "--device", "cpu", "-q") == 0
+    d = load(tmp_path / "d" / "model.safetensors")
+    assert {a.dtype for a in d.values()} == {np.dtype(np.float16)}
+    assert _config(tmp_path / "d")["dtype"] == "float16"
+
+
+def test_hidden_files_are_named_not_copied(tmp_path, capsys):
+    make_model(tmp_path / "m")
+    (tmp_path / "m" / ".gitattributes").write_text("*.safetensors filter=lfs\n")
+    assert gpuq_main("quantize", tmp_path / "m", "-o", tmp_path / "q", "--format", "fp8-blocks", "--device", "cpu",
+                     "-q", "--json") == 0
+    report = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert ".gitattributes" in report["left_out"] and not (tmp_path / "q" / ".gitattributes").exists()
 
 
 def test_float64_and_nonfinite_weights(tmp_path, capsys):

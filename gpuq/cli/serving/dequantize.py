@@ -43,7 +43,7 @@ from ..files import Checkpoint, CliError, checkpoint_writer
 from ..report import natural_key
 from ..sharded import output_shard_entries
 from .folder import CONFIG, ModelFolder, Tensors, model_output
-from .formats import read_ct_groups, read_fp8_blocks
+from .formats import check_patterns, read_ct_groups, read_fp8_blocks
 
 #: The config keys that hold a quantization config (compressed-tensors wrote ``compression_config``
 #: before 0.9; transformers reads both).
@@ -76,7 +76,7 @@ def run(in_path, out_path, *, dtype, device, progress=True) -> dict:
                 rows, what = _gpuq_files(model, out, dtype, device, bar), "gpuq"
             else:
                 modules, what = recognise(model, model.config[qc_key], f"{in_path}/{CONFIG}")
-                out_dtype = _output_dtype(dtype, model.config)
+                out_dtype = _output_dtype(dtype, model, modules)
                 rows = []
                 with Tensors(model) as loader:
                     for shard in model.shards:
@@ -95,9 +95,15 @@ def run(in_path, out_path, *, dtype, device, progress=True) -> dict:
     return report
 
 
-def _output_dtype(dtype, config) -> np.dtype:
-    named = config.get("dtype", config.get("torch_dtype"))
-    return float_dtype(dtype or (named if named in DEQUANTIZE_DTYPES else "float32"))
+def _output_dtype(dtype, model, modules) -> np.dtype:
+    """``--dtype``, else the model's: config.json's, else the one float dtype of the tensors kept
+    in float (embeddings, norms), else float32."""
+    named = model.config.get("dtype", model.config.get("torch_dtype"))
+    if dtype or named in DEQUANTIZE_DTYPES:
+        return float_dtype(dtype or named)
+    quantized = {n for m, (s, _) in modules.items() for n in [s.layout.primary(m, s)] + s.layout.companions(m, s)}
+    kept = {dt.name for n, (_, dt) in model.specs.items() if n not in quantized and dt.name in DEQUANTIZE_DTYPES}
+    return float_dtype(kept.pop() if len(kept) == 1 else "float32")
 
 
 def recognise(model: ModelFolder, qc, where: str) -> tuple:
@@ -148,6 +154,7 @@ def _compressed_tensors(qc, specs, where) -> tuple:
     ignore = qc.get("ignore") or []
     if not isinstance(ignore, list) or not all(isinstance(i, str) for i in ignore):
         raise CliError(f"{where}: ignore {ignore!r} is not a list of module names")
+    check_patterns(ignore, f"{where}: ignore", CliError)
     found = {n.rpartition(".")[0] for n in specs if n.endswith((".weight_packed", ".weight_scale"))}
     modules = {m: _ct_scheme(m, groups, ignore, where) for m in sorted(found, key=natural_key)}
     return modules, "compressed-tensors " + "/".join(sorted({s.layout.name for s in modules.values()}))

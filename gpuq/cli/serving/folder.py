@@ -29,7 +29,8 @@ import secrets
 import shutil
 
 from ..files import Checkpoint, CliError, _one_line, atomic_output
-from ..sharded import INDEX_SUFFIX, OutputFolder, ShardedCheckpoint, prepare_folder, write_index
+from ..sharded import (INDEX_SUFFIX, OutputFolder, ShardedCheckpoint, prepare_folder,
+                       refuse_folders_in_the_way, write_index)
 from ..signals import held_signals
 
 CONFIG = "config.json"
@@ -90,9 +91,10 @@ class ModelFolder:
         self.others, self.left_out = [], []
         for f in sorted(os.listdir(path)):
             full = os.path.join(path, f)
-            if f in weights or f.startswith("."):
+            if f in weights:
                 continue
-            if os.path.isfile(full) and not f.endswith(_OTHER_WEIGHTS):
+            # hidden files (.gitattributes, a hub download's .cache/) are named, not copied
+            if os.path.isfile(full) and not f.endswith(_OTHER_WEIGHTS) and not f.startswith("."):
                 self.others.append(f)
             else:
                 self.left_out.append(f + ("/" if os.path.isdir(full) else ""))
@@ -188,6 +190,7 @@ def _prepare(out: str, src, names) -> bool:
     if prepare_folder(out, src.path, "for a model (config.json and the weights go there)",
                       "a model folder is written to a folder"):
         return True
+    refuse_folders_in_the_way(out, names)
     stale = sorted(f for f in os.listdir(out) if f.endswith(_OTHER_WEIGHTS) and f not in names
                    and not f.startswith("."))
     if stale:

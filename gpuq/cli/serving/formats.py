@@ -33,6 +33,7 @@ signed code), ``"type": "float"`` with 8 bits is the fp8 row stored as safetenso
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -379,6 +380,7 @@ def read_ct_groups(qc: dict, where: str) -> list:
         targets = group.get("targets")
         if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
             raise bad(f"config group {gname!r}: targets {_short(targets)} is not a list of names")
+        check_patterns(targets, f"config group {gname!r}: targets", bad)
         acts = group.get("input_activations")
         if acts is not None and not (isinstance(acts, dict) and acts.get("dynamic") is True):
             raise bad(f"config group {gname!r}: input_activations {_short(acts)} (static activation "
@@ -392,6 +394,23 @@ def read_ct_groups(qc: dict, where: str) -> list:
         out.append((gname, targets, _weight_scheme(group["weights"], layout, lambda why: bad(
             f"config group {gname!r}: {why}"))))
     return out
+
+
+def check_patterns(names: list, what: str, bad) -> None:
+    """Raise ``bad(...)`` for an entry ``re:PATTERN`` of ``names`` that is no regular expression.
+
+    >>> check_patterns(["lm_head", "re:.*gate"], "ignore", ValueError)
+    >>> check_patterns(["re:("], "ignore", ValueError)
+    Traceback (most recent call last):
+    ...
+    ValueError: ignore entry 're:(' is not a regular expression (missing ), unterminated subpattern at position 0)
+    """
+    for name in names:
+        if name.startswith("re:"):
+            try:
+                re.compile(name[3:])
+            except re.error as exc:
+                raise bad(f"{what} entry {name!r} is not a regular expression ({exc})") from None
 
 
 def _weight_scheme(w: dict, layout, bad) -> WeightScheme:
@@ -413,11 +432,16 @@ def _weight_scheme(w: dict, layout, bad) -> WeightScheme:
     if kind == "float" and not symmetric:
         raise bad("float weights with symmetric false: fp8 has no zero point")
     group = w.get("group_size") if strategy == "group" else None
-    block = tuple(w.get("block_structure") or ()) if strategy == "block" else None
+    structure = w.get("block_structure")
+    block = tuple(structure) if strategy == "block" and isinstance(structure, list) else None
     if strategy == "group" and not (_is_size(group)):
         raise bad(f"group strategy with group_size {group!r}")
-    if strategy == "block" and not (len(block) == 2 and all(_is_size(b) for b in block)):
-        raise bad(f"block strategy with block_structure {w.get('block_structure')!r}")
+    if strategy == "block" and not (block is not None and len(block) == 2 and all(_is_size(b) for b in block)):
+        raise bad(f"block strategy with block_structure {_short(structure)}: gpuq reads a list of two "
+                  f"block sizes")
+    if layout is not PACK and code.storage == "packed":
+        raise bad(f"{layout.name} with num_bits {bits}: gpuq reads {bits}-bit int weights as "
+                  f"pack-quantized (codes packed into int32 words), not one code per byte")
     return WeightScheme(code, strategy, symmetric, None, layout, group_size=group, block=block)
 
 

@@ -88,6 +88,8 @@ class Request:
         if axis is not None and axis != 0 and group_size is None:
             raise CliError(f"--axis {axis}: compressed-tensors scales output channels (--axis 0), groups "
                            f"along the input (--group-size G) or the whole tensor (--per-tensor, fp8)")
+        if group_size is not None and group_size < 1:
+            raise CliError(f"--group-size must be a positive integer, got {group_size}")
         if group_size is not None and axis not in (None, 1, -1):
             raise CliError(f"--group-size groups along the input dimension (axis 1), got --axis {axis}")
         if per_tensor and not fp8:
@@ -134,6 +136,9 @@ def run(args, *, warn, progress, device) -> dict:
     layouts = _plan_shards(model, chosen, args.output)
     qc = fp8_blocks_config(ignore) if request.layout is FP8_BLOCKS else ct_config(scheme, ignore)
     present = {module_of(n) for n in model.specs}
+    config = {**model.config, "quantization_config": qc}
+    if not any(k in config for k in ("dtype", "torch_dtype")) and request.layout is not FP8_BLOCKS:
+        config["dtype"] = scheme.scale_dtype  # the dtype inferred from the weights: readers need it
     rows = []
     names = model.shards + ([model.index_name] if model.index_name else []) + [CONFIG] + model.others
     bar = progress_bar(len(model.specs), progress, "quantize")
@@ -144,8 +149,7 @@ def run(args, *, warn, progress, device) -> dict:
                                         args.nonfinite, warn, present, bar, args.calibrate)
             out.copy_others(model)
             entries = {s: output_shard_entries(out.staged(s)) for s in model.shards} if model.index_name else None
-            out.commit(model.shards + model.others, model if model.index_name else None, entries,
-                       {**model.config, "quantization_config": qc})
+            out.commit(model.shards + model.others, model if model.index_name else None, entries, config)
     finally:
         bar.close()
     report = finish_report("quantize", args.input, args.output, device.name, rows)
