@@ -143,6 +143,22 @@ def test_a_scale_in_another_shard_is_found_through_the_index(tmp_path, capsys):
     assert index["metadata"]["total_size"] == sum(v.nbytes for v in dense.values())
 
 
+def test_a_shard_of_only_scales_leaves_no_empty_shard(tmp_path, capsys):
+    """Every weight_scale and zero point in a third shard: the dense folder has two shards, both
+    in its index, and no empty file beside them."""
+    reshard(FIXTURES / "ct-int4-g128-asym", tmp_path / "in",
+            lambda k: 2 if k.endswith((".weight_scale", ".weight_zero_point")) else int("layers.1" in k), 3)
+    assert gpuq_main("dequantize", tmp_path / "in", "-o", tmp_path / "out", "--device", "cpu", "-q") == 0
+    index = json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())
+    shards = sorted(f for f in os.listdir(tmp_path / "out") if f.endswith(".safetensors"))
+    assert shards == sorted(set(index["weight_map"].values())) == [
+        "model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors"]
+    oracle = load(FIXTURES / "oracle" / "ct-int4-g128-asym" / "dequantized.safetensors")
+    dense = load_folder(tmp_path / "out")
+    for key, want in oracle.items():
+        same_bits(dense[key], want)
+
+
 # --- written by gpuq: what it stores, against the references --------------------------------------
 
 @pytest.mark.parametrize("options,bits_,group,symmetric", [

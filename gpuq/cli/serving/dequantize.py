@@ -86,8 +86,13 @@ def run(in_path, out_path, *, dtype, device, progress=True) -> dict:
             if dtype is not None:  # the weights' dtype is the one the config names
                 config["dtype" if "dtype" in config or "torch_dtype" not in config else "torch_dtype"] = dtype
             out.copy_others(model)
-            entries = {s: output_shard_entries(out.staged(s)) for s in model.shards} if model.index_name else None
-            out.commit(model.shards + model.others, model if model.index_name else None, entries, config)
+            shards, entries = model.shards, None
+            if model.index_name:
+                entries = {s: output_shard_entries(out.staged(s)) for s in model.shards}
+                # a shard that held only quantization parameters has nothing left: not written
+                shards = [s for s in model.shards if entries[s]]
+                entries = {s: entries[s] for s in shards}
+            out.commit(shards + model.others, model if model.index_name else None, entries, config)
     finally:
         bar.close()
     report = finish_report("dequantize", in_path, out_path, device.name, rows)
