@@ -223,8 +223,7 @@ def _validate(x, axis, group_size, block_size, dtype, symmetric, eps, scale_dtyp
     code = as_code_type(dtype)
     if symmetric is None:
         symmetric = code.zero_point == "none"  # no zero point: symmetric by nature (fp8)
-    if not isinstance(symmetric, (bool, np.bool_)):
-        raise TypeError(f"symmetric must be True or False, got {symmetric!r}")
+    _check_symmetric(symmetric)
     if code.zero_point == "none" and not symmetric:
         raise ValueError(f"symmetric must be True for {code.name} codes (fp8 has no zero point), "
                          f"got symmetric=False")
@@ -232,6 +231,30 @@ def _validate(x, axis, group_size, block_size, dtype, symmetric, eps, scale_dtyp
     sdt = _scale_dtype(scale_dtype)
     eps = _check_eps(eps, SCALE_DTYPES[sdt])
     return backend, arr, scheme, code, bool(symmetric), eps, sdt, _method(method)
+
+
+def check_options(symmetric, eps, scale_dtype, method) -> tuple:
+    """The options of :func:`choose_qparams` and :func:`quantize_dynamic` that are no arrays,
+    checked as those calls check them (for callers that hand them on, such as the torch ops):
+    ``(symmetric, eps, scale dtype name, method)``, ``symmetric`` and ``eps`` None where given so.
+
+    >>> check_options(None, 1e-3, "bf16", "mse")
+    (None, 0.0010000000474974513, 'bfloat16', 'mse')
+    >>> check_options(1, None, "float32", "minmax")
+    Traceback (most recent call last):
+    ...
+    TypeError: symmetric must be True or False, got 1
+    """
+    if symmetric is not None:
+        _check_symmetric(symmetric)
+    sdt = _scale_dtype(scale_dtype)
+    eps = None if eps is None else _check_eps(eps, SCALE_DTYPES[sdt])
+    return (None if symmetric is None else bool(symmetric)), eps, sdt, _method(method)
+
+
+def _check_symmetric(symmetric) -> None:
+    if not isinstance(symmetric, (bool, np.bool_)):
+        raise TypeError(f"symmetric must be True or False, got {symmetric!r}")
 
 
 def _method(value) -> str:

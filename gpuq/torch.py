@@ -47,9 +47,11 @@ if not hasattr(torch.library, "custom_op"):
     raise ImportError(f"gpuq.torch needs torch >= 2.4 (torch.library.custom_op), got torch {torch.__version__}")
 
 from . import _interop, api, qparams
+from .qparams import check_options
 from ._codes import Codes
 from ._codetypes import CODE_TYPES, as_code_type, code_type
 from ._dtypes import FLOAT_DTYPES, as_dtype
+from ._params import check_saturate
 from ._torch_ops import SCHEMAS, dtype_name_of, register, scheme
 
 __all__ = ["OPS", "SCHEMAS"]
@@ -112,10 +114,10 @@ def _param(value, argname):
         return value
     if isinstance(value, np.ndarray):
         return torch.from_numpy(value)
-    flat = _leaves(value)
-    if flat and all(isinstance(v, bool) for v in flat):
+    flat = _leaves(value)  # NumPy scalars as their Python twins (dynamo's strict tracing does so)
+    if flat and all(isinstance(v, (bool, np.bool_)) for v in flat):
         dtype = torch.bool
-    elif argname == "zps" and all(isinstance(v, int) for v in flat):
+    elif argname == "zps" and all(isinstance(v, (int, np.integer)) for v in flat):
         dtype = torch.int64
     else:
         dtype = torch.float64
@@ -136,10 +138,6 @@ def _dtype_name(dtype, normalise):
 
 def _float_dtype(dtype):
     return as_dtype(dtype, "dtype", FLOAT_DTYPES)
-
-
-def _scale_dtype(dtype):
-    return as_dtype(dtype, "scale_dtype", FLOAT_DTYPES)
 
 
 def _codes(data, shape, name):
@@ -195,6 +193,7 @@ def _as_codes(q, src, dtype):
 def _quantize(src, scales, zps=None, *, axis=None, group_size=None, block_size=None, dtype=None, out=None,
               check_values=True, saturate=True):
     dtype = _dtype_name(dtype, as_code_type) if dtype is not None else _out_dtype(out, "int8")
+    check_saturate(saturate, as_code_type(dtype))  # the schema's bool would take 1 or None
     q = torch.ops.gpuq.quantize(src, _param(scales, "scales"), _param(zps, "zps"), dtype=dtype,
                                 saturate=saturate, check_values=check_values,
                                 **_granularity(src, axis, group_size, block_size))
@@ -220,17 +219,19 @@ def _dequantize(src, scales, zps=None, *, axis=None, group_size=None, block_size
 
 def _choose_qparams(x, *, axis=None, group_size=None, block_size=None, dtype="int8", symmetric=None, eps=None,
                     scale_dtype="float32", method="minmax"):
+    # checked here as the eager call checks them: the schema's bool?/float? would take 1 or True
+    symmetric, eps, scale_dtype, method = check_options(symmetric, eps, scale_dtype, method)
     scales, *zps = torch.ops.gpuq.choose_qparams(x, dtype=_dtype_name(dtype, as_code_type), symmetric=symmetric,
-                                                 eps=eps, scale_dtype=_dtype_name(scale_dtype, _scale_dtype),
-                                                 method=method, **_granularity(x, axis, group_size, block_size))
+                                                 eps=eps, scale_dtype=scale_dtype, method=method,
+                                                 **_granularity(x, axis, group_size, block_size))
     return scales, (zps[0] if zps else None)
 
 
 def _quantize_dynamic(x, *, axis=None, group_size=None, block_size=None, dtype="int8", symmetric=None,
                       scale_dtype="float32", method="minmax"):
     dtype = _dtype_name(dtype, as_code_type)
-    q, scales, *zps = torch.ops.gpuq.quantize_dynamic(x, dtype=dtype, symmetric=symmetric,
-                                                      scale_dtype=_dtype_name(scale_dtype, _scale_dtype),
+    symmetric, _, scale_dtype, method = check_options(symmetric, None, scale_dtype, method)
+    q, scales, *zps = torch.ops.gpuq.quantize_dynamic(x, dtype=dtype, symmetric=symmetric, scale_dtype=scale_dtype,
                                                       method=method, **_granularity(x, axis, group_size, block_size))
     return _as_codes(q, x, dtype), scales, (zps[0] if zps else None)
 

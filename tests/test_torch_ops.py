@@ -368,6 +368,14 @@ def _error_cases():
         (gpuq.quantize, (x, torch.rand(2, 2) + 0.1), dict(block_size=(2, 2))),
         (gpuq.dequantize, (q, s6), dict(axis=1, block_size=(1, 1))),
         (gpuq.choose_qparams, (x,), dict(block_size=(0, 2))),
+        # options the schema's bool?/float?/str would coerce or word as torch does
+        (gpuq.choose_qparams, (x,), dict(symmetric=1)),
+        (gpuq.choose_qparams, (x,), dict(eps=True)),
+        (gpuq.choose_qparams, (x,), dict(scale_dtype=None)),
+        (gpuq.choose_qparams, (x,), dict(method=None)),
+        (gpuq.quantize, (x, 0.5), dict(saturate=1)),
+        (gpuq.quantize_dynamic, (x,), dict(symmetric=0)),
+        (gpuq.quantize, (x, np.True_), {}),
     ]
 
 
@@ -382,7 +390,7 @@ def _fake(mode, a):
         gpuq.Codes(mode.from_tensor(a.data), a.shape, a.dtype) if isinstance(a, gpuq.Codes) else a)
 
 
-@pytest.mark.parametrize("i", range(24))
+@pytest.mark.parametrize("i", range(31))
 def test_fake_tensors_raise_the_eager_calls_error(i):
     """The public call on fake tensors (what torch.export's tracing does) goes through the op's
     fake implementation and raises what the eager call on real tensors raises, word for word."""
@@ -392,6 +400,25 @@ def test_fake_tensors_raise_the_eager_calls_error(i):
         fake_args = [_fake(mode, a) for a in args]
         assert gpuq.torch.traced(fake_args[0])
         assert _error(fn, *fake_args, **kwargs) == eager
+
+
+def test_the_error_cases_are_all_run():
+    assert len(_error_cases()) == 31
+
+
+@pytest.mark.parametrize("zps", [np.int32(3), [np.int64(1), 2, np.uint8(3), 4, 5, 6]])
+def test_numpy_integer_zero_points_when_traced(zps):
+    """NumPy integer scalars are zero points under torch.export's default (non-strict) tracing
+    too, which hands them to gpuq as they are (dynamo's strict tracing makes them Python ints)."""
+    x = _x()
+    axis, scales = (None, 0.05) if np.isscalar(zps) else (1, [0.05] * 6)
+    want = gpuq.quantize(x, scales, zps, axis=axis, dtype="uint8")
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return gpuq.quantize(x, scales, zps, axis=axis, dtype="uint8")
+
+    same(torch.export.export(M(), (x,), strict=False).module()(x), want)
 
 
 def test_packed_bytes_are_checked_as_codes_checks_them():
