@@ -24,6 +24,7 @@ import sys
 import numpy as np
 
 from ._codetypes import CODE_TYPES, code_type, fp8_dtype
+from ._dispatch import is_device_array
 
 __all__ = ["Codes", "pack", "unpack"]
 
@@ -79,6 +80,9 @@ class Codes:
     def __setattr__(self, name, value):
         raise AttributeError("Codes is immutable: make a new one")
 
+    def __delattr__(self, name):
+        raise AttributeError("Codes is immutable: make a new one")
+
     def __reduce__(self):
         # pickle, copy.copy and copy.deepcopy rebuild through __init__ (its checks included):
         # Codes cross processes (ProcessPoolExecutor, Dask's client.submit) as what they are.
@@ -108,13 +112,15 @@ class Codes:
         if not isinstance(other, Codes):
             return NotImplemented
         for data in (self.data, other.data):
-            if not isinstance(data, np.ndarray):
+            if is_device_array(data):  # host data (NumPy, a CPU torch tensor) compares at once
                 raise TypeError(f"== on Codes compares host data only; these hold "
                                 f"{type(data).__module__}.{type(data).__qualname__} data: use "
                                 f"a.equals(b) (it reads the result back from the device)")
         return self.equals(other)
 
-    __hash__ = None  # equal by value, and the data is a mutable array
+    # Equal by value, and the data is the caller's array (out= writes into it): unhashable.
+    # Immutable means the attributes: data, shape and dtype stay the objects they were made with.
+    __hash__ = None
 
     def __array__(self, *args, **kwargs):
         raise TypeError(f"a gpuq.Codes is not an array: its {self.dtype} codes are "

@@ -247,3 +247,29 @@ def test_json_nulls_with_reasons(tmp_path, capsys):
     assert report["total"]["max_abs_error"] == v_row["max_abs_error"]
     q = load(tmp_path / "q2.npz")
     assert (q["w"] == q["w.zps"][:, None]).all()  # every NaN at its row's zero point
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_signalling_nan_raises_no_numpy_warning(tmp_path, capsys, dtype):
+    """A signalling NaN (float32 bits 0x7F810000 and its narrower twins) raises the FPU's invalid
+    flag in NumPy's isfinite, casts and subtractions: the CLI counts it as a NaN, quantizes with
+    the finite values' parameters and prints no RuntimeWarning, under --nonfinite allow."""
+    import warnings
+
+    from gpuq.cli.files import write_checkpoint
+    from gpuq._dtypes import bfloat16
+
+    x = weight_with_nonfinite()[:3].copy()
+    bits = {"float32": (np.uint32, 0x7F810000), "float16": (np.uint16, 0x7C01), "bfloat16": (np.uint16, 0x7F81)}
+    utype, snan = bits[dtype]
+    y = x.astype(bfloat16() if dtype == "bfloat16" else dtype)
+    y.view(utype)[0, 5] = snan
+    y.view(utype)[2, 1] = snan | (1 << (8 * np.dtype(utype).itemsize - 1))  # negative sign
+    src, out = tmp_path / "w.safetensors", tmp_path / "q.safetensors"
+    write_checkpoint(str(src), "safetensors", {"w": y}, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cli.main(["quantize", str(src), "-o", str(out), "--min-size", "1", "--nonfinite", "allow",
+                         "--device", "cpu", "-q", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["tensors"][0]["nonfinite"]["nan"] == 2 + 1  # x[0, 3] and the two sNaNs

@@ -70,6 +70,27 @@ def test_equality_is_by_value_on_the_host():
         hash(a)
 
 
+def test_attributes_cannot_be_set_or_deleted():
+    c = _codes("int4")
+    for name in ("data", "shape", "dtype"):
+        with pytest.raises(AttributeError, match="Codes is immutable"):
+            setattr(c, name, None)
+        with pytest.raises(AttributeError, match="Codes is immutable"):
+            delattr(c, name)
+    assert c == _codes("int4")
+
+
+def test_cpu_torch_codes_compare_by_value():
+    """A CPU torch tensor is host data: == compares it, as for NumPy (pickled and back too)."""
+    import pickle
+
+    torch = pytest.importorskip("torch")
+    a = gpuq.quantize(torch.tensor([1.0, -2.0, 3.0]), 1.0, dtype="int4")
+    assert isinstance(a.data, torch.Tensor)
+    assert a == pickle.loads(pickle.dumps(a)) and a != gpuq.quantize(torch.tensor([1.0, -2.0, 4.0]), 1.0,
+                                                                     dtype="int4")
+
+
 def test_device_codes_compare_with_equals_only(backend):
     a, b = _codes("int4", backend), _codes("int4", backend)
     assert a.equals(b) and not a.equals(_codes("uint4", backend))

@@ -162,12 +162,24 @@ def count_nonfinite(x: np.ndarray) -> dict:
     flat = x.ravel(order="K")  # a view for C- or Fortran-ordered arrays
     for i in range(0, flat.size, _BLOCK):
         blk = flat[i:i + _BLOCK]
-        if np.isfinite(blk).all():
-            continue
-        counts["nan"] += int(np.count_nonzero(np.isnan(blk)))
-        counts["posinf"] += int(np.count_nonzero(blk == np.inf))
-        counts["neginf"] += int(np.count_nonzero(blk == -np.inf))
+        with np.errstate(invalid="ignore"):  # a signalling NaN raises the invalid flag: counted here
+            if np.isfinite(blk).all():
+                continue
+            counts["nan"] += int(np.count_nonzero(np.isnan(blk)))
+            counts["posinf"] += int(np.count_nonzero(blk == np.inf))
+            counts["neginf"] += int(np.count_nonzero(blk == -np.inf))
     return counts
+
+
+def finite_part(x: np.ndarray) -> np.ndarray:
+    """``x`` with NaN and +-Inf replaced by 0: the values a tensor's parameters come from under
+    ``--nonfinite warn/allow`` (signalling NaNs too, without NumPy's invalid-value warning).
+
+    >>> finite_part(np.array([1.5, np.nan, -np.inf, 2.0], np.float32))
+    array([1.5, 0. , 0. , 2. ], dtype=float32)
+    """
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isfinite(x), x, x.dtype.type(0))
 
 
 def error_stats(x, q, scales, zps, scheme: dict, *, get=np.asarray,
@@ -196,11 +208,12 @@ def error_stats(x, q, scales, zps, scheme: dict, *, get=np.asarray,
     for r0, r1 in row_blocks(x.shape, scheme):
         x_hat = get(gpuq.dequantize(code_rows(q, r0, r1), param_rows(scales, scheme, r0, r1),
                                     param_rows(zps, scheme, r0, r1), dtype="float32", **kw))
-        a = x[r0:r1].astype(np.float64).reshape(-1)
-        d = a - x_hat.astype(np.float64).reshape(-1)
-        if finite_only:
-            keep = np.isfinite(a)
-            a, d = a[keep], d[keep]
+        with np.errstate(invalid="ignore"):  # signalling NaNs: counted and reported already
+            a = x[r0:r1].astype(np.float64).reshape(-1)
+            d = a - x_hat.astype(np.float64).reshape(-1)
+            if finite_only:
+                keep = np.isfinite(a)
+                a, d = a[keep], d[keep]
         compared += a.size
         if a.size:
             # einsum's own loop, not BLAS: np.dot's threads wait on the host backend's pool
@@ -268,7 +281,7 @@ def quantize_tensor(x, scheme: dict, device, *, name: str = "x", nonfinite: str 
                        f"allow quantizes it with parameters from its finite values")
     xd = device.put(x)
     # Parameters of the finite values: the same tensor with NaN/Inf replaced by 0.
-    pd = device.put(np.where(np.isfinite(x), x, x.dtype.type(0))) if bad else xd
+    pd = device.put(finite_part(x)) if bad else xd
     scales, zps = choose_qparams(pd, dtype=scheme["dtype"], symmetric=scheme["symmetric"], method=calibrate,
                                  **kw)
     del pd

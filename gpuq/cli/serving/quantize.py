@@ -30,7 +30,8 @@ import os
 import numpy as np
 
 from ..._codetypes import as_code_type
-from ..convert import count_nonfinite, error_stats, finish_report, host_codes, progress_bar, sqnr_db
+from ..convert import (count_nonfinite, error_stats, finish_report, finite_part, host_codes, progress_bar,
+                       sqnr_db)
 from ..files import Checkpoint, CliError, check_header_size, checkpoint_writer, safetensors_layout
 from ..report import nonfinite_text
 from ..selection import parse_block
@@ -252,7 +253,7 @@ def quantize_weight(x, scheme: WeightScheme, device, name, nonfinite="warn", war
     code = scheme.code.name
     try:
         xd = device.put(x)
-        pd = device.put(np.where(np.isfinite(x), x, x.dtype.type(0))) if bad else xd
+        pd = device.put(finite_part(x)) if bad else xd
         scales, zps = gpuq.choose_qparams(pd, dtype=code, symmetric=scheme.symmetric,
                                           scale_dtype=scheme.scale_dtype, method=method, **kw)
         q = gpuq.quantize(xd, scales, zps, dtype=code, **kw)
