@@ -24,7 +24,6 @@ import sys
 import numpy as np
 
 from ._codetypes import CODE_TYPES, code_type, fp8_dtype
-from ._dispatch import is_device_array
 
 __all__ = ["Codes", "pack", "unpack"]
 
@@ -112,7 +111,7 @@ class Codes:
         if not isinstance(other, Codes):
             return NotImplemented
         for data in (self.data, other.data):
-            if is_device_array(data):  # host data (NumPy, a CPU torch tensor) compares at once
+            if not _on_host(data):  # host data (NumPy, a CPU torch tensor) compares at once
                 raise TypeError(f"== on Codes compares host data only; these hold "
                                 f"{type(data).__module__}.{type(data).__qualname__} data: use "
                                 f"a.equals(b) (it reads the result back from the device)")
@@ -243,3 +242,14 @@ def unpack(codes: Codes):
     if fmt.signed:  # sign-extend the nibble: (v ^ 8) - 8
         out = ((out ^ 8).astype(xp.int8) - 8).astype(xp.int8)
     return out.reshape(codes.shape)
+
+
+def _on_host(data) -> bool:
+    """True for NumPy arrays and arrays whose DLPack device is the CPU (a CPU torch tensor)."""
+    if isinstance(data, np.ndarray):
+        return True
+    device = getattr(data, "__dlpack_device__", None)
+    try:
+        return device is not None and int(device()[0]) == 1  # kDLCPU
+    except Exception:  # an array type whose DLPack export refuses: not known to be on the host
+        return False

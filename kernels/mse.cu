@@ -31,8 +31,7 @@
 namespace gpuq {
 
 constexpr int kMseCandidates = 20;
-// Most merged dims a block walk takes (gpuq/backends/cuda/mse.py MAX_DIMS).
-constexpr int kMseMaxDims = 16;
+// Blocks of at most kMaxBlockDims merged dims (kernels/qparams.cu), as minmax_blocks walks them.
 
 __device__ __forceinline__ double as_f64(float v) { return f32_to_f64(v); }  // exact, no .ftz
 __device__ __forceinline__ double as_f64(double v) { return v; }
@@ -86,7 +85,7 @@ mse_search(const T* __restrict__ x, int nd, const long long* __restrict__ dims, 
 
         // The block's first element and extent along each dim (ragged at the ends), by
         // minmax_blocks' own block_of_slot; slot s is the parameter index (C order of the grid).
-        long long extent[kMseMaxDims], step[kMseMaxDims], coord[kMseMaxDims], param;
+        long long extent[kMaxBlockDims], step[kMaxBlockDims], coord[kMaxBlockDims], param;
         const long long origin = block_of_slot(s, nd, dims, extent, step, &param);
         for (int d = 0; d < nd; ++d) coord[d] = 0;
 

@@ -276,7 +276,7 @@ __device__ __forceinline__ long long block_offset(long long r, long long origin,
 // order, a warp per row of the last dim where rows hold 32 or more (a 128x128 tile of float32
 // is 128 rows of 512 bytes), one element per thread otherwise, reduce them together and flush
 // once. Slots are numbered in the param grid, C order.
-constexpr int kMaxBlockDims = 8;
+constexpr int kMaxBlockDims = 16;  // MAX_BLOCK_DIMS in gpuq/backends/cuda/qparams.py
 template <typename T>
 __global__ void __launch_bounds__(256)
 minmax_blocks(const T* __restrict__ x, int nd, const long long* __restrict__ dims, long long slots,

@@ -32,6 +32,10 @@ CASES = [
     ((6, 64), (4, 32)),
     ((4, 9), (100, 100)),
     ((2, 3, 50), (-1, 2, 17)),
+    # more alternating dims than the CUDA element maps take (8): parameters repeated per element,
+    # the reductions' block walk over up to 16 merged dims
+    ((3,) * 9, (2,) * 9),
+    ((3, 2) * 5, (2, 1) * 5),
 ]
 IDS = [f"{s}-{b}" for s, b in CASES]
 
@@ -183,3 +187,23 @@ def test_empty_dims_give_empty_grids(backend):
     s, z = gpuq.choose_qparams(x, block_size=(4, 4))
     assert backend.get(s).shape == (0, 2)
     assert backend.get(gpuq.quantize(x, s, z, block_size=(4, 4))).shape == (0, 7)
+
+
+def test_more_alternating_dims_than_a_device_block_walk_takes(backend):
+    """17 merged dims (dims of 2, alternately one parameter each and whole): quantize runs
+    everywhere (parameters repeated per element on the GPU); the CUDA reductions walk at most
+    16 and say so, the host loops take any number."""
+    shape, block = (2,) * 17, (1, -1) * 8 + (1,)
+    x = _data(shape, seed=5)
+    s, z = _params(shape, block)
+    q = gpuq.quantize(backend.put(x), backend.put(s), backend.put(z), block_size=block)
+    np.testing.assert_array_equal(backend.get(q), ref.quantize(x, s, z, block_size=block))
+    if backend.name == "cuda":
+        with pytest.raises(ValueError, match=r"a block reduction on a device array takes at most 16 "
+                                             r"alternating dims of blocks, got 17"):
+            gpuq.choose_qparams(backend.put(x), block_size=block)
+    else:
+        want_s, want_z = ref.choose_qparams(x, block_size=block)
+        got_s, got_z = gpuq.choose_qparams(backend.put(x), block_size=block)
+        np.testing.assert_array_equal(backend.get(got_s).view(np.uint32), want_s.view(np.uint32))
+        np.testing.assert_array_equal(backend.get(got_z), want_z)

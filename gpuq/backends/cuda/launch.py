@@ -144,6 +144,21 @@ def _by_value(scales, zps):
     return scales.view(_BITS[scales.dtype]).item(), 0 if zps is None else zps.item()
 
 
+def per_element(params, scheme):
+    """Device ``params`` of ``scheme`` (its parameter grid, any layout of the same size)
+    repeated to the tensor's shape: element ``i`` holds its block's parameter, C-contiguous.
+    Multi-axis schemes are blocks of 1 on their axes, whole elsewhere."""
+    cupy = cupy_module()
+    grid = tuple(-(-n // b) for n, b in zip(scheme.shape, scheme.blocks))
+    p = params.reshape(grid)
+    for d, (n, b, g) in enumerate(zip(scheme.shape, scheme.blocks, grid)):
+        if g > 1 and b > 1:  # each entry b times along d, then the ragged end cut off
+            s = p.shape
+            wide = cupy.broadcast_to(p.reshape(s[:d + 1] + (1,) + s[d + 1:]), s[:d + 1] + (b,) + s[d + 1:])
+            p = cupy.ascontiguousarray(wide).reshape(s[:d] + (g * b,) + s[d + 1:])[(slice(None),) * d + (slice(0, n),)]
+    return cupy.ascontiguousarray(cupy.broadcast_to(p, scheme.shape))
+
+
 def map_args(src, scheme, scales, zps):
     """``(map_name, (m0, m1, m2), dims_arg, scales, zps)``: the index map a launch over
     contiguous ``src`` takes, and its parameters as device pointers (or, under the value
@@ -156,11 +171,9 @@ def map_args(src, scheme, scales, zps):
     scales, zps = (cupy.asarray(p) if isinstance(p, np.ndarray) else p for p in (scales, zps))
     map_name, m0, m1, m2, dims = scheme.index_map
     if map_name == "expand":
-        # Rare: parameters broadcast to full size (n elements each), then p = i.
-        view = tuple(d if i in scheme.axes else 1 for i, d in enumerate(scheme.shape))
-        scales = cupy.ascontiguousarray(cupy.broadcast_to(scales.reshape(view), scheme.shape))
-        if zps is not None:
-            zps = cupy.ascontiguousarray(cupy.broadcast_to(zps.reshape(view), scheme.shape))
+        # Rare: parameters repeated to one per element (n each), then p = i.
+        scales = per_element(scales, scheme)
+        zps = None if zps is None else per_element(zps, scheme)
         map_name, m0, m1 = "channel", src.size, 1
     dims_arg = scales if dims is None else dims_array(device_id(src), dims)
     return map_name, (m0, m1, m2), dims_arg, scales, zps

@@ -4,7 +4,7 @@ Two launches and one 4-byte read-back: the min/max reduction of :mod:`.qparams`
 (:func:`.qparams.minmax_keys`, every scheme), then ``mse_search``, one warp per block, which
 forms the 20 candidates from each block's keys, sums their errors in the block's C order and
 writes the winner's scale and zero point. The block layout is the strided map of any scheme
-(:func:`block_dims`): ``x`` is read as a C-contiguous array (a view is copied first, as the
+(:func:`.qparams.block_dims`): ``x`` is read as a C-contiguous array (a view is copied first, as the
 reductions do). The failure flag is :mod:`.qparams`' (+/-Inf in the data, a scale the scale
 dtype cannot hold), raised with its messages.
 """
@@ -15,37 +15,13 @@ import math
 
 import numpy as np
 
-from ..._scheme import strided_dims
 from . import qparams
 from .registry import mse_codec, mse_name
 
 SOURCE = "mse.cu"
 THREADS = 256
-#: Most merged dims a block walk takes (kMseMaxDims in kernels/mse.cu).
-MAX_DIMS = 16
 _MAX_BLOCKS = 1 << 16
 _NULL = np.uint64(0)
-
-
-def block_dims(scheme) -> tuple:
-    """The blocks of ``scheme`` as the kernel walks them: ``(nd, dims)``, ``dims`` the merged
-    dims' sizes, then their parameter strides (0 where a block covers its dim), then their block
-    sizes (the strided map's layout, ``Scheme.index_map``), over ``Scheme.merged``.
-
-    >>> from gpuq._scheme import Scheme
-    >>> block_dims(Scheme.build((4, 256), axis=1, group_size=128))
-    (2, (4, 256, 2, 1, 1, 128))
-    >>> block_dims(Scheme.build((3, 5, 7), axis=1))
-    (3, (3, 5, 7, 0, 1, 0, 3, 1, 7))
-    >>> block_dims(Scheme.build(()))
-    (1, (1, 0, 1))
-    """
-    merged = scheme.merged or ((1, 1, "whole"),)  # one element (0-d, all dims 1): one block of it
-    if len(merged) > MAX_DIMS:
-        raise ValueError(f"method='mse' on a device array takes at most {MAX_DIMS} alternating "
-                         f"dims of blocks, got {len(merged)} for {scheme.describe()}; reshape "
-                         f"or transpose x so that fewer alternate")
-    return len(merged), strided_dims(merged)
 
 
 def choose_qparams(x, scheme, code, symmetric, eps, scale_dtype):
@@ -59,7 +35,7 @@ def choose_qparams(x, scheme, code, symmetric, eps, scale_dtype):
 
     if x.size == 0:  # no numbers: every candidate's error is 0, candidate 0 (min/max) wins
         return qparams.choose_qparams(x, scheme, code.qmin, code.qmax, symmetric, eps, scale_dtype)
-    nd, dims = block_dims(scheme)
+    nd, dims = qparams.block_dims(scheme, "method='mse'")
     with x.device:
         x = cupy.ascontiguousarray(x)
         lo, hi = qparams.minmax_keys(x, scheme)

@@ -31,6 +31,7 @@ import math
 
 import numpy as np
 
+from ..._scheme import strided_dims
 from .registry import FINALIZE, blocks_name, columns_name, fused_name, qparams_names, segments_name
 
 SOURCE = "qparams.cu"
@@ -42,6 +43,8 @@ WARP_MAX = 1024
 FUSED_TENSOR_MAX = 1 << 16
 THREADS = 256
 _MAX_BLOCKS = 1 << 16
+#: Most merged dims a block walk takes (kMaxBlockDims in kernels/qparams.cu, the MSE search's too).
+MAX_BLOCK_DIMS = 16
 #: Order-preserving keys of +inf and -inf (kernels/qparams.cu, key_of): the identities.
 KEY_POS_INF = 0xFF800000
 KEY_NEG_INF = 0x007FFFFF
@@ -150,11 +153,34 @@ def _block_reduction(x, scheme, lo, hi):
         _segments(x, total // m0, m0, m2, total // m0, 1, lo, hi)
     elif name == "group":
         _columns(x, total // (m0 * m1), m0, m1, m2, lo, hi)
-    else:  # "strided": the general block map
+    else:  # "strided" or "expand" (more alternating dims than the element maps take): the block walk
         from .launch import device_id, dims_array
 
+        nd, dims = block_dims(scheme, "a block reduction")
         _launch(blocks_name(x.dtype), min(lo.size, _MAX_BLOCKS),
-                (x, np.int32(m0), dims_array(device_id(x), dims), np.int64(lo.size), lo, hi))
+                (x, np.int32(nd), dims_array(device_id(x), dims), np.int64(lo.size), lo, hi))
+
+
+def block_dims(scheme, what: str) -> tuple:
+    """The blocks of ``scheme`` as ``minmax_blocks`` and ``mse_search`` walk them: ``(nd, dims)``,
+    ``dims`` the merged dims' sizes, then their parameter strides (0 where a block covers its
+    dim), then their block sizes (the strided map's layout, ``Scheme.index_map``), over
+    ``Scheme.merged``; a ``ValueError`` (naming ``what``) past :data:`MAX_BLOCK_DIMS`.
+
+    >>> from gpuq._scheme import Scheme
+    >>> block_dims(Scheme.build((4, 256), axis=1, group_size=128), "x")
+    (2, (4, 256, 2, 1, 1, 128))
+    >>> block_dims(Scheme.build((3, 5, 7), axis=1), "x")
+    (3, (3, 5, 7, 0, 1, 0, 3, 1, 7))
+    >>> block_dims(Scheme.build(()), "x")
+    (1, (1, 0, 1))
+    """
+    merged = scheme.merged or ((1, 1, "whole"),)  # one element (0-d, all dims 1): one block of it
+    if len(merged) > MAX_BLOCK_DIMS:
+        raise ValueError(f"{what} on a device array takes at most {MAX_BLOCK_DIMS} alternating dims "
+                         f"of blocks, got {len(merged)} for {scheme.describe()}; reshape or "
+                         f"transpose x so that fewer alternate")
+    return len(merged), strided_dims(merged)
 
 
 def _segments(x, rows, n, g, pmod, jstride, lo, hi):
