@@ -283,6 +283,8 @@ def strided_dims(merged) -> tuple:
 def _blocks(block_size, shape, axis, group_size) -> tuple:
     """``block_size`` checked against ``shape`` and normalised: an entry of -1 or of at least
     its dimension covers the whole dimension (``max(n, 1)``)."""
+    if type(block_size).__name__ == "ndarray" and getattr(block_size, "ndim", 0) == 1:
+        block_size = block_size.tolist()  # a 1-D array of sizes (NumPy, CuPy) as the list it holds
     if isinstance(block_size, (bool, int)) or hasattr(block_size, "__index__"):
         raise TypeError(
             f"block_size must have one entry per dimension of src, e.g. block_size=(128, 128), got "

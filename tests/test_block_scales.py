@@ -207,3 +207,13 @@ def test_more_alternating_dims_than_a_device_block_walk_takes(backend):
         got_s, got_z = gpuq.choose_qparams(backend.put(x), block_size=block)
         np.testing.assert_array_equal(backend.get(got_s).view(np.uint32), want_s.view(np.uint32))
         np.testing.assert_array_equal(backend.get(got_z), want_z)
+
+
+def test_a_1d_array_of_sizes_is_a_block_size():
+    x = _data((37, 41))
+    want = gpuq.choose_qparams(x, block_size=(16, 16))
+    got = gpuq.choose_qparams(x, block_size=np.array([16, 16]))
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(TypeError, match="for groups along one axis use group_size="):
+        gpuq.choose_qparams(x, block_size=np.array(16))
