@@ -81,6 +81,7 @@ from ._codetypes import as_code_type, code_type
 from ._dispatch import backend_for, is_device_array
 from ._dtypes import FLOAT_DTYPES, as_dtype, compute_dtype, native
 from ._params import check_shape, scales_param, zps_param
+from ._qoptions import validate
 from ._scheme import Scheme
 
 __all__ = ["call"]
@@ -437,9 +438,10 @@ def _qparams(public, name, x, a):
 
     kind = _chunk_kind(x, "x")
     _known_shape(x, "x")
-    # gpuq's own argument checks, with the in-memory messages: the same call on a one-element
-    # host array of x's rank and dtype (microseconds; the data is never looked at here).
-    public(np.zeros((1,) * x.ndim, x.dtype), **a)
+    # gpuq's own argument checks, with the in-memory messages, on a stand-in of x's dtype and
+    # shape (zero strides): nothing is computed, so no parameter of a stand-in's data can fail.
+    validate(np.broadcast_to(np.zeros((), x.dtype), x.shape), a["axis"], a["group_size"], a["block_size"],
+             a["dtype"], a["symmetric"], a.get("eps"), a["scale_dtype"], a["method"])
     code = as_code_type(a["dtype"])
     symmetric = code.zero_point == "none" if a["symmetric"] is None else bool(a["symmetric"])
     no_zps = code.zero_point == "none" or (symmetric and code.symmetric_zp == 0)

@@ -42,6 +42,7 @@ from ._codes import Codes
 from ._codetypes import CODE_TYPES, fp8_dtype
 from ._dtypes import FLOAT_DTYPES, as_dtype, bfloat16, dtype_name
 from ._params import check_saturate, check_shape, quantize_code
+from ._qoptions import validate
 from ._scheme import Scheme
 
 __all__ = ["SCHEMAS", "scheme", "eager_axis", "dtype_name_of", "register"]
@@ -256,7 +257,7 @@ def _present(results):
 def _qparams_meta(x, axis, group_size, block_size, dtype, symmetric, eps, scale_dtype, method):
     """``(code, scheme, with_zps)`` of a choose_qparams/quantize_dynamic call, its arguments
     checked by the eager call's own validation on a NumPy stand-in of x (its dtype and shape)."""
-    _, _, _, code, symmetric, *_ = qparams._validate(_stand_in(x), eager_axis(axis), group_size, block_size,
+    _, _, _, code, symmetric, *_ = validate(_stand_in(x), eager_axis(axis), group_size, block_size,
                                                      dtype, symmetric, eps, scale_dtype, method)
     # Zero points are None where they are all 0 by the formula: symmetric codes centred on 0.
     with_zps = not symmetric or bool(code.symmetric_zp)

@@ -47,11 +47,11 @@ if not hasattr(torch.library, "custom_op"):
     raise ImportError(f"gpuq.torch needs torch >= 2.4 (torch.library.custom_op), got torch {torch.__version__}")
 
 from . import _interop, api, qparams
-from .qparams import check_options
 from ._codes import Codes
 from ._codetypes import CODE_TYPES, as_code_type, code_type
 from ._dtypes import FLOAT_DTYPES, as_dtype
 from ._params import check_saturate
+from ._qoptions import check_options
 from ._torch_ops import SCHEMAS, dtype_name_of, register, scheme
 
 __all__ = ["OPS", "SCHEMAS"]

@@ -137,6 +137,8 @@ def test_files_without_blocks_keep_their_version(tmp_path, capsys):
     (["--block", "128x128", "--group-size", "64"],
      "--block and --group-size both say which elements share a scale; give one"),
     (["--block", "128"], "--block must be AxB, two positive integers (e.g. 128x128), got '128'"),
+    (["--block", "\u00b2x4"], "--block must be AxB, two positive integers (e.g. 128x128), got '\u00b2x4'"),
+    (["--block", "\uff14x4"], "--block must be AxB, two positive integers"),
     (["--block", "0x4"], "got '0x4'"),
     (["--block", "2x3x4"], "got '2x3x4'"),
     (["--block=-1x4"], "got '-1x4'"),

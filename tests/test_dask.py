@@ -464,3 +464,16 @@ def test_op_objects_take_dask_arrays(backend, case):
     got = op(src, *inputs[1:])
     assert isinstance(got, da.Array)
     _same(_compute(got, backend), backend.get(want))
+
+
+def test_arguments_are_checked_without_computing_on_a_stand_in():
+    """A tiny eps that float16 cannot hold is fine where no block's range is 0 (in memory and on
+    Dask alike: the checks compute nothing), and shape errors name the Dask array's shape."""
+    x = np.random.default_rng(0).normal(size=(8, 8)).astype(np.float32)
+    for method in ("minmax", "mse"):
+        want = gpuq.choose_qparams(x, scale_dtype="float16", eps=1e-30, method=method)
+        got = gpuq.choose_qparams(da.from_array(x, chunks=4), scale_dtype="float16", eps=1e-30, method=method)
+        np.testing.assert_array_equal(got[0].compute(), want[0])
+        np.testing.assert_array_equal(got[1].compute(), want[1])
+    with pytest.raises(ValueError, match=r"\(2 for shape \(8, 8\)\), got 1"):
+        gpuq.choose_qparams(da.from_array(x, chunks=4), block_size=(2,))

@@ -26,7 +26,7 @@ LAYERS = (
     ("gpuq.__main__",),
     ("gpuq.cli",),
     ("gpuq", "gpuq.api", "gpuq.ops", "gpuq.qparams"),
-    ("gpuq._params", "gpuq._interop", "gpuq._dask", "gpuq._dispatch"),
+    ("gpuq._params", "gpuq._qoptions", "gpuq._interop", "gpuq._dask", "gpuq._dispatch"),
     ("gpuq.backends",),
     ("gpuq._codes",),
     ("gpuq._codetypes",),

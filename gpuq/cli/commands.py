@@ -265,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("input", metavar="IN", help="a checkpoint: .safetensors, .npz or .npy, or "
                                                "a sharded one (a folder, or its *.index.json)")
     m.add_argument("--scheme", action="append", default=[], metavar="SPEC",
-                   help="DTYPE[:gG][:axisK][:tensor][:sym], repeatable (default: int8, "
+                   help="DTYPE[:gG][:axisK][:tensor][:bAxB][:sym], repeatable (default: int8, "
                         "int4, float8_e4m3fn)")
     m.add_argument("--include", action="append", default=[], metavar="PATTERN",
                    help="compare only tensors whose name matches this glob (repeatable)")

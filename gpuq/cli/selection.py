@@ -125,7 +125,8 @@ def parse_block(text: str, where: str) -> tuple:
     ((128, 128), (64, 32))
     """
     parts = text.lower().split("x")
-    if len(parts) == 2 and all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+    # ASCII digits only: str.isdigit also takes '²' (which int() refuses) and '４'
+    if len(parts) == 2 and all(p.strip().isascii() and p.strip().isdigit() and int(p) >= 1 for p in parts):
         return tuple(int(p) for p in parts)
     raise CliError(f"{where} must be AxB, two positive integers (e.g. 128x128), got {text!r}")
 

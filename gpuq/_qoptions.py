@@ -1,0 +1,129 @@
+"""The options of ``choose_qparams`` and ``quantize_dynamic`` that are no data, checked.
+
+One place for the checks and their words, below the layers that call them: the public
+functions (:mod:`gpuq.qparams`), the Dask path (:mod:`gpuq._dask`, on a zero-strided stand-in
+of the Dask array: nothing is computed) and the torch ops (:mod:`gpuq._torch_ops`,
+:mod:`gpuq.torch`).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from ._codetypes import as_code_type
+from ._dispatch import backend_for
+from ._dtypes import FLOAT_DTYPES, dtype_name, native
+from ._scheme import Scheme
+
+#: The ways ``method=`` chooses parameters from data: each block's min/max, or the MSE search
+#: over 20 shrunken ranges (see the module docstring).
+METHODS = ("minmax", "mse")
+
+#: Default scale for a block whose range is 0: the smallest normal float32.
+EPS = float(np.finfo(np.float32).tiny)
+#: The dtypes a scale may be rounded to (``scale_dtype``), with the default ``eps`` of each: the
+#: smallest normal float32 where the dtype holds it, float16's smallest positive value otherwise.
+SCALE_DTYPES = {"float32": EPS, "bfloat16": EPS, "float16": 2.0**-24}
+
+
+def validate(x, axis, group_size, block_size, dtype, symmetric, eps, scale_dtype, method):
+    """The arguments of :func:`choose_qparams` / :func:`quantize_dynamic` checked and normalised,
+    without reading ``x``'s data (a zero-strided stand-in of its dtype and shape serves:
+    the Dask and torch paths check so): ``(backend, array, scheme, code, symmetric, eps,
+    scale dtype name, method)``."""
+    backend, arr = backend_for(x, "x")  # an ndarray subclass: its base ndarray; masked: TypeError
+    if native(arr.dtype) not in FLOAT_DTYPES:
+        raise TypeError(f"x must be float16, float32, float64 or bfloat16, got {arr.dtype}")
+    code = as_code_type(dtype)
+    if symmetric is None:
+        symmetric = code.zero_point == "none"  # no zero point: symmetric by nature (fp8)
+    _check_symmetric(symmetric)
+    if code.zero_point == "none" and not symmetric:
+        raise ValueError(f"symmetric must be True for {code.name} codes (fp8 has no zero point), "
+                         f"got symmetric=False")
+    scheme = Scheme.build(arr.shape, axis, group_size, block_size)
+    sdt = _scale_dtype(scale_dtype)
+    eps = _check_eps(eps, SCALE_DTYPES[sdt])
+    return backend, arr, scheme, code, bool(symmetric), eps, sdt, _method(method)
+
+
+def check_options(symmetric, eps, scale_dtype, method) -> tuple:
+    """The options of :func:`choose_qparams` and :func:`quantize_dynamic` that are no arrays,
+    checked as those calls check them (for callers that hand them on, such as the torch ops):
+    ``(symmetric, eps, scale dtype name, method)``, ``symmetric`` and ``eps`` None where given so.
+
+    >>> check_options(None, 1e-3, "bf16", "mse")
+    (None, 0.0010000000474974513, 'bfloat16', 'mse')
+    >>> check_options(1, None, "float32", "minmax")
+    Traceback (most recent call last):
+    ...
+    TypeError: symmetric must be True or False, got 1
+    """
+    if symmetric is not None:
+        _check_symmetric(symmetric)
+    sdt = _scale_dtype(scale_dtype)
+    eps = None if eps is None else _check_eps(eps, SCALE_DTYPES[sdt])
+    return (None if symmetric is None else bool(symmetric)), eps, sdt, _method(method)
+
+
+def _check_symmetric(symmetric) -> None:
+    if not isinstance(symmetric, (bool, np.bool_)):
+        raise TypeError(f"symmetric must be True or False, got {symmetric!r}")
+
+
+def _method(value) -> str:
+    """``method`` checked: one of :data:`METHODS`.
+
+    >>> _method("mse")
+    'mse'
+    >>> _method("MSE")
+    Traceback (most recent call last):
+    ...
+    ValueError: method must be one of 'minmax', 'mse', got 'MSE'
+    """
+    if not isinstance(value, str):
+        raise TypeError(f"method must be a string, one of {', '.join(map(repr, METHODS))}; got {value!r}")
+    if value not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(map(repr, METHODS))}, got {value!r}")
+    return value
+
+
+def _scale_dtype(value) -> str:
+    """The name of ``scale_dtype`` (a name, oneDNN short name, NumPy or ml_dtypes dtype or type).
+
+    >>> _scale_dtype("bf16"), _scale_dtype(np.float16)
+    ('bfloat16', 'float16')
+    """
+    want = ", ".join(SCALE_DTYPES)
+    if isinstance(value, str):
+        name = _SHORT_SCALE.get(value.lower(), value)
+        if name not in SCALE_DTYPES:
+            raise ValueError(f"scale_dtype must be one of {want}, got {value!r}")
+        return name
+    try:
+        name = None if value is None else dtype_name(value)
+    except TypeError:
+        name = None
+    if name is None:
+        raise TypeError(f"scale_dtype must be a dtype or dtype name, one of {want}; got {value!r}")
+    if name not in SCALE_DTYPES:
+        raise TypeError(f"scale_dtype must be one of {want}, got {name}")
+    return name
+
+
+#: oneDNN's short names ("f16" is NumPy's 16-byte float: the short name wins here).
+_SHORT_SCALE = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
+
+
+def _check_eps(eps, default):
+    if eps is None:
+        return default
+    if isinstance(eps, bool) or not isinstance(eps, (numbers.Real, np.floating, np.integer)):
+        raise TypeError(f"eps must be a real number, got {eps!r}")
+    with np.errstate(over="ignore"):
+        e = np.float32(eps)
+    if not (np.isfinite(e) and e > 0):
+        raise ValueError(f"eps must be finite and > 0 as a float32, got {eps!r} (float32: {e})")
+    return float(e)
