@@ -92,11 +92,18 @@ BUGS = {
         "if packed.data.ptr % 4 == 0:",
         "8-byte packed int4 stores at addresses that are only 4-byte aligned",
     ),
+    "block-row-short": (
+        "kernels/qparams.cu",
+        "for (long long j = lane; j < inner; j += 32) acc.add(x[off + j]);",
+        "for (long long j = lane; j < inner - 1; j += 32) acc.add(x[off + j]);",
+        "the block reduction's row walk misses the last element of each row of a block",
+    ),
 }
 
 #: What runs against each copy: the [cuda] parameter of the shared bodies and the sweep.
 SUITE = ["-k", "cuda or sweep", "tests/test_quantize.py", "tests/test_group.py", "tests/test_qparams.py",
-         "tests/test_ops.py", "tests/test_cuda_backend.py", "tests/test_cuda_sweep.py", "tests/test_formats.py"]
+         "tests/test_ops.py", "tests/test_cuda_backend.py", "tests/test_cuda_sweep.py", "tests/test_formats.py",
+         "tests/test_block_scales.py"]
 
 
 def _files():
