@@ -32,7 +32,14 @@ def validate(x, axis, group_size, block_size, dtype, symmetric, eps, scale_dtype
     """The arguments of :func:`choose_qparams` / :func:`quantize_dynamic` checked and normalised,
     without reading ``x``'s data (a zero-strided stand-in of its dtype and shape serves:
     the Dask and torch paths check so): ``(backend, array, scheme, code, symmetric, eps,
-    scale dtype name, method)``."""
+    scale dtype name, method)``.
+
+    >>> stand_in = np.broadcast_to(np.zeros((), np.float32), (6, 8))   # no data: zero strides
+    >>> _, _, scheme, code, symmetric, eps, sdt, method = validate(
+    ...     stand_in, None, None, (4, 4), "int4", None, None, "bf16", "mse")
+    >>> scheme.param_shape, code.name, symmetric, sdt, method
+    ((2, 2), 'int4', False, 'bfloat16', 'mse')
+    """
     backend, arr = backend_for(x, "x")  # an ndarray subclass: its base ndarray; masked: TypeError
     if native(arr.dtype) not in FLOAT_DTYPES:
         raise TypeError(f"x must be float16, float32, float64 or bfloat16, got {arr.dtype}")
