@@ -25,7 +25,7 @@ from gpuq import cli
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 from test_cli_formats import (FORMATS, api_codes_bytes, fixture_reads_the_same,  # noqa: E402
-                              naive_dequantize, read, refused_after_edit, same_bits,
+                              naive_dequantize, quantized_file, read, refused_after_edit, same_bits,
                               st_write)
 
 HERE = Path(__file__).resolve().parent
@@ -164,15 +164,6 @@ def test_block_excludes_the_other_schemes(tmp_path, capsys, other):
 
 # -- damaged version-4 files ------------------------------------------------------------------
 
-def _block_file(tmp_path, fmt):
-    src = tmp_path / f"src.{fmt}"
-    write_source(src, fmt)
-    out = tmp_path / f"base.{fmt}"
-    assert run("quantize", src, "-o", out, "--block", "16x32", "--min-size", "64",
-               "--device", "cpu", "-q") == 0
-    return read(out)
-
-
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("edit,message", [
     ({"format_version": 3}, "block_size [16, 32] needs format version 4, but the file says "
@@ -190,7 +181,7 @@ def _block_file(tmp_path, fmt):
                                  "needs [3, 2, 2]"),
 ])
 def test_damaged_version_4_is_refused(tmp_path, capsys, fmt, edit, message):
-    base = _block_file(tmp_path, fmt)
+    base = quantized_file(tmp_path, fmt, write_source, "--block", "16x32", "--min-size", "64")
     assert base[1]["format_version"] == 4
     refused_after_edit(tmp_path, capsys, fmt, base, "model.experts.weight", edit, message)
 

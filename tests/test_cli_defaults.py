@@ -37,7 +37,7 @@ from gpuq import cli
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 from test_cli_formats import (FORMATS, api_codes_bytes, fixture_reads_the_same,  # noqa: E402
-                              naive_dequantize, read, refused_after_edit, same_bits,
+                              naive_dequantize, quantized_file, read, refused_after_edit, same_bits,
                               st_write)
 
 HERE = Path(__file__).resolve().parent
@@ -193,15 +193,6 @@ def test_compare_uses_the_same_defaults(tmp_path, capsys):
 
 # -- format version 3: what is refused --------------------------------------------------------
 
-def _multi_axis_file(tmp_path, fmt):
-    src = tmp_path / f"src.{fmt}"
-    write_source(src, fmt)
-    out = tmp_path / f"base.{fmt}"
-    assert run("quantize", src, "-o", out, "--min-size", "64", "--include", "model.experts.*",
-               "--device", "cpu", "-q") == 0
-    return read(out)
-
-
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("edit,message", [
     ({"format_version": 2}, "axis [0, 1] (several axes) needs format version 3, but the file "
@@ -218,7 +209,7 @@ def _multi_axis_file(tmp_path, fmt):
                        "asymmetric axes [0, 2] of shape [4, 6, 100] needs [4, 100]"),
 ])
 def test_version_3_damage_is_refused(tmp_path, capsys, fmt, edit, message):
-    base = _multi_axis_file(tmp_path, fmt)
+    base = quantized_file(tmp_path, fmt, write_source, "--min-size", "64", "--include", "model.experts.*")
     assert base[1]["format_version"] == 3
     refused_after_edit(tmp_path, capsys, fmt, base, "model.experts.weight", edit, message)
 

@@ -548,6 +548,16 @@ def test_damaged_version_2_is_refused(tmp_path, capsys, v2_bases, case, fmt):
         assert sorted(os.listdir(tmp_path)) == before
 
 
+def quantized_file(tmp_path, fmt, write_source, *options):
+    """``read``'s triple of what ``gpuq quantize`` writes with ``options`` from the source that
+    ``write_source(path, fmt)`` makes (a base for :func:`refused_after_edit`)."""
+    src = tmp_path / f"src.{fmt}"
+    write_source(src, fmt)
+    out = tmp_path / f"base.{fmt}"
+    assert run("quantize", src, "-o", out, *options, "--device", "cpu", "-q") == 0
+    return read(out)
+
+
 def refused_after_edit(tmp_path, capsys, fmt, base, name, edit, message):
     """A file ``base`` (``read``'s triple) with ``edit`` applied (``format_version`` to the file,
     every other key to tensor ``name``'s scheme) is refused by ``gpuq dequantize``: one line
