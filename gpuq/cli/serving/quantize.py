@@ -39,7 +39,7 @@ from ..sharded import output_shard_entries
 from .folder import CONFIG, ModelFolder, model_output
 from .formats import (FP8_BLOCK, FP8_BLOCKS, NAIVE, PACK, WeightScheme, ct_config, fp8_blocks_config,
                       fp8_code, int_code)
-from .selection import choose, module_of, vllm_check
+from .selection import ROUTER, choose, module_of, vllm_check
 
 #: The serving formats of ``gpuq quantize --format`` (gpuq's own is ``gpuq``).
 FORMATS = ("compressed-tensors", "fp8-blocks")
@@ -146,7 +146,7 @@ def run(args, *, warn, progress, device) -> dict:
     try:
         with model_output(args.output, model, names) as out:
             for shard in model.shards:
-                rows += _quantize_shard(model, shard, out.staged(shard), layouts[shard], chosen, device,
+                rows += _quantize_shard(model, shard, out.staged(shard), layouts[shard], chosen, kept, device,
                                         args.nonfinite, warn, present, bar, args.calibrate)
             out.copy_others(model)
             entries = {s: output_shard_entries(out.staged(s)) for s in model.shards} if model.index_name else None
@@ -196,7 +196,8 @@ def _plan_shards(model, chosen, out_path) -> dict:
     return layouts
 
 
-def _quantize_shard(model, shard, path, entries, chosen, device, nonfinite, warn, present, bar, method) -> list:
+def _quantize_shard(model, shard, path, entries, chosen, kept, device, nonfinite, warn, present, bar,
+                    method) -> list:
     rows = []
     with Checkpoint(model.shard_path(shard)) as ckpt, \
             checkpoint_writer(path, "safetensors", entries, None, model.extra[shard]) as w:
@@ -205,8 +206,10 @@ def _quantize_shard(model, shard, path, entries, chosen, device, nonfinite, warn
             row = {"name": name, "shape": list(shape), "dtype": dtype.name, "bytes_before": ckpt.nbytes(name)}
             if name not in chosen:
                 w.write(name, ckpt.load(name))
+                router = kept.get(name) == ROUTER  # its own row in the table: no vLLM rule applies
                 rows.append({**row, "quantized": False, "scheme": None, "bytes_after": row["bytes_before"],
-                             "sqnr_db": None, "max_abs_error": None, "nonfinite": None, "vllm": None})
+                             "sqnr_db": None, "max_abs_error": None, "nonfinite": None,
+                             "vllm": "-" if router else None, **({"reason": ROUTER} if router else {})})
             else:
                 scheme = chosen[name]
                 tensors, stats, counts = quantize_weight(ckpt.load(name), scheme, device, name, nonfinite, warn,
@@ -287,7 +290,11 @@ def _scheme_json(scheme: WeightScheme) -> dict:
 def _notes(kept, left_out, request) -> list:
     where = "ignored_layers" if request.layout is FP8_BLOCKS else "ignore"
     notes = [f"note: kept in float and listed in {where}: {module_of(name)} ({why})"
-             for name, why in kept.items()]
+             for name, why in kept.items() if why != ROUTER]
+    routers = sum(why == ROUTER for why in kept.values())
+    if routers:
+        notes.append(f"note: {routers} MoE router{'s' if routers > 1 else ''} kept in float and listed in {where}: "
+                     f"vLLM builds them unquantized, and a quantized router loads as a random one")
     if left_out:
         notes.append(f"note: not copied into OUT: {', '.join(left_out)} (folders and weight files of "
                      f"other formats)")
