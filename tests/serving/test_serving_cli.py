@@ -327,6 +327,39 @@ def test_merged_layers_are_kept_whole_and_undivided_groups_in_float(tmp_path, ca
             "q_proj/k_proj/v_proj into one layer") in notes
 
 
+ROUTERS = ["model.layers.0.mlp.gate", "model.layers.0.block_sparse_moe.gate", "model.layers.0.mlp.router",
+           "model.layers.0.mlp.shared_expert_gate"]
+
+
+@pytest.mark.parametrize("options", [("--format", "compressed-tensors"), ("--format", "compressed-tensors",
+                                      "--dtype", "int4"), ("--format", "fp8-blocks")])
+def test_moe_routers_stay_in_float(tmp_path, capsys, options):
+    """The routers of Qwen3-MoE (mlp.gate), Mixtral (block_sparse_moe.gate), gpt-oss (mlp.router)
+    and Qwen2-MoE (shared_expert_gate), 128 experts (a shape Marlin takes), even where --include
+    names them: stored as they are, in ignore / ignored_layers, 'MoE router' with '-' for vLLM."""
+    from gpuq.cli.files import write_checkpoint
+
+    t = make_model(tmp_path / "m")
+    rng = np.random.default_rng(1)
+    routers = {m + ".weight": rng.normal(0, 0.02, (1 if "shared" in m else 128, 128)).astype(BF16) for m in ROUTERS}
+    write_checkpoint(str(tmp_path / "m" / "model.safetensors"), "safetensors", {**t, **routers}, None)
+    report = _quantize(tmp_path / "m", tmp_path / "q", *options, "--include", "model.layers.*", capsys=capsys)
+    out = load(tmp_path / "q" / "model.safetensors")
+    for name, w in routers.items():
+        same_bits(out[name], w)
+    qc = _config(tmp_path / "q")["quantization_config"]
+    assert set(ROUTERS) <= set(qc["ignored_layers" if "fp8-blocks" in options else "ignore"])
+    rows = {r["name"]: r for r in report["tensors"]}
+    assert all(rows[n]["reason"] == "MoE router" and rows[n]["vllm"] == "-" and not rows[n]["quantized"]
+               for n in routers)
+    assert rows["model.layers.0.mlp.gate_proj.weight"]["quantized"]  # gate_proj is no router
+    assert any(n.startswith("note: 4 MoE routers kept in float") for n in report["notes"])
+    assert gpuq_main("quantize", tmp_path / "m", "-o", tmp_path / "q2", "--device", "cpu", *options) == 0
+    table = capsys.readouterr().out
+    assert re.search(r"\nmodel\.layers\.0\.mlp\.gate\.weight +128x128 +MoE router +32\.0 KiB +32\.0 KiB +-\n",
+                     table), table
+
+
 def test_vllm_column(tmp_path, capsys):
     make_model(tmp_path / "m", hidden=100, inter=128, heads=2, kv_heads=1, head_dim=50)
     report = _quantize(tmp_path / "m", tmp_path / "q", "--format", "compressed-tensors", "--asymmetric",

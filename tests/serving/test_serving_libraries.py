@@ -231,3 +231,57 @@ def test_readme_round_trip(tmp_path, capsys):
         assert _same(plain(ids).logits, logits)
     assert sorted(os.listdir(dense)) == ["config.json", "model.safetensors"]
     shutil.rmtree(tmp_path)
+
+
+# --- MoE layouts: the routers stay in float ---------------------------------------------------------
+
+#: transformers 5.24's MoE layouts, tiny: hidden 64, 2 layers, 4 experts (2 a token). Routers:
+#: Qwen3-MoE mlp.gate, Mixtral block_sparse_moe.gate, gpt-oss mlp.router (its experts are 3-D
+#: tensors, kept in float).
+MOE = {"qwen3moe": ("Qwen3MoeConfig", {"intermediate_size": 64, "moe_intermediate_size": 32, "num_experts": 4}),
+       "mixtral": ("MixtralConfig", {"intermediate_size": 64, "num_local_experts": 4}),
+       "gptoss": ("GptOssConfig", {"intermediate_size": 64, "num_local_experts": 4})}
+MOE_SCHEMES = {"int8": ("--format", "compressed-tensors"),
+               "int4": ("--format", "compressed-tensors", "--dtype", "int4", "--group-size", "32"),
+               "fp8": ("--format", "compressed-tensors", "--dtype", "float8_e4m3fn"),
+               "fp8-blocks": ("--format", "fp8-blocks")}
+
+
+@pytest.fixture(scope="module")
+def moe_models(tmp_path_factory):
+    """``{layout: folder}``: each MoE layout random-initialised (seeded) and saved by transformers."""
+    import transformers
+
+    root = tmp_path_factory.mktemp("moe")
+    out = {}
+    for name, (config_class, sizes) in MOE.items():
+        config = getattr(transformers, config_class)(
+            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            vocab_size=128, max_position_embeddings=64, tie_word_embeddings=False, num_experts_per_tok=2,
+            **sizes)
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        model.save_pretrained(str(root / name))
+        out[name] = root / name
+    return out
+
+
+@pytest.mark.parametrize("scheme", MOE_SCHEMES)
+@pytest.mark.parametrize("layout", MOE)
+def test_moe_folders_load_with_their_routers(moe_models, tmp_path, layout, scheme):
+    """Every quantized Linear, routers included (--min-size 0), is offered: the routers stay in
+    float, so transformers loads the folder with the model's own routers and its logits are those
+    of the dense folder gpuq dequantized, bit for bit (a quantized router loaded as a random one)."""
+    if scheme == "fp8-blocks":
+        pytest.importorskip("accelerate", reason="transformers loads fine-grained fp8 only with accelerate")
+    q, d = tmp_path / "q", tmp_path / "d"
+    _gpuq_json("quantize", moe_models[layout], "-o", q, *MOE_SCHEMES[scheme], "--min-size", "0", "--device", "cpu",
+               "-q")
+    _gpuq_json("dequantize", q, "-o", d, "--device", "cpu", "-q")
+    model, logits = _logits(q)
+    _, dense_logits = _logits(d)
+    assert _same(logits, dense_logits)
+    source = _load_st(moe_models[layout] / "model.safetensors")
+    routers = [k for k in source if k.rsplit(".", 2)[1] in ("gate", "router") and k.endswith(".weight")]
+    state = model.state_dict()  # transformers 5.24 names Mixtral's block_sparse_moe "mlp"
+    assert len(routers) == 2 and all(_same(state[k.replace("block_sparse_moe", "mlp")], source[k]) for k in routers)
