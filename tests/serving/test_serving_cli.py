@@ -646,6 +646,24 @@ def test_damaged_tensors(tmp_path, capsys, damage, message):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("fmt,scale", [("compressed-tensors", "weight_scale"), ("fp8-blocks", "weight_scale_inv")])
+def test_a_float8_weight_without_its_scale_is_refused(tmp_path, capsys, fmt, scale):
+    """Raw e4m3 codes are no dense weight: a quantized module's float8 M.weight without its
+    scale is damaged input (as a pack-quantized weight without its scale is)."""
+    from gpuq.cli.files import write_checkpoint
+
+    make_model(tmp_path / "m")
+    options = ("--dtype", "float8_e4m3fn") if fmt == "compressed-tensors" else ()
+    _quantize(tmp_path / "m", tmp_path / "in", "--format", fmt, *options)
+    t = load(tmp_path / "in" / "model.safetensors")
+    del t[f"model.layers.0.mlp.down_proj.{scale}"]
+    write_checkpoint(str(tmp_path / "in" / "model.safetensors"), "safetensors", t, None)
+    assert gpuq_main("dequantize", tmp_path / "in", "-o", tmp_path / "out", "--device", "cpu") == 2
+    assert (f"module 'model.layers.0.mlp.down_proj' (float8_e4m3fn" in (line := one_error_line(capsys))
+            and f"tensor 'model.layers.0.mlp.down_proj.{scale}' is missing from IN" in line), line
+    assert not (tmp_path / "out").exists()
+
+
 def test_folders_refused(tmp_path, capsys):
     make_model(tmp_path / "m")
     cases = [

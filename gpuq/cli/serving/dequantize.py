@@ -16,7 +16,8 @@ anything else                                   one line naming what was found, 
 ==============================================  ===================================================
 
 A quantized module is one whose tensors say so (``M.weight_packed``, ``M.weight_scale``,
-``M.weight_scale_inv``); its scheme is the config group whose ``targets`` match its name
+``M.weight_scale_inv``, or a float8 ``M.weight`` of a module the config does not ignore, whose
+scale must then be there: raw fp8 codes are no dense weight); its scheme is the config group whose ``targets`` match its name
 (``"Linear"`` matches every module, as in compressed-tensors' model-free tools; ``re:``
 prefixes are regular expressions, others exact names) and not an ``ignore`` entry. Its scales
 and zero points may sit in any shard: they are found through the index. Every tensor is checked
@@ -161,14 +162,25 @@ def _compressed_tensors(qc, specs, where) -> tuple:
         raise CliError(f"{where}: ignore {ignore!r} is not a list of module names")
     check_patterns(ignore, f"{where}: ignore", CliError)
     found = {n.rpartition(".")[0] for n in specs if n.endswith((".weight_packed", ".weight_scale"))}
+    found |= {m for m in _float8_weights(specs) if not any(_match(m, i) for i in ignore)}
     modules = {m: _ct_scheme(m, groups, ignore, where) for m in sorted(found, key=natural_key)}
     return modules, "compressed-tensors " + "/".join(sorted({s.layout.name for s in modules.values()}))
 
 
 def _fine_grained_fp8(qc, specs, where) -> tuple:
-    """``({module: scheme}, what)``: every module with a ``weight_scale_inv``."""
+    """``({module: scheme}, what)``: every module with a ``weight_scale_inv`` or a float8 weight
+    that ``ignored_layers`` (``modules_to_not_convert``) does not name."""
     scheme = read_fp8_blocks(qc, where)
-    return {n.rpartition(".")[0]: scheme for n in specs if n.endswith(".weight_scale_inv")}, "fine-grained fp8"
+    ignored = qc.get("ignored_layers") or qc.get("modules_to_not_convert") or []
+    found = {n.rpartition(".")[0] for n in specs if n.endswith(".weight_scale_inv")}
+    found |= {m for m in _float8_weights(specs) if m not in ignored}
+    return {m: scheme for m in found}, "fine-grained fp8"
+
+
+def _float8_weights(specs) -> set:
+    """The modules whose ``M.weight`` is float8: quantized, whatever else the folder holds."""
+    return {n.rpartition(".")[0] for n, (_, dtype) in specs.items()
+            if n.endswith(".weight") and dtype.name.startswith("float8")}
 
 
 #: The readers of each ``quant_method`` (the value in config.json, not a gpuq code type).
