@@ -664,6 +664,48 @@ def test_a_float8_weight_without_its_scale_is_refused(tmp_path, capsys, fmt, sca
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("fmt", ["compressed-tensors", "fp8-blocks", "gpuq-file", "gpuq-sharded"])
+def test_dequantize_nonfinite(tmp_path, capsys, fmt):
+    """NaN fp8 codes (0x7f, 0xff) restore to NaN: --nonfinite warn (default) writes them with one
+    warning line a tensor and its count, error refuses them (exit 2, nothing written), allow
+    keeps quiet. The same for gpuq's own files, one or sharded (dequantize_file)."""
+    from gpuq.cli.files import write_checkpoint
+
+    make_model(tmp_path / "m")
+    name = "model.layers.0.mlp.down_proj.weight"
+    if fmt == "gpuq-file":
+        src, q, weights = tmp_path / "m" / "model.safetensors", tmp_path / "q.safetensors", tmp_path / "q.safetensors"
+        _quantize(src, q, "--dtype", "float8_e4m3fn")
+    elif fmt == "gpuq-sharded":  # a sharded checkpoint, not a model folder: no config.json
+        reshard(tmp_path / "m", tmp_path / "s", lambda n: int("mlp" in n), 2)
+        os.remove(tmp_path / "s" / "config.json")
+        q, weights = tmp_path / "q", tmp_path / "q" / "model-00002-of-00002.safetensors"
+        _quantize(tmp_path / "s", q, "--dtype", "float8_e4m3fn")
+    else:
+        q, weights = tmp_path / "q", tmp_path / "q" / "model.safetensors"
+        _quantize(tmp_path / "m", q, "--format", fmt, *(("--dtype", "float8_e4m3fn") if fmt != "fp8-blocks" else ()))
+    from gpuq.cli.files import Checkpoint
+
+    with Checkpoint(str(weights)) as ckpt:
+        t, meta, extra = {n: ckpt.load(n) for n in ckpt.names}, ckpt.meta, ckpt.extra_metadata
+    t[name].view(np.uint8)[3, :3] = (0x7F, 0xFF, 0x7F)
+    write_checkpoint(str(weights), "safetensors", t, meta, extra)
+    file = fmt == "gpuq-file"
+    out = tmp_path / ("d.safetensors" if file else "d")
+    assert gpuq_main("dequantize", q, "-o", out, "--device", "cpu", "--nonfinite", "error") == 2
+    assert f"tensor {name!r} dequantizes to 3 non-finite values (3 NaN)" in one_error_line(capsys)
+    assert not out.exists()
+    assert gpuq_main("dequantize", q, "-o", out, "--device", "cpu", "-q") == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"gpuq: warning: tensor {name!r} dequantizes to 3 non-finite "
+                                               f"values (3 NaN)"), err
+    restored = load(out) if file else load_folder(out)
+    assert np.isnan(restored[name].astype(np.float32)).sum() == 3
+    assert gpuq_main("dequantize", q, "-o", tmp_path / ("a.safetensors" if file else "a"),
+                     "--device", "cpu", "-q", "--nonfinite", "allow") == 0
+    assert capsys.readouterr().err == ""
+
+
 def test_folders_refused(tmp_path, capsys):
     make_model(tmp_path / "m")
     cases = [

@@ -39,7 +39,8 @@ import re
 
 import numpy as np
 
-from ..convert import DEQUANTIZE_DTYPES, check_quantized, dequantize_file, finish_report, float_dtype, progress_bar
+from ..convert import (DEQUANTIZE_DTYPES, check_quantized, check_restored, dequantize_file, finish_report,
+                       float_dtype, progress_bar)
 from ..files import Checkpoint, CliError, checkpoint_writer
 from ..report import natural_key
 from ..sharded import output_shard_entries
@@ -55,8 +56,10 @@ _QPARAMS = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape"
             "input_global_scale", "output_scale", "k_scale", "v_scale")
 
 
-def run(in_path, out_path, *, dtype, device, progress=True) -> dict:
+def run(in_path, out_path, *, dtype, device, progress=True, nonfinite="warn", warn=None) -> dict:
     """Dequantize the model folder ``in_path`` into ``out_path``; return the report.
+    ``nonfinite`` and ``warn``: what a restored weight with NaN/Inf does
+    (:func:`gpuq.cli.convert.check_restored`).
 
     >>> import tempfile
     >>> from gpuq.cli.env import HostDevice
@@ -74,7 +77,7 @@ def run(in_path, out_path, *, dtype, device, progress=True) -> dict:
     try:
         with model_output(out_path, model, names) as out:
             if qc_key is None:
-                rows, what = _gpuq_files(model, out, dtype, device, bar), "gpuq"
+                rows, what = _gpuq_files(model, out, dtype, device, bar, nonfinite, warn), "gpuq"
             else:
                 modules, what = recognise(model, model.config[qc_key], f"{in_path}/{CONFIG}")
                 out_dtype = _output_dtype(dtype, model, modules)
@@ -82,7 +85,7 @@ def run(in_path, out_path, *, dtype, device, progress=True) -> dict:
                 with Tensors(model) as loader:
                     for shard in model.shards:
                         rows += _dequantize_shard(model, shard, out.staged(shard), modules, loader,
-                                                  out_dtype, device, bar)
+                                                  out_dtype, device, bar, nonfinite, warn)
                 dtype = out_dtype.name
             if dtype is not None:  # the weights' dtype is the one the config names
                 config["dtype" if "dtype" in config or "torch_dtype" not in config else "torch_dtype"] = dtype
@@ -206,7 +209,7 @@ def _match(name: str, target: str) -> bool:
     return target == name
 
 
-def _dequantize_shard(model, shard, path, modules, loader, out_dtype, device, bar) -> list:
+def _dequantize_shard(model, shard, path, modules, loader, out_dtype, device, bar, nonfinite, warn) -> list:
     here = {m: s for m, (s, owner) in modules.items() if owner == shard}
     primaries = {s.layout.primary(m, s): m for m, s in here.items()}
     dropped = {n for m, (s, _) in modules.items() for n in s.layout.companions(m, s)}
@@ -223,7 +226,7 @@ def _dequantize_shard(model, shard, path, modules, loader, out_dtype, device, ba
             bar.update(1)
             if name in primaries:
                 m = primaries[name]
-                rows.append(_dequantize_module(m, here[m], loader, out_dtype, device, w, model))
+                rows.append(_dequantize_module(m, here[m], loader, out_dtype, device, w, model, nonfinite, warn))
             elif name not in dropped:
                 w.write(name, loader.load(name))
                 nbytes = int(np.prod(model.specs[name][0])) * model.specs[name][1].itemsize
@@ -232,7 +235,7 @@ def _dequantize_shard(model, shard, path, modules, loader, out_dtype, device, ba
     return rows
 
 
-def _dequantize_module(module, scheme, loader, out_dtype, device, w, model) -> dict:
+def _dequantize_module(module, scheme, loader, out_dtype, device, w, model, nonfinite, warn) -> dict:
     import gpuq
 
     codes, scales, zps, shape = scheme.layout.decode(module, scheme, loader.load)
@@ -246,14 +249,15 @@ def _dequantize_module(module, scheme, loader, out_dtype, device, w, model) -> d
     except (ValueError, TypeError) as exc:
         raise CliError(f"module {module!r}: {' '.join(str(exc).split())}") from exc
     y = device.get(y)
+    counts = check_restored(y, f"{module}.weight", nonfinite, warn)
     w.write(f"{module}.weight", y)
     stored = [scheme.layout.primary(module, scheme)] + scheme.layout.companions(module, scheme)
     before = sum(int(np.prod(model.specs[n][0])) * model.specs[n][1].itemsize for n in stored)
     return {"name": f"{module}.weight", "shape": list(shape), "dtype": scheme.code.name, "quantized": True,
-            "bytes_before": before, "bytes_after": int(y.nbytes)}
+            "bytes_before": before, "bytes_after": int(y.nbytes), "nonfinite": counts}
 
 
-def _gpuq_files(model, out, dtype, device, bar) -> list:
+def _gpuq_files(model, out, dtype, device, bar, nonfinite, warn) -> list:
     """Shards written by ``gpuq quantize`` (each checked against its own gpuq metadata first)."""
     plain = [s for s, m in model.metas.items() if m is None]
     if plain:
@@ -267,5 +271,6 @@ def _gpuq_files(model, out, dtype, device, bar) -> list:
     for shard in model.shards:
         with Checkpoint(model.shard_path(shard)) as ckpt:
             rows += dequantize_file(ckpt, out.staged(shard), "safetensors", schemes[shard], dtype=dtype,
-                                    device=device, tick=lambda name: bar.update(1))
+                                    device=device, tick=lambda name: bar.update(1), nonfinite=nonfinite,
+                                    warn=warn)
     return rows
