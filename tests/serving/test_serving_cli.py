@@ -374,6 +374,40 @@ def test_vllm_column(tmp_path, capsys):
     assert vllm == {"down_proj": "no: out 100 % 64"}  # the others: 32 does not divide their 100 inputs
 
 
+def _transformers_note(report):
+    found = [n for n in report["notes"] if n.startswith("note: transformers 5.24 does not load this folder")]
+    assert len(found) <= 1
+    return found[0] if found else None
+
+
+@pytest.mark.parametrize("options,note", [
+    (("--format", "compressed-tensors"), None),
+    (("--format", "compressed-tensors", "--dtype", "int4"), None),
+    (("--format", "compressed-tensors", "--dtype", "float8_e4m3fn"), None),
+    (("--format", "compressed-tensors", "--asymmetric"), "llm-compressor#1618"),
+    (("--format", "compressed-tensors", "--dtype", "int4", "--asymmetric"), "llm-compressor#1618"),
+    (("--format", "fp8-blocks"), None),  # 128x128 blocks: every dimension a multiple of 128
+])
+def test_the_report_says_when_transformers_will_not_load_it(tmp_path, capsys, options, note):
+    make_model(tmp_path / "m")
+    got = _transformers_note(_quantize(tmp_path / "m", tmp_path / "q", *options, capsys=capsys))
+    assert (got is None) if note is None else (note in got and "vLLM" in got and "gpuq dequantize" in got), got
+
+
+def test_the_report_says_ragged_fp8_blocks_do_not_load_right(tmp_path, capsys):
+    """A dimension over 128 and no multiple of it (144, 200, 257) is a ragged edge block, which
+    transformers 5.24 dequantizes with a block of dimension // grid: wrong weights, or a refusal
+    where that does not divide (257 // 3); 72 (one block) and 128 are right."""
+    make_model(tmp_path / "m", hidden=144, inter=257, heads=2, kv_heads=1, head_dim=72)
+    got = _transformers_note(_quantize(tmp_path / "m", tmp_path / "q", "--format", "fp8-blocks", capsys=capsys))
+    # q/o 144x144, k/v 72x144, gate/up 257x144 (refused), down 144x257 (refused)
+    assert got == ("note: transformers 5.24 does not load this folder right: 7 weights have ragged edge blocks "
+                   "(a dimension over 128 that is no multiple of it: model.layers.0.mlp.down_proj 144x257, ...), "
+                   "whose block it takes as rows // scale rows x cols // scale cols when it dequantizes on load "
+                   "(as it does without a GPU): it loads 4 with wrong weights and refuses 3 (not divisible by "
+                   "scale grid: the load stops); vLLM and gpuq dequantize read it right"), got
+
+
 def test_the_table_shows_the_column_and_the_notes(tmp_path, capsys):
     make_model(tmp_path / "m")
     assert gpuq_main("quantize", tmp_path / "m", "-o", tmp_path / "q", "--format", "compressed-tensors",

@@ -212,6 +212,42 @@ def test_asymmetric_int4_is_transformers_bug_and_the_dequantizer_reads_it(made):
         AutoModelForCausalLM.from_pretrained(str(folder))
 
 
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_the_note_on_asymmetric_folders_is_true(tmp_path, dtype):
+    """The report's note: every --asymmetric compressed-tensors folder is refused by transformers."""
+    from transformers import AutoModelForCausalLM
+
+    report = _gpuq_json("quantize", FIXTURES / "base", "-o", tmp_path / "q", "--format", "compressed-tensors",
+                        "--dtype", dtype, "--asymmetric", "--device", "cpu", "-q")
+    assert any("llm-compressor#1618" in n for n in report["notes"])
+    with pytest.raises(RuntimeError, match="ignore_mismatched_sizes"):
+        AutoModelForCausalLM.from_pretrained(str(tmp_path / "q"))
+
+
+def test_the_note_on_ragged_fp8_blocks_is_true(tmp_path):
+    """The report's note, counted: transformers loads the 7 ragged weights of fp8-blocks-base
+    (144x200, 72x144, ...) with wrong weights, and refuses a model with a 257 dimension (257 // 3)."""
+    pytest.importorskip("accelerate", reason="transformers loads fine-grained fp8 only with accelerate")
+    from transformers import AutoModelForCausalLM
+
+    from _serving import make_model
+
+    q, d = tmp_path / "q", tmp_path / "d"
+    report = _gpuq_json("quantize", FIXTURES / "fp8-blocks-base", "-o", q, "--format", "fp8-blocks", "--device",
+                        "cpu", "-q")
+    assert any("it loads 7 with wrong weights; vLLM" in n for n in report["notes"])
+    _gpuq_json("dequantize", q, "-o", d, "--device", "cpu", "-q")
+    state = AutoModelForCausalLM.from_pretrained(str(q)).state_dict()
+    ours = _load_st(d / "model.safetensors")
+    assert len([k for k in ours if not _same(state[k], ours[k])]) == 7
+    make_model(tmp_path / "m", hidden=144, inter=257, heads=2, kv_heads=1, head_dim=72, extra=False)
+    report = _gpuq_json("quantize", tmp_path / "m", "-o", tmp_path / "q2", "--format", "fp8-blocks", "--device",
+                        "cpu", "-q")
+    assert any("refuses 3 (not divisible by scale grid: the load stops)" in n for n in report["notes"])
+    with pytest.raises(RuntimeError, match="automatic conversion of the weights"):  # from that ValueError
+        AutoModelForCausalLM.from_pretrained(str(tmp_path / "q2"))
+
+
 def test_readme_round_trip(tmp_path, capsys):
     """README's "Serving the result": example -> compressed-tensors -> transformers -> dense."""
     from transformers import AutoModelForCausalLM

@@ -155,7 +155,8 @@ def run(args, *, warn, progress, device) -> dict:
         bar.close()
     report = finish_report("quantize", args.input, args.output, device.name, rows)
     report.update(format=args.format, calibrate=args.calibrate, ignore=ignore, left_out=model.left_out,
-                  extra_column=("vLLM", "vllm"), notes=_notes(kept, model.left_out, request))
+                  extra_column=("vLLM", "vllm"),
+                  notes=_notes(kept, model.left_out, request) + transformers_notes(chosen, model.specs, request))
     return report
 
 
@@ -285,6 +286,44 @@ def _scheme_json(scheme: WeightScheme) -> dict:
     return {"dtype": scheme.code.name, "strategy": scheme.strategy, "group_size": scheme.group_size,
             "block": list(scheme.block) if scheme.block else None, "symmetric": scheme.symmetric,
             "scale_dtype": scheme.scale_dtype}
+
+
+def transformers_notes(chosen, specs, request) -> list:
+    """The line saying a folder will not load right in transformers 5.24 (docs/serving-formats.md),
+    what it does instead and what loads it right; none where it loads.
+
+    Asymmetric compressed-tensors: transformers allocates an unpacked ``weight_zero_point``
+    and refuses the packed one (llm-compressor#1618). Fine-grained fp8 with ragged edge blocks
+    (a dimension over 128 and no multiple of it): dequantizing on load, as it does without a
+    GPU, transformers takes the block as ``rows // scale_rows`` x ``cols // scale_cols``.
+
+    >>> import numpy as np
+    >>> s = Request("fp8-blocks").scheme("float32")
+    >>> transformers_notes({"a.weight": s}, {"a.weight": ((144, 100), np.dtype("float32"))}, Request("fp8-blocks"))[0][:64]
+    'note: transformers 5.24 does not load this folder right: 1 weig'
+    """
+    if request.layout is not FP8_BLOCKS:
+        if request.symmetric:
+            return []
+        return ["note: transformers 5.24 does not load this folder: --asymmetric compressed-tensors' packed "
+                "weight_zero_point is refused with a size mismatch (llm-compressor#1618); vLLM (the layers "
+                "its column rates ok) and gpuq dequantize read it right"]
+    ragged, refused = [], 0
+    for name, scheme in chosen.items():
+        shape = specs[name][0]
+        grid = scheme.scale_grid(shape)
+        if any(d > b and d % b for d, b in zip(shape, scheme.block)):
+            ragged.append(f"{module_of(name)} {shape[0]}x{shape[1]}")
+            refused += any(d % g for d, g in zip(shape, grid))
+    if not ragged:
+        return []
+    what = [f"loads {len(ragged) - refused} with wrong weights"] if len(ragged) > refused else []
+    what += [f"refuses {refused} (not divisible by scale grid: the load stops)"] if refused else []
+    return [f"note: transformers 5.24 does not load this folder right: {len(ragged)} weight"
+            f"{'s have' if len(ragged) > 1 else ' has'} ragged edge blocks (a dimension over 128 that is "
+            f"no multiple of it: {ragged[0]}{', ...' if len(ragged) > 1 else ''}), whose block it takes as "
+            f"rows // scale rows x cols // scale cols when it dequantizes on load (as it does without a "
+            f"GPU): it {' and '.join(what)}; vLLM and gpuq dequantize read it right"]
 
 
 def _notes(kept, left_out, request) -> list:
