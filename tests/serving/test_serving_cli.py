@@ -856,3 +856,22 @@ def test_example_model_dir(tmp_path, capsys):
 
     want = example_tensors(0, 768)["model.layers.0.mlp.up_proj.weight"].astype(BF16)
     same_bits(t["model.layers.0.mlp.up_proj.weight"], want)
+
+
+def _readme_serving_section() -> str:
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    return text.split("\n## Serving the result\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_readme_serving_says_what_to_install_and_how_to_repair_routers():
+    """One install line for loading the result (accelerate: transformers' fine-grained fp8), the
+    router rule with its repair for folders written before it, and dequantize's --nonfinite."""
+    section = _readme_serving_section()
+    installs = [line for line in section.splitlines() if "pip install" in line]
+    assert len(installs) == 1 and "`pip install torch compressed-tensors transformers accelerate`" in installs[0]
+    rule = " ".join(section.split("**MoE routers stay in float**", 1)[1].split("\n- ", 1)[0].split())
+    for name in ("`gate` under `mlp` or `block_sparse_moe`", "named `router`", "`shared_expert_gate`", "`MoE router`",
+                 "repaired by `gpuq dequantize` and a new `gpuq quantize`"):
+        assert name in rule, name
+    assert "llm-compressor#1618" in section and "ragged edge blocks" in section
+    assert "`--nonfinite warn`" in section
