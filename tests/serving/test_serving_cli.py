@@ -631,6 +631,8 @@ def test_unknown_or_unsupported_configs(tmp_path, capsys, edit, message):
     ({"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "static"},
      "fmt None, activation_scheme 'static': gpuq reads fine-grained fp8 with fmt 'e4m3' and dynamic activations"),
     ({"quant_method": "fp8", "weight_block_size": [128]}, "weight_block_size [128] is not two positive sizes"),
+    ({"quant_method": "fp8", "weight_block_size": [128, 128], "ignored_layers": "lm_head"},
+     "ignored_layers 'lm_head' is not a list of module names"),
 ])
 def test_unsupported_fp8_configs(tmp_path, capsys, qc, message):
     import shutil

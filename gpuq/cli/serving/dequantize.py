@@ -17,12 +17,13 @@ anything else                                   one line naming what was found, 
 
 A quantized module is one whose tensors say so (``M.weight_packed``, ``M.weight_scale``,
 ``M.weight_scale_inv``, or a float8 ``M.weight`` of a module the config does not ignore, whose
-scale must then be there: raw fp8 codes are no dense weight); its scheme is the config group whose ``targets`` match its name
-(``"Linear"`` matches every module, as in compressed-tensors' model-free tools; ``re:``
-prefixes are regular expressions, others exact names) and not an ``ignore`` entry. Its scales
-and zero points may sit in any shard: they are found through the index. Every tensor is checked
-(dtypes, shapes against ``weight_shape`` and the scheme, packing, scales finite and > 0, no
-quantization parameter left without its weight) before it is used, and the output is atomic.
+scale must then be there: raw fp8 codes are no dense weight); its scheme is the config group
+whose ``targets`` match its name (``"Linear"`` matches every module, as in compressed-tensors'
+model-free tools; ``re:`` prefixes are regular expressions, others exact names) and not an
+``ignore`` entry. Its scales and zero points may sit in any shard: they are found through the
+index. Every tensor is checked (dtypes, shapes against ``weight_shape`` and the scheme,
+packing, scales finite and > 0, no quantization parameter left without its weight) before it
+is used, and the output is atomic.
 
 The output is a dense model folder: the same shard names (``M.weight`` in the shard that held
 its codes), an index without the quantization parameters, ``config.json`` without
@@ -175,6 +176,8 @@ def _fine_grained_fp8(qc, specs, where) -> tuple:
     that ``ignored_layers`` (``modules_to_not_convert``) does not name."""
     scheme = read_fp8_blocks(qc, where)
     ignored = qc.get("ignored_layers") or qc.get("modules_to_not_convert") or []
+    if not isinstance(ignored, list) or not all(isinstance(i, str) for i in ignored):
+        raise CliError(f"{where}: ignored_layers {ignored!r} is not a list of module names")
     found = {n.rpartition(".")[0] for n in specs if n.endswith(".weight_scale_inv")}
     found |= {m for m in _float8_weights(specs) if m not in ignored}
     return {m: scheme for m in found}, "fine-grained fp8"
