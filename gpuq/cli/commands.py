@@ -256,6 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="output float type (default: each tensor's source dtype recorded in "
                         "IN, e.g. bfloat16 in, bfloat16 back; float32 where none is recorded; "
                         "float64 multiplies in float64)")
+    d.add_argument("--nonfinite", choices=("error", "warn", "allow"), default="warn",
+                   help="restored tensors with NaN/Inf (fp8 NaN codes, or codes times scales beyond "
+                        "the output dtype): error stops; warn (default) and allow write them, warn "
+                        "saying so (one line a tensor, with the count)")
     _common(d, json_help="print the summary as JSON")
 
     m = sub.add_parser("compare", help="SQNR per tensor of several code types side by side "
@@ -399,17 +403,18 @@ def _dequantize(args) -> int:
         from .serving.dequantize import run
 
         report = run(args.input, args.output, dtype=args.dtype, device=pick_device(args.device),
-                     progress=_show_progress(args))
+                     progress=_show_progress(args), nonfinite=args.nonfinite, warn=_warn)
         print(to_json(report) if args.json else format_dequantize(report))
         return 0
     if is_sharded(args.input):
         report = run_sharded_dequantize(args.input, args.output, dtype=args.dtype,
-                                        device=args.device, progress=_show_progress(args))
+                                        device=args.device, progress=_show_progress(args),
+                                        nonfinite=args.nonfinite, warn=_warn)
         print(to_json(report) if args.json else format_dequantize(report))
         return 0
     device = pick_device(args.device)
     report = run_dequantize(args.input, args.output, dtype=args.dtype, device=device,
-                            progress=_show_progress(args))
+                            progress=_show_progress(args), nonfinite=args.nonfinite, warn=_warn)
     print(to_json(report) if args.json else format_dequantize(report))
     return 0
 

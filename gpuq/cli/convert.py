@@ -520,7 +520,7 @@ def finish_report(command, in_path, out_path, device_name, rows) -> dict:
             "tensors": rows, "total": total}
 
 
-def run_dequantize(in_path, out_path, *, dtype, device, progress=True) -> dict:
+def run_dequantize(in_path, out_path, *, dtype, device, progress=True, nonfinite="warn", warn=None) -> dict:
     """Restore floats from a file written by :func:`run_quantize`; return a short report.
 
     The file is checked against its gpuq metadata first (:func:`gpuq.cli.quantized.check_file`).
@@ -537,10 +537,30 @@ def run_dequantize(in_path, out_path, *, dtype, device, progress=True) -> dict:
         bar = progress_bar(len(restored), progress, "dequantize")
         try:
             rows = dequantize_file(ckpt, out_path, out_fmt, schemes, dtype=dtype, device=device,
-                                   tick=lambda name: bar.update(1))
+                                   tick=lambda name: bar.update(1), nonfinite=nonfinite, warn=warn)
         finally:
             bar.close()
     return _report("dequantize", in_path, out_path, device, rows)
+
+
+def check_restored(y, name, nonfinite, warn) -> dict:
+    """NaN/Inf counts of a dequantized tensor (:func:`count_nonfinite`): fp8 NaN codes, or
+    codes times scales beyond the output dtype. ``nonfinite`` ``"error"`` refuses it (CliError),
+    ``"warn"`` says so through ``warn`` (one line), ``"allow"`` keeps quiet.
+
+    >>> check_restored(np.array([1.0, np.nan], np.float32), "w", "warn", print)  # doctest: +ELLIPSIS
+    tensor 'w' dequantizes to 1 non-finite value (1 NaN) (NaN codes, ...
+    {'nan': 1, 'posinf': 0, 'neginf': 0}
+    """
+    counts = count_nonfinite(y)
+    text = nonfinite_text(counts) if sum(counts.values()) else None
+    if text and nonfinite == "error":
+        raise CliError(f"tensor {name!r} dequantizes to {text} (NaN codes, or codes times scales beyond "
+                       f"{y.dtype.name}); --nonfinite warn or allow writes it")
+    if text and nonfinite == "warn" and warn is not None:
+        warn(f"tensor {name!r} dequantizes to {text} (NaN codes, or codes times scales beyond "
+             f"{y.dtype.name}): written as it is; --nonfinite error refuses it, allow keeps quiet")
+    return counts
 
 
 def check_quantized(ckpt) -> dict:
@@ -575,12 +595,14 @@ def output_dtype(scheme: dict, dtype) -> np.dtype:
     return float_dtype(src if src in DEQUANTIZE_DTYPES else "float32")
 
 
-def dequantize_file(ckpt, out_path, out_fmt, schemes, *, dtype, device, tick=None) -> list:
+def dequantize_file(ckpt, out_path, out_fmt, schemes, *, dtype, device, tick=None, nonfinite="warn",
+                    warn=None) -> list:
     """Write the float tensors of the checked quantized checkpoint ``ckpt`` to ``out_path``.
 
     Streamed and atomic like :func:`quantize_file`; ``schemes`` is
     :func:`check_quantized`'s answer; ``dtype`` None restores each tensor's source dtype
-    (:func:`output_dtype`). Returns the report rows.
+    (:func:`output_dtype`); ``nonfinite`` and ``warn``: :func:`check_restored`. Returns the
+    report rows.
     """
     import gpuq
 
@@ -613,9 +635,10 @@ def dequantize_file(ckpt, out_path, out_fmt, schemes, *, dtype, device, tick=Non
                 except (ValueError, TypeError) as exc:
                     raise CliError(f"tensor {name!r}: {' '.join(str(exc).split())}") from exc
                 y = device.get(y)
+                counts = check_restored(y, name, nonfinite, warn)
                 out.write(name, y)
                 rows.append({**row, "quantized": True, "bytes_before": int(before),
-                             "bytes_after": int(y.nbytes)})
+                             "bytes_after": int(y.nbytes), "nonfinite": counts})
                 del y
             if tick is not None:
                 tick(name)

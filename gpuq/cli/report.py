@@ -9,7 +9,9 @@ Tensors that were kept in float have ``"quantized": false`` and ``null``
 error fields. ``nonfinite`` counts each quantized tensor's NaN, +Inf and -Inf
 values; SQNR and max error are over its finite values. ``default_scheme`` words
 the defaults table's rule for the code type when the schemes came from it
-(no --axis, --per-tensor or --group-size), and is null otherwise.
+(no --axis, --per-tensor or --group-size), and is null otherwise. A kept tensor
+with a ``reason`` (a serving format's MoE routers) has a row of its own in the
+table, the reason in the scheme column.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def format_table(report: dict) -> str:
     One row per quantized tensor; the tensors kept in float share one row.
     """
     rows = []
-    kept = [t for t in report["tensors"] if not t["quantized"]]
+    kept = [t for t in report["tensors"] if not t["quantized"] and not t.get("reason")]
     # A serving format's report adds one column (its title, the rows' key): vLLM's shape check.
     title, key = report.get("extra_column") or (None, None)
     extra = [] if key is None else [""]
@@ -64,6 +66,9 @@ def format_table(report: dict) -> str:
             rows.append([t["name"], _shape(t["shape"]), t["scheme_text"],
                          human_bytes(t["bytes_before"]), human_bytes(t["bytes_after"]),
                          _db(t["sqnr_db"]), _err(t["max_abs_error"])] + ([t[key]] if key else []))
+        elif t.get("reason"):
+            rows.append([t["name"], _shape(t["shape"]), t["reason"], human_bytes(t["bytes_before"]),
+                         human_bytes(t["bytes_after"]), "", ""] + ([t.get(key) or "-"] if key else []))
     if kept:
         size = sum(t["bytes_before"] for t in kept)
         rows.append([f"({len(kept)} kept as they are)", "", "unchanged",

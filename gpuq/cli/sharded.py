@@ -335,6 +335,7 @@ def run_shard(job: dict, device=None, tick=None) -> dict:
         else:
             schemes = check_quantized(ckpt)
             rows = dequantize_file(ckpt, job["out_path"], "safetensors", schemes,
-                                   dtype=job["dtype"], device=device, tick=tick)
+                                   dtype=job["dtype"], device=device, tick=tick,
+                                   nonfinite=job.get("nonfinite", "warn"), warn=warnings.append)
     return {"rows": rows, "warnings": warnings, "device": device.name,
             "entries": output_shard_entries(job["out_path"])}

@@ -68,7 +68,7 @@ def run_sharded_quantize(in_path, out, plan, *, include=(), exclude=(), min_size
                                                     schemes=by_shard[shard], calibrate=calibrate))
 
 
-def run_sharded_dequantize(in_path, out, *, dtype, device, progress=True) -> dict:
+def run_sharded_dequantize(in_path, out, *, dtype, device, progress=True, nonfinite="warn", warn=None) -> dict:
     """``gpuq dequantize`` of a sharded quantized checkpoint into the folder ``out`` (locally).
 
     Every shard is checked against its own gpuq metadata before anything is written.
@@ -79,10 +79,10 @@ def run_sharded_dequantize(in_path, out, *, dtype, device, progress=True) -> dic
     for shard in src.shards:
         with Checkpoint(src.shard_path(shard)) as ckpt:
             check_quantized(ckpt)
-    return _run("dequantize", src, in_path, out, device=device, progress=progress, warn=None,
+    return _run("dequantize", src, in_path, out, device=device, progress=progress, warn=warn,
                 scheduler=None, workers=None,
                 job=lambda shard, folder: shard_job(src, shard, folder, "dequantize",
-                                                    device=device, dtype=dtype))
+                                                    device=device, dtype=dtype, nonfinite=nonfinite))
 
 
 def _run(command, src, in_path, out, *, device, progress, warn, scheduler, workers,

@@ -327,6 +327,39 @@ def test_merged_layers_are_kept_whole_and_undivided_groups_in_float(tmp_path, ca
             "q_proj/k_proj/v_proj into one layer") in notes
 
 
+ROUTERS = ["model.layers.0.mlp.gate", "model.layers.0.block_sparse_moe.gate", "model.layers.0.mlp.router",
+           "model.layers.0.mlp.shared_expert_gate"]
+
+
+@pytest.mark.parametrize("options", [("--format", "compressed-tensors"), ("--format", "compressed-tensors",
+                                      "--dtype", "int4"), ("--format", "fp8-blocks")])
+def test_moe_routers_stay_in_float(tmp_path, capsys, options):
+    """The routers of Qwen3-MoE (mlp.gate), Mixtral (block_sparse_moe.gate), gpt-oss (mlp.router)
+    and Qwen2-MoE (shared_expert_gate), 128 experts (a shape Marlin takes), even where --include
+    names them: stored as they are, in ignore / ignored_layers, 'MoE router' with '-' for vLLM."""
+    from gpuq.cli.files import write_checkpoint
+
+    t = make_model(tmp_path / "m")
+    rng = np.random.default_rng(1)
+    routers = {m + ".weight": rng.normal(0, 0.02, (1 if "shared" in m else 128, 128)).astype(BF16) for m in ROUTERS}
+    write_checkpoint(str(tmp_path / "m" / "model.safetensors"), "safetensors", {**t, **routers}, None)
+    report = _quantize(tmp_path / "m", tmp_path / "q", *options, "--include", "model.layers.*", capsys=capsys)
+    out = load(tmp_path / "q" / "model.safetensors")
+    for name, w in routers.items():
+        same_bits(out[name], w)
+    qc = _config(tmp_path / "q")["quantization_config"]
+    assert set(ROUTERS) <= set(qc["ignored_layers" if "fp8-blocks" in options else "ignore"])
+    rows = {r["name"]: r for r in report["tensors"]}
+    assert all(rows[n]["reason"] == "MoE router" and rows[n]["vllm"] == "-" and not rows[n]["quantized"]
+               for n in routers)
+    assert rows["model.layers.0.mlp.gate_proj.weight"]["quantized"]  # gate_proj is no router
+    assert any(n.startswith("note: 4 MoE routers kept in float") for n in report["notes"])
+    assert gpuq_main("quantize", tmp_path / "m", "-o", tmp_path / "q2", "--device", "cpu", *options) == 0
+    table = capsys.readouterr().out
+    assert re.search(r"\nmodel\.layers\.0\.mlp\.gate\.weight +128x128 +MoE router +32\.0 KiB +32\.0 KiB +-\n",
+                     table), table
+
+
 def test_vllm_column(tmp_path, capsys):
     make_model(tmp_path / "m", hidden=100, inter=128, heads=2, kv_heads=1, head_dim=50)
     report = _quantize(tmp_path / "m", tmp_path / "q", "--format", "compressed-tensors", "--asymmetric",
@@ -339,6 +372,40 @@ def test_vllm_column(tmp_path, capsys):
                        "--group-size", "32", capsys=capsys)
     vllm = {r["name"].rsplit(".", 2)[1]: r["vllm"] for r in report["tensors"] if r["quantized"]}
     assert vllm == {"down_proj": "no: out 100 % 64"}  # the others: 32 does not divide their 100 inputs
+
+
+def _transformers_note(report):
+    found = [n for n in report["notes"] if n.startswith("note: transformers 5.24 does not load this folder")]
+    assert len(found) <= 1
+    return found[0] if found else None
+
+
+@pytest.mark.parametrize("options,note", [
+    (("--format", "compressed-tensors"), None),
+    (("--format", "compressed-tensors", "--dtype", "int4"), None),
+    (("--format", "compressed-tensors", "--dtype", "float8_e4m3fn"), None),
+    (("--format", "compressed-tensors", "--asymmetric"), "llm-compressor#1618"),
+    (("--format", "compressed-tensors", "--dtype", "int4", "--asymmetric"), "llm-compressor#1618"),
+    (("--format", "fp8-blocks"), None),  # 128x128 blocks: every dimension a multiple of 128
+])
+def test_the_report_says_when_transformers_will_not_load_it(tmp_path, capsys, options, note):
+    make_model(tmp_path / "m")
+    got = _transformers_note(_quantize(tmp_path / "m", tmp_path / "q", *options, capsys=capsys))
+    assert (got is None) if note is None else (note in got and "vLLM" in got and "gpuq dequantize" in got), got
+
+
+def test_the_report_says_ragged_fp8_blocks_do_not_load_right(tmp_path, capsys):
+    """A dimension over 128 and no multiple of it (144, 200, 257) is a ragged edge block, which
+    transformers 5.24 dequantizes with a block of dimension // grid: wrong weights, or a refusal
+    where that does not divide (257 // 3); 72 (one block) and 128 are right."""
+    make_model(tmp_path / "m", hidden=144, inter=257, heads=2, kv_heads=1, head_dim=72)
+    got = _transformers_note(_quantize(tmp_path / "m", tmp_path / "q", "--format", "fp8-blocks", capsys=capsys))
+    # q/o 144x144, k/v 72x144, gate/up 257x144 (refused), down 144x257 (refused)
+    assert got == ("note: transformers 5.24 does not load this folder right: 7 weights have ragged edge blocks "
+                   "(a dimension over 128 that is no multiple of it: model.layers.0.mlp.down_proj 144x257, ...), "
+                   "whose block it takes as rows // scale rows x cols // scale cols when it dequantizes on load "
+                   "(as it does without a GPU): it loads 4 with wrong weights and refuses 3 (not divisible by "
+                   "scale grid: the load stops); vLLM and gpuq dequantize read it right"), got
 
 
 def test_the_table_shows_the_column_and_the_notes(tmp_path, capsys):
@@ -564,6 +631,8 @@ def test_unknown_or_unsupported_configs(tmp_path, capsys, edit, message):
     ({"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "static"},
      "fmt None, activation_scheme 'static': gpuq reads fine-grained fp8 with fmt 'e4m3' and dynamic activations"),
     ({"quant_method": "fp8", "weight_block_size": [128]}, "weight_block_size [128] is not two positive sizes"),
+    ({"quant_method": "fp8", "weight_block_size": [128, 128], "ignored_layers": "lm_head"},
+     "ignored_layers 'lm_head' is not a list of module names"),
 ])
 def test_unsupported_fp8_configs(tmp_path, capsys, qc, message):
     import shutil
@@ -611,6 +680,66 @@ def test_damaged_tensors(tmp_path, capsys, damage, message):
     assert gpuq_main("dequantize", tmp_path / "in", "-o", tmp_path / "out", "--device", "cpu") == 2
     assert message in one_error_line(capsys)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("fmt,scale", [("compressed-tensors", "weight_scale"), ("fp8-blocks", "weight_scale_inv")])
+def test_a_float8_weight_without_its_scale_is_refused(tmp_path, capsys, fmt, scale):
+    """Raw e4m3 codes are no dense weight: a quantized module's float8 M.weight without its
+    scale is damaged input (as a pack-quantized weight without its scale is)."""
+    from gpuq.cli.files import write_checkpoint
+
+    make_model(tmp_path / "m")
+    options = ("--dtype", "float8_e4m3fn") if fmt == "compressed-tensors" else ()
+    _quantize(tmp_path / "m", tmp_path / "in", "--format", fmt, *options)
+    t = load(tmp_path / "in" / "model.safetensors")
+    del t[f"model.layers.0.mlp.down_proj.{scale}"]
+    write_checkpoint(str(tmp_path / "in" / "model.safetensors"), "safetensors", t, None)
+    assert gpuq_main("dequantize", tmp_path / "in", "-o", tmp_path / "out", "--device", "cpu") == 2
+    assert (f"module 'model.layers.0.mlp.down_proj' (float8_e4m3fn" in (line := one_error_line(capsys))
+            and f"tensor 'model.layers.0.mlp.down_proj.{scale}' is missing from IN" in line), line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("fmt", ["compressed-tensors", "fp8-blocks", "gpuq-file", "gpuq-sharded"])
+def test_dequantize_nonfinite(tmp_path, capsys, fmt):
+    """NaN fp8 codes (0x7f, 0xff) restore to NaN: --nonfinite warn (default) writes them with one
+    warning line a tensor and its count, error refuses them (exit 2, nothing written), allow
+    keeps quiet. The same for gpuq's own files, one or sharded (dequantize_file)."""
+    from gpuq.cli.files import write_checkpoint
+
+    make_model(tmp_path / "m")
+    name = "model.layers.0.mlp.down_proj.weight"
+    if fmt == "gpuq-file":
+        src, q, weights = tmp_path / "m" / "model.safetensors", tmp_path / "q.safetensors", tmp_path / "q.safetensors"
+        _quantize(src, q, "--dtype", "float8_e4m3fn")
+    elif fmt == "gpuq-sharded":  # a sharded checkpoint, not a model folder: no config.json
+        reshard(tmp_path / "m", tmp_path / "s", lambda n: int("mlp" in n), 2)
+        os.remove(tmp_path / "s" / "config.json")
+        q, weights = tmp_path / "q", tmp_path / "q" / "model-00002-of-00002.safetensors"
+        _quantize(tmp_path / "s", q, "--dtype", "float8_e4m3fn")
+    else:
+        q, weights = tmp_path / "q", tmp_path / "q" / "model.safetensors"
+        _quantize(tmp_path / "m", q, "--format", fmt, *(("--dtype", "float8_e4m3fn") if fmt != "fp8-blocks" else ()))
+    from gpuq.cli.files import Checkpoint
+
+    with Checkpoint(str(weights)) as ckpt:
+        t, meta, extra = {n: ckpt.load(n) for n in ckpt.names}, ckpt.meta, ckpt.extra_metadata
+    t[name].view(np.uint8)[3, :3] = (0x7F, 0xFF, 0x7F)
+    write_checkpoint(str(weights), "safetensors", t, meta, extra)
+    file = fmt == "gpuq-file"
+    out = tmp_path / ("d.safetensors" if file else "d")
+    assert gpuq_main("dequantize", q, "-o", out, "--device", "cpu", "--nonfinite", "error") == 2
+    assert f"tensor {name!r} dequantizes to 3 non-finite values (3 NaN)" in one_error_line(capsys)
+    assert not out.exists()
+    assert gpuq_main("dequantize", q, "-o", out, "--device", "cpu", "-q") == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"gpuq: warning: tensor {name!r} dequantizes to 3 non-finite "
+                                               f"values (3 NaN)"), err
+    restored = load(out) if file else load_folder(out)
+    assert np.isnan(restored[name].astype(np.float32)).sum() == 3
+    assert gpuq_main("dequantize", q, "-o", tmp_path / ("a.safetensors" if file else "a"),
+                     "--device", "cpu", "-q", "--nonfinite", "allow") == 0
+    assert capsys.readouterr().err == ""
 
 
 def test_folders_refused(tmp_path, capsys):
@@ -729,3 +858,22 @@ def test_example_model_dir(tmp_path, capsys):
 
     want = example_tensors(0, 768)["model.layers.0.mlp.up_proj.weight"].astype(BF16)
     same_bits(t["model.layers.0.mlp.up_proj.weight"], want)
+
+
+def _readme_serving_section() -> str:
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    return text.split("\n## Serving the result\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_readme_serving_says_what_to_install_and_how_to_repair_routers():
+    """One install line for loading the result (accelerate: transformers' fine-grained fp8), the
+    router rule with its repair for folders written before it, and dequantize's --nonfinite."""
+    section = _readme_serving_section()
+    installs = [line for line in section.splitlines() if "pip install" in line]
+    assert len(installs) == 1 and "`pip install torch compressed-tensors transformers accelerate`" in installs[0]
+    rule = " ".join(section.split("**MoE routers stay in float**", 1)[1].split("\n- ", 1)[0].split())
+    for name in ("`gate` under `mlp` or `block_sparse_moe`", "named `router`", "`shared_expert_gate`", "`MoE router`",
+                 "repaired by `gpuq dequantize` and a new `gpuq quantize`"):
+        assert name in rule, name
+    assert "llm-compressor#1618" in section and "ragged edge blocks" in section
+    assert "`--nonfinite warn`" in section

@@ -212,6 +212,42 @@ def test_asymmetric_int4_is_transformers_bug_and_the_dequantizer_reads_it(made):
         AutoModelForCausalLM.from_pretrained(str(folder))
 
 
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_the_note_on_asymmetric_folders_is_true(tmp_path, dtype):
+    """The report's note: every --asymmetric compressed-tensors folder is refused by transformers."""
+    from transformers import AutoModelForCausalLM
+
+    report = _gpuq_json("quantize", FIXTURES / "base", "-o", tmp_path / "q", "--format", "compressed-tensors",
+                        "--dtype", dtype, "--asymmetric", "--device", "cpu", "-q")
+    assert any("llm-compressor#1618" in n for n in report["notes"])
+    with pytest.raises(RuntimeError, match="ignore_mismatched_sizes"):
+        AutoModelForCausalLM.from_pretrained(str(tmp_path / "q"))
+
+
+def test_the_note_on_ragged_fp8_blocks_is_true(tmp_path):
+    """The report's note, counted: transformers loads the 7 ragged weights of fp8-blocks-base
+    (144x200, 72x144, ...) with wrong weights, and refuses a model with a 257 dimension (257 // 3)."""
+    pytest.importorskip("accelerate", reason="transformers loads fine-grained fp8 only with accelerate")
+    from transformers import AutoModelForCausalLM
+
+    from _serving import make_model
+
+    q, d = tmp_path / "q", tmp_path / "d"
+    report = _gpuq_json("quantize", FIXTURES / "fp8-blocks-base", "-o", q, "--format", "fp8-blocks", "--device",
+                        "cpu", "-q")
+    assert any("it loads 7 with wrong weights; vLLM" in n for n in report["notes"])
+    _gpuq_json("dequantize", q, "-o", d, "--device", "cpu", "-q")
+    state = AutoModelForCausalLM.from_pretrained(str(q)).state_dict()
+    ours = _load_st(d / "model.safetensors")
+    assert len([k for k in ours if not _same(state[k], ours[k])]) == 7
+    make_model(tmp_path / "m", hidden=144, inter=257, heads=2, kv_heads=1, head_dim=72, extra=False)
+    report = _gpuq_json("quantize", tmp_path / "m", "-o", tmp_path / "q2", "--format", "fp8-blocks", "--device",
+                        "cpu", "-q")
+    assert any("refuses 3 (not divisible by scale grid: the load stops)" in n for n in report["notes"])
+    with pytest.raises(RuntimeError, match="automatic conversion of the weights"):  # from that ValueError
+        AutoModelForCausalLM.from_pretrained(str(tmp_path / "q2"))
+
+
 def test_readme_round_trip(tmp_path, capsys):
     """README's "Serving the result": example -> compressed-tensors -> transformers -> dense."""
     from transformers import AutoModelForCausalLM
@@ -231,3 +267,57 @@ def test_readme_round_trip(tmp_path, capsys):
         assert _same(plain(ids).logits, logits)
     assert sorted(os.listdir(dense)) == ["config.json", "model.safetensors"]
     shutil.rmtree(tmp_path)
+
+
+# --- MoE layouts: the routers stay in float ---------------------------------------------------------
+
+#: transformers 5.24's MoE layouts, tiny: hidden 64, 2 layers, 4 experts (2 a token). Routers:
+#: Qwen3-MoE mlp.gate, Mixtral block_sparse_moe.gate, gpt-oss mlp.router (its experts are 3-D
+#: tensors, kept in float).
+MOE = {"qwen3moe": ("Qwen3MoeConfig", {"intermediate_size": 64, "moe_intermediate_size": 32, "num_experts": 4}),
+       "mixtral": ("MixtralConfig", {"intermediate_size": 64, "num_local_experts": 4}),
+       "gptoss": ("GptOssConfig", {"intermediate_size": 64, "num_local_experts": 4})}
+MOE_SCHEMES = {"int8": ("--format", "compressed-tensors"),
+               "int4": ("--format", "compressed-tensors", "--dtype", "int4", "--group-size", "32"),
+               "fp8": ("--format", "compressed-tensors", "--dtype", "float8_e4m3fn"),
+               "fp8-blocks": ("--format", "fp8-blocks")}
+
+
+@pytest.fixture(scope="module")
+def moe_models(tmp_path_factory):
+    """``{layout: folder}``: each MoE layout random-initialised (seeded) and saved by transformers."""
+    import transformers
+
+    root = tmp_path_factory.mktemp("moe")
+    out = {}
+    for name, (config_class, sizes) in MOE.items():
+        config = getattr(transformers, config_class)(
+            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            vocab_size=128, max_position_embeddings=64, tie_word_embeddings=False, num_experts_per_tok=2,
+            **sizes)
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        model.save_pretrained(str(root / name))
+        out[name] = root / name
+    return out
+
+
+@pytest.mark.parametrize("scheme", MOE_SCHEMES)
+@pytest.mark.parametrize("layout", MOE)
+def test_moe_folders_load_with_their_routers(moe_models, tmp_path, layout, scheme):
+    """Every quantized Linear, routers included (--min-size 0), is offered: the routers stay in
+    float, so transformers loads the folder with the model's own routers and its logits are those
+    of the dense folder gpuq dequantized, bit for bit (a quantized router loaded as a random one)."""
+    if scheme == "fp8-blocks":
+        pytest.importorskip("accelerate", reason="transformers loads fine-grained fp8 only with accelerate")
+    q, d = tmp_path / "q", tmp_path / "d"
+    _gpuq_json("quantize", moe_models[layout], "-o", q, *MOE_SCHEMES[scheme], "--min-size", "0", "--device", "cpu",
+               "-q")
+    _gpuq_json("dequantize", q, "-o", d, "--device", "cpu", "-q")
+    model, logits = _logits(q)
+    _, dense_logits = _logits(d)
+    assert _same(logits, dense_logits)
+    source = _load_st(moe_models[layout] / "model.safetensors")
+    routers = [k for k in source if k.rsplit(".", 2)[1] in ("gate", "router") and k.endswith(".weight")]
+    state = model.state_dict()  # transformers 5.24 names Mixtral's block_sparse_moe "mlp"
+    assert len(routers) == 2 and all(_same(state[k.replace("block_sparse_moe", "mlp")], source[k]) for k in routers)

@@ -16,12 +16,14 @@ anything else                                   one line naming what was found, 
 ==============================================  ===================================================
 
 A quantized module is one whose tensors say so (``M.weight_packed``, ``M.weight_scale``,
-``M.weight_scale_inv``); its scheme is the config group whose ``targets`` match its name
-(``"Linear"`` matches every module, as in compressed-tensors' model-free tools; ``re:``
-prefixes are regular expressions, others exact names) and not an ``ignore`` entry. Its scales
-and zero points may sit in any shard: they are found through the index. Every tensor is checked
-(dtypes, shapes against ``weight_shape`` and the scheme, packing, scales finite and > 0, no
-quantization parameter left without its weight) before it is used, and the output is atomic.
+``M.weight_scale_inv``, or a float8 ``M.weight`` of a module the config does not ignore, whose
+scale must then be there: raw fp8 codes are no dense weight); its scheme is the config group
+whose ``targets`` match its name (``"Linear"`` matches every module, as in compressed-tensors'
+model-free tools; ``re:`` prefixes are regular expressions, others exact names) and not an
+``ignore`` entry. Its scales and zero points may sit in any shard: they are found through the
+index. Every tensor is checked (dtypes, shapes against ``weight_shape`` and the scheme,
+packing, scales finite and > 0, no quantization parameter left without its weight) before it
+is used, and the output is atomic.
 
 The output is a dense model folder: the same shard names (``M.weight`` in the shard that held
 its codes), an index without the quantization parameters, ``config.json`` without
@@ -38,7 +40,8 @@ import re
 
 import numpy as np
 
-from ..convert import DEQUANTIZE_DTYPES, check_quantized, dequantize_file, finish_report, float_dtype, progress_bar
+from ..convert import (DEQUANTIZE_DTYPES, check_quantized, check_restored, dequantize_file, finish_report,
+                       float_dtype, progress_bar)
 from ..files import Checkpoint, CliError, checkpoint_writer
 from ..report import natural_key
 from ..sharded import output_shard_entries
@@ -54,8 +57,10 @@ _QPARAMS = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape"
             "input_global_scale", "output_scale", "k_scale", "v_scale")
 
 
-def run(in_path, out_path, *, dtype, device, progress=True) -> dict:
+def run(in_path, out_path, *, dtype, device, progress=True, nonfinite="warn", warn=None) -> dict:
     """Dequantize the model folder ``in_path`` into ``out_path``; return the report.
+    ``nonfinite`` and ``warn``: what a restored weight with NaN/Inf does
+    (:func:`gpuq.cli.convert.check_restored`).
 
     >>> import tempfile
     >>> from gpuq.cli.env import HostDevice
@@ -73,7 +78,7 @@ def run(in_path, out_path, *, dtype, device, progress=True) -> dict:
     try:
         with model_output(out_path, model, names) as out:
             if qc_key is None:
-                rows, what = _gpuq_files(model, out, dtype, device, bar), "gpuq"
+                rows, what = _gpuq_files(model, out, dtype, device, bar, nonfinite, warn), "gpuq"
             else:
                 modules, what = recognise(model, model.config[qc_key], f"{in_path}/{CONFIG}")
                 out_dtype = _output_dtype(dtype, model, modules)
@@ -81,7 +86,7 @@ def run(in_path, out_path, *, dtype, device, progress=True) -> dict:
                 with Tensors(model) as loader:
                     for shard in model.shards:
                         rows += _dequantize_shard(model, shard, out.staged(shard), modules, loader,
-                                                  out_dtype, device, bar)
+                                                  out_dtype, device, bar, nonfinite, warn)
                 dtype = out_dtype.name
             if dtype is not None:  # the weights' dtype is the one the config names
                 config["dtype" if "dtype" in config or "torch_dtype" not in config else "torch_dtype"] = dtype
@@ -161,14 +166,27 @@ def _compressed_tensors(qc, specs, where) -> tuple:
         raise CliError(f"{where}: ignore {ignore!r} is not a list of module names")
     check_patterns(ignore, f"{where}: ignore", CliError)
     found = {n.rpartition(".")[0] for n in specs if n.endswith((".weight_packed", ".weight_scale"))}
+    found |= {m for m in _float8_weights(specs) if not any(_match(m, i) for i in ignore)}
     modules = {m: _ct_scheme(m, groups, ignore, where) for m in sorted(found, key=natural_key)}
     return modules, "compressed-tensors " + "/".join(sorted({s.layout.name for s in modules.values()}))
 
 
 def _fine_grained_fp8(qc, specs, where) -> tuple:
-    """``({module: scheme}, what)``: every module with a ``weight_scale_inv``."""
+    """``({module: scheme}, what)``: every module with a ``weight_scale_inv`` or a float8 weight
+    that ``ignored_layers`` (``modules_to_not_convert``) does not name."""
     scheme = read_fp8_blocks(qc, where)
-    return {n.rpartition(".")[0]: scheme for n in specs if n.endswith(".weight_scale_inv")}, "fine-grained fp8"
+    ignored = qc.get("ignored_layers") or qc.get("modules_to_not_convert") or []
+    if not isinstance(ignored, list) or not all(isinstance(i, str) for i in ignored):
+        raise CliError(f"{where}: ignored_layers {ignored!r} is not a list of module names")
+    found = {n.rpartition(".")[0] for n in specs if n.endswith(".weight_scale_inv")}
+    found |= {m for m in _float8_weights(specs) if m not in ignored}
+    return {m: scheme for m in found}, "fine-grained fp8"
+
+
+def _float8_weights(specs) -> set:
+    """The modules whose ``M.weight`` is float8: quantized, whatever else the folder holds."""
+    return {n.rpartition(".")[0] for n, (_, dtype) in specs.items()
+            if n.endswith(".weight") and dtype.name.startswith("float8")}
 
 
 #: The readers of each ``quant_method`` (the value in config.json, not a gpuq code type).
@@ -194,7 +212,7 @@ def _match(name: str, target: str) -> bool:
     return target == name
 
 
-def _dequantize_shard(model, shard, path, modules, loader, out_dtype, device, bar) -> list:
+def _dequantize_shard(model, shard, path, modules, loader, out_dtype, device, bar, nonfinite, warn) -> list:
     here = {m: s for m, (s, owner) in modules.items() if owner == shard}
     primaries = {s.layout.primary(m, s): m for m, s in here.items()}
     dropped = {n for m, (s, _) in modules.items() for n in s.layout.companions(m, s)}
@@ -211,7 +229,7 @@ def _dequantize_shard(model, shard, path, modules, loader, out_dtype, device, ba
             bar.update(1)
             if name in primaries:
                 m = primaries[name]
-                rows.append(_dequantize_module(m, here[m], loader, out_dtype, device, w, model))
+                rows.append(_dequantize_module(m, here[m], loader, out_dtype, device, w, model, nonfinite, warn))
             elif name not in dropped:
                 w.write(name, loader.load(name))
                 nbytes = int(np.prod(model.specs[name][0])) * model.specs[name][1].itemsize
@@ -220,7 +238,7 @@ def _dequantize_shard(model, shard, path, modules, loader, out_dtype, device, ba
     return rows
 
 
-def _dequantize_module(module, scheme, loader, out_dtype, device, w, model) -> dict:
+def _dequantize_module(module, scheme, loader, out_dtype, device, w, model, nonfinite, warn) -> dict:
     import gpuq
 
     codes, scales, zps, shape = scheme.layout.decode(module, scheme, loader.load)
@@ -234,14 +252,15 @@ def _dequantize_module(module, scheme, loader, out_dtype, device, w, model) -> d
     except (ValueError, TypeError) as exc:
         raise CliError(f"module {module!r}: {' '.join(str(exc).split())}") from exc
     y = device.get(y)
+    counts = check_restored(y, f"{module}.weight", nonfinite, warn)
     w.write(f"{module}.weight", y)
     stored = [scheme.layout.primary(module, scheme)] + scheme.layout.companions(module, scheme)
     before = sum(int(np.prod(model.specs[n][0])) * model.specs[n][1].itemsize for n in stored)
     return {"name": f"{module}.weight", "shape": list(shape), "dtype": scheme.code.name, "quantized": True,
-            "bytes_before": before, "bytes_after": int(y.nbytes)}
+            "bytes_before": before, "bytes_after": int(y.nbytes), "nonfinite": counts}
 
 
-def _gpuq_files(model, out, dtype, device, bar) -> list:
+def _gpuq_files(model, out, dtype, device, bar, nonfinite, warn) -> list:
     """Shards written by ``gpuq quantize`` (each checked against its own gpuq metadata first)."""
     plain = [s for s, m in model.metas.items() if m is None]
     if plain:
@@ -255,5 +274,6 @@ def _gpuq_files(model, out, dtype, device, bar) -> list:
     for shard in model.shards:
         with Checkpoint(model.shard_path(shard)) as ckpt:
             rows += dequantize_file(ckpt, out.staged(shard), "safetensors", schemes[shard], dtype=dtype,
-                                    device=device, tick=lambda name: bar.update(1))
+                                    device=device, tick=lambda name: bar.update(1), nonfinite=nonfinite,
+                                    warn=warn)
     return rows

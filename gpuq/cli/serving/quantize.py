@@ -39,7 +39,7 @@ from ..sharded import output_shard_entries
 from .folder import CONFIG, ModelFolder, model_output
 from .formats import (FP8_BLOCK, FP8_BLOCKS, NAIVE, PACK, WeightScheme, ct_config, fp8_blocks_config,
                       fp8_code, int_code)
-from .selection import choose, module_of, vllm_check
+from .selection import ROUTER, choose, module_of, vllm_check
 
 #: The serving formats of ``gpuq quantize --format`` (gpuq's own is ``gpuq``).
 FORMATS = ("compressed-tensors", "fp8-blocks")
@@ -146,7 +146,7 @@ def run(args, *, warn, progress, device) -> dict:
     try:
         with model_output(args.output, model, names) as out:
             for shard in model.shards:
-                rows += _quantize_shard(model, shard, out.staged(shard), layouts[shard], chosen, device,
+                rows += _quantize_shard(model, shard, out.staged(shard), layouts[shard], chosen, kept, device,
                                         args.nonfinite, warn, present, bar, args.calibrate)
             out.copy_others(model)
             entries = {s: output_shard_entries(out.staged(s)) for s in model.shards} if model.index_name else None
@@ -155,7 +155,8 @@ def run(args, *, warn, progress, device) -> dict:
         bar.close()
     report = finish_report("quantize", args.input, args.output, device.name, rows)
     report.update(format=args.format, calibrate=args.calibrate, ignore=ignore, left_out=model.left_out,
-                  extra_column=("vLLM", "vllm"), notes=_notes(kept, model.left_out, request))
+                  extra_column=("vLLM", "vllm"),
+                  notes=_notes(kept, model.left_out, request) + transformers_notes(chosen, model.specs, request))
     return report
 
 
@@ -196,7 +197,8 @@ def _plan_shards(model, chosen, out_path) -> dict:
     return layouts
 
 
-def _quantize_shard(model, shard, path, entries, chosen, device, nonfinite, warn, present, bar, method) -> list:
+def _quantize_shard(model, shard, path, entries, chosen, kept, device, nonfinite, warn, present, bar,
+                    method) -> list:
     rows = []
     with Checkpoint(model.shard_path(shard)) as ckpt, \
             checkpoint_writer(path, "safetensors", entries, None, model.extra[shard]) as w:
@@ -205,8 +207,10 @@ def _quantize_shard(model, shard, path, entries, chosen, device, nonfinite, warn
             row = {"name": name, "shape": list(shape), "dtype": dtype.name, "bytes_before": ckpt.nbytes(name)}
             if name not in chosen:
                 w.write(name, ckpt.load(name))
+                router = kept.get(name) == ROUTER  # its own row in the table: no vLLM rule applies
                 rows.append({**row, "quantized": False, "scheme": None, "bytes_after": row["bytes_before"],
-                             "sqnr_db": None, "max_abs_error": None, "nonfinite": None, "vllm": None})
+                             "sqnr_db": None, "max_abs_error": None, "nonfinite": None,
+                             "vllm": "-" if router else None, **({"reason": ROUTER} if router else {})})
             else:
                 scheme = chosen[name]
                 tensors, stats, counts = quantize_weight(ckpt.load(name), scheme, device, name, nonfinite, warn,
@@ -284,10 +288,54 @@ def _scheme_json(scheme: WeightScheme) -> dict:
             "scale_dtype": scheme.scale_dtype}
 
 
+def transformers_notes(chosen, specs, request) -> list:
+    """The line saying a folder will not load right in transformers 5.24 (docs/serving-formats.md),
+    what it does instead and what loads it right; none where it loads.
+
+    Asymmetric compressed-tensors: transformers allocates an unpacked ``weight_zero_point``
+    and refuses the packed one (llm-compressor#1618). Fine-grained fp8 with ragged edge blocks
+    (a dimension over 128 and no multiple of it): dequantizing on load, as it does without a
+    GPU, transformers takes the block as ``rows // scale_rows`` x ``cols // scale_cols``.
+
+    >>> import numpy as np
+    >>> s = Request("fp8-blocks").scheme("float32")
+    >>> note = transformers_notes({"a.weight": s}, {"a.weight": ((144, 100), np.dtype("float32"))},
+    ...                           Request("fp8-blocks"))[0]
+    >>> note.split(": it ")[1]
+    'loads 1 with wrong weights; vLLM and gpuq dequantize read it right'
+    """
+    if request.layout is not FP8_BLOCKS:
+        if request.symmetric:
+            return []
+        return ["note: transformers 5.24 does not load this folder: --asymmetric compressed-tensors' packed "
+                "weight_zero_point is refused with a size mismatch (llm-compressor#1618); vLLM (the layers "
+                "its column rates ok) and gpuq dequantize read it right"]
+    ragged, refused = [], 0
+    for name, scheme in chosen.items():
+        shape = specs[name][0]
+        grid = scheme.scale_grid(shape)
+        if any(d > b and d % b for d, b in zip(shape, scheme.block)):
+            ragged.append(f"{module_of(name)} {shape[0]}x{shape[1]}")
+            refused += any(d % g for d, g in zip(shape, grid))
+    if not ragged:
+        return []
+    what = [f"loads {len(ragged) - refused} with wrong weights"] if len(ragged) > refused else []
+    what += [f"refuses {refused} (not divisible by scale grid: the load stops)"] if refused else []
+    return [f"note: transformers 5.24 does not load this folder right: {len(ragged)} weight"
+            f"{'s have' if len(ragged) > 1 else ' has'} ragged edge blocks (a dimension over 128 that is "
+            f"no multiple of it: {ragged[0]}{', ...' if len(ragged) > 1 else ''}), whose block it takes as "
+            f"rows // scale rows x cols // scale cols when it dequantizes on load (as it does without a "
+            f"GPU): it {' and '.join(what)}; vLLM and gpuq dequantize read it right"]
+
+
 def _notes(kept, left_out, request) -> list:
     where = "ignored_layers" if request.layout is FP8_BLOCKS else "ignore"
     notes = [f"note: kept in float and listed in {where}: {module_of(name)} ({why})"
-             for name, why in kept.items()]
+             for name, why in kept.items() if why != ROUTER]
+    routers = sum(why == ROUTER for why in kept.values())
+    if routers:
+        notes.append(f"note: {routers} MoE router{'s' if routers > 1 else ''} kept in float and listed in {where}: "
+                     f"vLLM builds them unquantized, and a quantized router loads as a random one")
     if left_out:
         notes.append(f"note: not copied into OUT: {', '.join(left_out)} (folders and weight files of "
                      f"other formats)")

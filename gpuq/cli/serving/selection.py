@@ -54,9 +54,32 @@ def is_embedding(module: str) -> bool:
     return "embed" in last or last in ("wte", "wpe")
 
 
+#: The reason the report gives for a router kept in float.
+ROUTER = "MoE router"
+
+
+def is_moe_router(module: str) -> bool:
+    """Whether a module is a mixture-of-experts router, by its name: the rule every serving
+    format applies (those modules stay in float). A router is a module whose last name is
+    ``gate`` under ``mlp`` or ``block_sparse_moe`` (Qwen3-MoE, DeepSeek-V3, Mixtral), any module
+    named ``router`` (gpt-oss) and ``shared_expert_gate`` (Qwen2-MoE); other routers are left to
+    ``--exclude``.
+
+    >>> [is_moe_router(m) for m in ("model.layers.0.mlp.gate", "model.layers.0.block_sparse_moe.gate",
+    ...                             "model.layers.0.mlp.router", "model.layers.0.mlp.shared_expert_gate")]
+    [True, True, True, True]
+    >>> [is_moe_router(m) for m in ("model.layers.0.mlp.gate_proj", "model.layers.0.attn.gate", "gate")]
+    [False, False, False]
+    """
+    parent, _, last = module.rpartition(".")
+    return (last == "gate" and parent.rpartition(".")[2] in ("mlp", "block_sparse_moe")
+            or last in ("router", "shared_expert_gate"))
+
+
 def choose(specs: dict, config: dict, scheme_for, *, include=(), exclude=(), min_size) -> tuple:
     """``(chosen, kept, ignore)``: ``{weight name: scheme}`` to quantize, ``{weight name: why}``
-    for the Linear weights kept in float, and the ``ignore`` list (see the module docstring).
+    for the Linear weights kept in float (:data:`ROUTER` for a MoE router, whatever the
+    selection says), and the ``ignore`` list (see the module docstring).
 
     ``scheme_for(name, shape)`` is the scheme of a weight, or the reason it cannot have one.
 
@@ -75,7 +98,9 @@ def choose(specs: dict, config: dict, scheme_for, *, include=(), exclude=(), min
     chosen, kept = {}, {}
     for name in linear:
         module = module_of(name)
-        if name not in eligible:
+        if is_moe_router(module):
+            kept[name] = ROUTER
+        elif name not in eligible:
             kept[name] = "not selected (--include/--exclude/--min-size)"
         elif module.rpartition(".")[2] == "lm_head" and not any(fnmatch.fnmatchcase(name, p) for p in include):
             kept[name] = "the output layer, kept by default: an --include naming it quantizes it"
