@@ -36,7 +36,7 @@ from ..files import Checkpoint, CliError, check_header_size, checkpoint_writer, 
 from ..report import nonfinite_text
 from ..selection import parse_block
 from ..sharded import output_shard_entries
-from .folder import CONFIG, ModelFolder, model_output
+from .folder import CONFIG, ModelFolder, model_output, module_notes
 from .formats import (FP8_BLOCK, FP8_BLOCKS, NAIVE, PACK, WeightScheme, ct_config, fp8_blocks_config,
                       fp8_code, int_code)
 from .selection import choose, module_of, vllm_check
@@ -155,7 +155,8 @@ def run(args, *, warn, progress, device) -> dict:
         bar.close()
     report = finish_report("quantize", args.input, args.output, device.name, rows)
     report.update(format=args.format, calibrate=args.calibrate, ignore=ignore, left_out=model.left_out,
-                  extra_column=("vLLM", "vllm"), notes=_notes(kept, model.left_out, request))
+                  modules=model.modules, extra_column=("vLLM", "vllm"),
+                  notes=_notes(kept, model.left_out, request) + module_notes(model))
     return report
 
 
