@@ -36,7 +36,7 @@ from .convert import DEQUANTIZE_DTYPES
 from .quantized import CODE_DTYPES, is_float8
 from .selection import DEFAULT_MIN_SIZE, DEFAULTS_HELP, parse_block
 from .serving.quantize import FORMATS as SERVING_FORMATS
-from .signals import EXIT_STATUS, Terminated, stop_signals
+from .signals import EXIT_STATUS, Terminated, stop_signals, stopped_line
 
 __all__ = ["main", "build_parser"]
 
@@ -504,8 +504,8 @@ def _run(command, args) -> int:
         return 0
     except KeyboardInterrupt:
         # atomic_output already removed its temporary file on the way up.
-        print("gpuq: interrupted", file=sys.stderr)
+        print(stopped_line(signal.SIGINT), file=sys.stderr)
         return EXIT_STATUS[signal.SIGINT]
     except Terminated:
-        print("gpuq: terminated (SIGTERM)", file=sys.stderr)
+        print(stopped_line(signal.SIGTERM), file=sys.stderr)
         return EXIT_STATUS[signal.SIGTERM]

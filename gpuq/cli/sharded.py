@@ -49,7 +49,7 @@ import secrets
 
 from .files import Checkpoint, CliError, _one_line, _remove, atomic_output
 from .report import natural_key
-from .signals import held_signals
+from .signals import complete, held_signals
 
 INDEX_SUFFIX = ".safetensors.index.json"
 
@@ -200,7 +200,9 @@ class OutputFolder:
         """
         with held_signals():
             self.put_in_place([self.src.index_name], shard_entries)
-            return write_index(self.path, self.src, shard_entries)
+            index = write_index(self.path, self.src, shard_entries)
+            complete(self.path)
+        return index
 
     def put_in_place(self, stale, staged) -> None:
         """Remove the ``stale`` files of OUT (an earlier run's), then rename each ``staged``

@@ -34,7 +34,7 @@ import shutil
 from ..files import Checkpoint, CliError, _one_line, atomic_output
 from ..sharded import (INDEX_SUFFIX, OutputFolder, ShardedCheckpoint, prepare_folder,
                        refuse_folders_in_the_way, write_index)
-from ..signals import held_signals
+from ..signals import complete, held_signals
 
 CONFIG = "config.json"
 #: sentence-transformers' list of modules; the ones with a ``path`` live in that subfolder.
@@ -216,6 +216,7 @@ class ModelOutput(OutputFolder):
             write_json(os.path.join(self.path, CONFIG), config)
             for f in aside:
                 shutil.rmtree(self.staged(f"old.{f}"), ignore_errors=True)
+            complete(self.path)
 
 
 def _prepare(out: str, src, names, dirs=()) -> bool:
