@@ -52,7 +52,7 @@ Scheme: per-channel along --axis K; --per-tensor for one scale per tensor;
 -1 with a group size: the input dimension); --block AxB for one scale per AxB
 block of the last two dimensions (blocks of 1 on leading dimensions, so an
 expert of a rank-3 tensor never shares a block; the last blocks may be
-smaller). With none of them, each tensor gets the default of its code type
+smaller; --block=-1x128: -1 is the whole dimension). With none of them, each tensor gets the default of its code type
 and rank:
 
 {DEFAULTS_HELP}
