@@ -141,7 +141,8 @@ it) side by side, with the total SQNR and the bytes each scheme would store.
 Nothing is written. The selection is gpuq quantize's (floating, rank >= 2,
 --min-size, --include/--exclude).
 
-IN is a checkpoint file or a sharded one (a folder, or its *.index.json).
+IN is a checkpoint file or a sharded one (a folder, or its *.index.json), or a
+model folder with one model.safetensors (that file is read).
 
 --scheme DTYPE[:OPTION]... (repeatable; default int8, int4, float8_e4m3fn):
 DTYPE is int8, uint8, int4, uint4, float8_e4m3fn or float8_e5m2; options gG

@@ -42,6 +42,8 @@ MODULES = "modules.json"
 #: The one-file model's name (transformers' SAFE_WEIGHTS_NAME).
 SINGLE = "model.safetensors"
 #: Weight files of other formats, never carried into OUT (a dense copy beside the new weights).
+#: The dtypes a model's config.json may name: transformers' names of the floating torch dtypes.
+_CONFIG_DTYPES = ("bfloat16", "float16", "float32", "float64")
 _OTHER_WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf",
                   ".onnx", ".index.json")
 
@@ -72,6 +74,11 @@ class ModelFolder:
                            f"weights), but it {what}")
         self.path = path
         self.config = read_json(os.path.join(path, CONFIG), f"IN {path!r} is not a model folder")
+        for key in ("dtype", "torch_dtype"):
+            named = self.config.get(key)
+            if named is not None and named not in _CONFIG_DTYPES:
+                raise CliError(f"IN {path!r}: config.json's {key!r} is {named!r}, not a dtype a model's "
+                               f"weights come in ({', '.join(_CONFIG_DTYPES)})")
         indexes = sorted(f for f in os.listdir(path) if f.endswith(INDEX_SUFFIX))
         single = os.path.join(path, SINGLE)
         if indexes:
