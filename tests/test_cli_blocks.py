@@ -98,6 +98,28 @@ def test_block_round_trip_matches_the_api(tmp_path, capsys, fmt, dtype, flags):
         assert same_bits(got[name], naive_dequantize(tensors, name, meta["tensors"][name], fmt))
 
 
+def test_block_minus_one_takes_the_whole_dimension(tmp_path, capsys):
+    """``--block=-1x32`` (issue 35): -1 is the whole dimension, as the API's block_size takes it;
+    the codes and scales are those of the explicit whole-dimension block, the file records -1."""
+    src, out, back = tmp_path / "src.npz", tmp_path / "q.npz", tmp_path / "back.npz"
+    source = write_source(src, "npz")
+    assert run("quantize", src, "-o", out, "--block=-1x32", "--min-size", "64", "--device", "cpu", "-q") == 0
+    tensors, meta, _ = read(out)
+    assert meta["tensors"]["model.dense.weight"]["block_size"] == [-1, 32]
+    assert meta["tensors"]["model.experts.weight"]["block_size"] == [1, -1, 32]
+    assert run("dequantize", out, "-o", back, "--device", "cpu", "-q") == 0
+    got = read(back)[0]
+    for name in BLOCKED:
+        x = source[name]
+        whole = (1,) * (x.ndim - 2) + (x.shape[-2], 32)
+        scales, zps = gpuq.choose_qparams(x, block_size=whole, dtype="int8")
+        assert tensors[name + ".scales"].shape == (*x.shape[:-2], 1, math.ceil(x.shape[-1] / 32))
+        assert same_bits(tensors[name + ".scales"], np.asarray(scales, np.float32))
+        q = gpuq.quantize(x, scales, zps, block_size=whole, dtype="int8")
+        assert tensors[name].tobytes() == api_codes_bytes(q), name
+        assert same_bits(got[name], gpuq.dequantize(q, scales, zps, block_size=whole, dtype=x.dtype))
+
+
 def test_block_128x128_fp8_is_the_deepseek_layout(tmp_path, capsys):
     """e4m3 with scale = amax / 448 per 128x128 block, ``weight_scale_inv`` of shape
     ``[ceil(out/128), ceil(in/128)]``; ragged (300 x 260) and a rank-3 expert tensor."""
@@ -136,12 +158,17 @@ def test_files_without_blocks_keep_their_version(tmp_path, capsys):
 @pytest.mark.parametrize("flags,message", [
     (["--block", "128x128", "--group-size", "64"],
      "--block and --group-size both say which elements share a scale; give one"),
-    (["--block", "128"], "--block must be AxB, two positive integers (e.g. 128x128), got '128'"),
-    (["--block", "\u00b2x4"], "--block must be AxB, two positive integers (e.g. 128x128), got '\u00b2x4'"),
+    (["--block", "128"], "--block must be AxB, two positive integers or -1 for a whole dimension (e.g. "
+                          "128x128, -1x128), got '128'"),
+    (["--block", "\u00b2x4"], "--block must be AxB, two positive integers or -1 for a whole dimension (e.g. "
+                               "128x128, -1x128), got '\u00b2x4'"),
     (["--block", "\uff14x4"], "--block must be AxB, two positive integers"),
     (["--block", "0x4"], "got '0x4'"),
     (["--block", "2x3x4"], "got '2x3x4'"),
-    (["--block=-1x4"], "got '-1x4'"),
+    (["--block=-2x4"], "got '-2x4'"),
+    (["--block", "4x2147483649"], "--block 4x2147483649: a block size is at most 2**31 (2147483648); -1 takes a "
+                                  "whole dimension"),
+    (["--block", "12345678901234567890x4"], "a block size is at most 2**31"),
 ])
 def test_bad_block_flags_are_refused(tmp_path, capsys, flags, message):
     src = tmp_path / "src.npz"

@@ -635,7 +635,7 @@ def test_compare_matches_the_quantize_reports(tmp_path, capsys):
     ("int4:g0", "'g0' is not an option"),
     ("int4:tensor:g8", "give one of 'tensor', 'bAxB' and an axis or group size"),
     ("int8:b4x4:g8", "give one of 'tensor', 'bAxB' and an axis or group size"),
-    ("int8:b4x0", "'b4x0' must be AxB, two positive integers (e.g. 128x128), got '4x0'"),
+    ("int8:b4x0", "'b4x0' must be AxB, two positive integers or -1 for a whole dimension (e.g. 128x128, -1x128), got '4x0'"),
     ("int8:fast", "'fast' is not an option"),
 ])
 def test_compare_refuses_bad_schemes(tmp_path, capsys, spec, message):

@@ -36,7 +36,7 @@ from .convert import DEQUANTIZE_DTYPES
 from .quantized import CODE_DTYPES, is_float8
 from .selection import DEFAULT_MIN_SIZE, DEFAULTS_HELP, parse_block
 from .serving.quantize import FORMATS as SERVING_FORMATS
-from .signals import EXIT_STATUS, Terminated, stop_signals
+from .signals import EXIT_STATUS, Terminated, stop_signals, stopped_line
 
 __all__ = ["main", "build_parser"]
 
@@ -52,7 +52,7 @@ Scheme: per-channel along --axis K; --per-tensor for one scale per tensor;
 -1 with a group size: the input dimension); --block AxB for one scale per AxB
 block of the last two dimensions (blocks of 1 on leading dimensions, so an
 expert of a rank-3 tensor never shares a block; the last blocks may be
-smaller). With none of them, each tensor gets the default of its code type
+smaller; --block=-1x128: -1 is the whole dimension). With none of them, each tensor gets the default of its code type
 and rank:
 
 {DEFAULTS_HELP}
@@ -141,7 +141,8 @@ it) side by side, with the total SQNR and the bytes each scheme would store.
 Nothing is written. The selection is gpuq quantize's (floating, rank >= 2,
 --min-size, --include/--exclude).
 
-IN is a checkpoint file or a sharded one (a folder, or its *.index.json).
+IN is a checkpoint file or a sharded one (a folder, or its *.index.json), or a
+model folder with one model.safetensors (that file is read).
 
 --scheme DTYPE[:OPTION]... (repeatable; default int8, int4, float8_e4m3fn):
 DTYPE is int8, uint8, int4, uint4, float8_e4m3fn or float8_e5m2; options gG
@@ -509,8 +510,8 @@ def _run(command, args) -> int:
         return 0
     except KeyboardInterrupt:
         # atomic_output already removed its temporary file on the way up.
-        print("gpuq: interrupted", file=sys.stderr)
+        print(stopped_line(signal.SIGINT), file=sys.stderr)
         return EXIT_STATUS[signal.SIGINT]
     except Terminated:
-        print("gpuq: terminated (SIGTERM)", file=sys.stderr)
+        print(stopped_line(signal.SIGTERM), file=sys.stderr)
         return EXIT_STATUS[signal.SIGTERM]

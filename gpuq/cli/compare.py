@@ -1,7 +1,8 @@
 """``gpuq compare``: several code types side by side on one checkpoint, SQNR per tensor.
 
 IN is a checkpoint file or a sharded checkpoint (a folder, or its index:
-:class:`gpuq.cli.sharded.ShardedCheckpoint`), read shard after shard. Each
+:class:`gpuq.cli.sharded.ShardedCheckpoint`), read shard after shard; a model folder
+with one ``model.safetensors`` is read through that file. Each
 selected tensor (the same selection as ``gpuq quantize``, over the whole
 model: floating, rank >= 2, ``--min-size``, ``--include``/``--exclude``) is
 quantized in memory with every ``--scheme`` in turn, exactly as ``gpuq
@@ -34,6 +35,7 @@ min/max alone says which in its title (``int4 asym axis=-1 g=128 mse``).
 from __future__ import annotations
 
 import math
+import os
 
 from .files import Checkpoint, CliError
 from .quantized import (CODE_DTYPES, codes_shape, has_zps, is_float8, is_packed,
@@ -159,11 +161,15 @@ def _open(in_path):
     """``(specs, tensors)`` of a checkpoint file or a sharded one: ``specs`` maps every name to
     ``(shape, dtype)`` (checked, no data read) and ``tensors(names)`` yields ``(name, array)``
     for those names, one at a time, in file order (shard after shard)."""
-    from .sharded import ShardedCheckpoint, is_sharded
+    from .sharded import INDEX_SUFFIX, ShardedCheckpoint, is_sharded
 
     def refuse(where):
         raise CliError(f"IN {in_path!r} is already quantized by gpuq{where}; compare its source")
 
+    one = os.path.join(in_path, "model.safetensors")
+    if os.path.isdir(in_path) and os.path.isfile(one) and not any(
+            f.endswith(INDEX_SUFFIX) for f in os.listdir(in_path)):
+        in_path = one  # a one-file model folder: its weights (a sharded one is read by its index)
     if is_sharded(in_path):
         src = ShardedCheckpoint(in_path)
         quantized = [s for s, m in src.metas.items() if m is not None]

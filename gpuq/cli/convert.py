@@ -33,6 +33,7 @@ from .quantized import (check_file, code_range, is_float8, is_packed, scheme_kw,
                         output_entries, zps_dtype)
 from .report import natural_key, nonfinite_text
 from .selection import check_names, describe, select
+from .signals import complete
 
 NONFINITE_POLICIES = ("error", "warn", "allow")
 #: Elements per block of the error statistics: bounds their float64 scratch (~10 MB).
@@ -390,6 +391,7 @@ def run_quantize(in_path, out_path, plan, *, include=(), exclude=(), min_size, d
             rows = quantize_file(ckpt, out_path, out_fmt, schemes, device=device,
                                  nonfinite=nonfinite, warn=warn, tick=lambda name: bar.update(1),
                                  calibrate=calibrate)
+            complete(out_path)
         finally:
             bar.close()
     return _report("quantize", in_path, out_path, device, rows)
@@ -538,6 +540,7 @@ def run_dequantize(in_path, out_path, *, dtype, device, progress=True, nonfinite
         try:
             rows = dequantize_file(ckpt, out_path, out_fmt, schemes, dtype=dtype, device=device,
                                    tick=lambda name: bar.update(1), nonfinite=nonfinite, warn=warn)
+            complete(out_path)
         finally:
             bar.close()
     return _report("dequantize", in_path, out_path, device, rows)

@@ -76,12 +76,18 @@ def file_format(path: str, role: str) -> str:
 
     >>> file_format("model.safetensors", "IN")
     'safetensors'
-    >>> file_format("model.bin", "IN")
+    >>> file_format("model.bin", "OUT")
     Traceback (most recent call last):
     ...
-    gpuq.cli.files.CliError: IN 'model.bin' has an unknown extension '.bin': expected .safetensors, .npz or .npy
+    gpuq.cli.files.CliError: OUT 'model.bin' has an unknown extension '.bin': expected .safetensors, .npz or .npy
+    >>> file_format("/nonexistent/model", "IN")       # a missing IN: that first
+    Traceback (most recent call last):
+    ...
+    gpuq.cli.files.CliError: cannot read IN '/nonexistent/model': it does not exist
     """
     ext = os.path.splitext(path)[1].lower()
+    if ext not in FORMATS and role == "IN" and not os.path.lexists(path):
+        raise CliError(f"cannot read IN {path!r}: it does not exist")
     if ext not in FORMATS:
         raise CliError(
             f"{role} {path!r} has an unknown extension {ext!r}: expected .safetensors, .npz or .npy"

@@ -119,13 +119,13 @@ def default_notes(report: dict) -> list:
 
 
 def format_dequantize(report: dict) -> str:
-    """One summary line for ``gpuq dequantize``."""
+    """One summary line for ``gpuq dequantize``, then the report's notes, one line each."""
     tot = report["total"]
     fmt = f"{report['format']}, " if report.get("format") else ""
     return (f"gpuq dequantize: {report['input']} -> {report['output']} "
             f"({fmt}device: {report['device']}): restored {tot['quantized']}, "
             f"kept {tot['kept']}, {human_bytes(tot['bytes_before'])} -> "
-            f"{human_bytes(tot['bytes_after'])}")
+            f"{human_bytes(tot['bytes_after'])}" + "".join("\n" + n for n in report.get("notes") or ()))
 
 
 def natural_key(name: str) -> tuple:

@@ -118,17 +118,29 @@ class Plan:
         return scheme_for(self.dtype, self.symmetric, axis, self.group_size, shape)
 
 
-def parse_block(text: str, where: str) -> tuple:
-    """``AxB`` (``--block``, a ``bAxB`` scheme option) as ``(A, B)``, two positive integers.
+#: The largest ``--block`` size: the API's sizes are int32 on the GPU, and a larger one would be
+#: written into the file's metadata as given (-1, or the dimension's size, covers it whole).
+MAX_BLOCK = 2**31
 
-    >>> parse_block("128x128", "--block"), parse_block("64X32", "--block")
-    ((128, 128), (64, 32))
+
+def parse_block(text: str, where: str) -> tuple:
+    """``AxB`` (``--block``, a ``bAxB`` scheme option) as ``(A, B)``: two integers from 1 to
+    :data:`MAX_BLOCK`, or -1 for the whole dimension (as the API's ``block_size`` takes).
+
+    >>> parse_block("128x128", "--block"), parse_block("64X32", "--block"), parse_block("-1x128", "--block")
+    ((128, 128), (64, 32), (-1, 128))
     """
     parts = text.lower().split("x")
     # ASCII digits only: str.isdigit also takes '²' (which int() refuses) and '４'
-    if len(parts) == 2 and all(p.strip().isascii() and p.strip().isdigit() and int(p) >= 1 for p in parts):
-        return tuple(int(p) for p in parts)
-    raise CliError(f"{where} must be AxB, two positive integers (e.g. 128x128), got {text!r}")
+    sizes = [-1 if p.strip() == "-1" else int(p) if p.strip().isascii() and p.strip().isdigit()
+             and int(p) >= 1 else None for p in parts]
+    if len(sizes) != 2 or None in sizes:
+        raise CliError(f"{where} must be AxB, two positive integers or -1 for a whole dimension (e.g. "
+                       f"128x128, -1x128), got {text!r}")
+    if max(sizes) > MAX_BLOCK:
+        raise CliError(f"{where} {text}: a block size is at most 2**31 ({MAX_BLOCK}); -1 takes a whole "
+                       f"dimension")
+    return tuple(sizes)
 
 
 def block_for_rank(block: tuple, rank: int) -> list:

@@ -44,12 +44,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import secrets
 
 from .files import Checkpoint, CliError, _one_line, _remove, atomic_output
 from .report import natural_key
-from .signals import held_signals
+from .signals import complete, held_signals
 
 INDEX_SUFFIX = ".safetensors.index.json"
 
@@ -90,6 +91,12 @@ class ShardedCheckpoint:
         self.path = path
         if os.path.isdir(path):
             found = sorted(f for f in os.listdir(path) if f.endswith(INDEX_SUFFIX))
+            if not found and os.path.isfile(os.path.join(path, "model.safetensors")):
+                # a one-file model folder, as save_pretrained writes it
+                raise CliError(f"IN {path!r} is a model folder with one model.safetensors: add --format "
+                               f"compressed-tensors or fp8-blocks to write a model folder, or pass "
+                               f"MODEL_DIR/model.safetensors ({os.path.join(path, 'model.safetensors')!r}) "
+                               f"for gpuq's own format")
             if len(found) != 1:
                 why = "none" if not found else f"{len(found)}: {', '.join(found)}"
                 raise CliError(f"IN {path!r} is a folder, so it must hold exactly one "
@@ -200,7 +207,9 @@ class OutputFolder:
         """
         with held_signals():
             self.put_in_place([self.src.index_name], shard_entries)
-            return write_index(self.path, self.src, shard_entries)
+            index = write_index(self.path, self.src, shard_entries)
+            complete(self.path)
+        return index
 
     def put_in_place(self, stale, staged) -> None:
         """Remove the ``stale`` files of OUT (an earlier run's), then rename each ``staged``
@@ -285,19 +294,35 @@ def prepare_folder(out: str, in_folder: str, what: str, why: str) -> bool:
 
 
 def write_index(out: str, src: ShardedCheckpoint, shard_entries: dict) -> str:
-    """Write OUT's index (atomically) from ``{shard: {name: nbytes}}``; return its path."""
+    """Write OUT's index (atomically) from ``{shard: {name: nbytes}}``; return its path.
+
+    The metadata is IN's, with ``total_size`` (bytes) and, where IN's has it,
+    ``total_parameters`` (elements of the stored tensors, from the shards in OUT) recomputed.
+    """
     weight_map, total = {}, 0
     for shard, entries in shard_entries.items():
         for name, nbytes in entries.items():
             weight_map[name] = shard
             total += nbytes
-    index = {"metadata": {**src.metadata, "total_size": total},
+    metadata = {**src.metadata, "total_size": total}
+    if "total_parameters" in metadata:
+        metadata["total_parameters"] = _stored_elements(out, shard_entries)
+    index = {"metadata": metadata,
              "weight_map": {n: weight_map[n] for n in sorted(weight_map)}}
     path = os.path.join(out, src.index_name)
     with atomic_output(path) as tmp:
         with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(json.dumps(index, indent=2, ensure_ascii=False) + "\n")
     return path
+
+
+def _stored_elements(out: str, shard_entries: dict) -> int:
+    """How many elements the tensors of OUT's shards (named by ``shard_entries``) hold."""
+    count = 0
+    for shard in shard_entries:
+        with Checkpoint(os.path.join(out, shard)) as ckpt:
+            count += sum(math.prod(ckpt.spec(n)[0]) for n in ckpt.names)
+    return count
 
 
 def output_shard_entries(path: str) -> dict:

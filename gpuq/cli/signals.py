@@ -18,12 +18,18 @@ signal that arrives meanwhile is acted on when the step is over.
 
 A signal that was ignored when the command started (``nohup``, a background
 job of a non-interactive shell) stays ignored.
+
+Before and after the command, the ``gpuq`` console script's own handlers
+(``_gpuq_entry``, installed before anything is imported) print one line and exit
+130/143. Once OUT is complete (its last rename made: :func:`complete`), a stop
+says so: ``gpuq: interrupted after OUT 'x' was complete ...``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 
 #: The stop signals and the exit status of a command stopped by each (128 + the number).
@@ -37,7 +43,37 @@ class Terminated(BaseException):
 
 #: ``held``: how many :func:`held_signals` blocks are open; ``pending``: the first signal
 #: that came meanwhile. One handler serves both states, so no signal falls between two.
-_state = {"held": 0, "pending": None}
+#: ``complete``: the OUT this run has completed (see :func:`complete`), else None.
+_state = {"held": 0, "pending": None, "complete": None}
+
+
+def complete(out: str) -> None:
+    """Record that OUT ``out`` is complete (its last rename made): a stop from here on says so.
+
+    Call it inside the commit's :func:`held_signals` block, after the last rename, so a signal
+    that came during the commit is acted on after this.
+
+    >>> complete("q.safetensors"); stopped_line(signal.SIGTERM)
+    "gpuq: terminated (SIGTERM) after OUT 'q.safetensors' was complete (written whole; only the report is cut short)"
+    >>> _state["complete"] = None
+    """
+    _state["complete"] = out
+    entry = sys.modules.get("_gpuq_entry")  # the console script's module: absent in a library use
+    if entry is not None:
+        entry.signal_at("commit")  # the tests' hook
+
+
+def stopped_line(signum) -> str:
+    """The one line a stop by ``signum`` prints.
+
+    >>> stopped_line(signal.SIGINT)
+    'gpuq: interrupted'
+    """
+    what = "interrupted" if signum == signal.SIGINT else "terminated (SIGTERM)"
+    if _state["complete"] is None:
+        return f"gpuq: {what}"
+    return (f"gpuq: {what} after OUT {_state['complete']!r} was complete (written whole; only the "
+            f"report is cut short)")
 
 
 def _in_main_thread() -> bool:
@@ -78,6 +114,7 @@ def stop_signals():
         yield
         return
     before = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    _state["complete"] = None  # this run's OUT is not complete yet
     try:
         for s in STOP_SIGNALS:
             if before[s] != signal.SIG_IGN:

@@ -45,7 +45,7 @@ from ..convert import (DEQUANTIZE_DTYPES, check_quantized, check_restored, dequa
 from ..files import Checkpoint, CliError, checkpoint_writer
 from ..report import natural_key
 from ..sharded import output_shard_entries
-from .folder import CONFIG, ModelFolder, Tensors, model_output
+from .folder import CONFIG, ModelFolder, Tensors, model_output, module_notes
 from .formats import check_patterns, read_ct_groups, read_fp8_blocks
 
 #: The config keys that hold a quantization config (compressed-tensors wrote ``compression_config``
@@ -101,7 +101,7 @@ def run(in_path, out_path, *, dtype, device, progress=True, nonfinite="warn", wa
     finally:
         bar.close()
     report = finish_report("dequantize", in_path, out_path, device.name, rows)
-    report.update(format=what, left_out=model.left_out)
+    report.update(format=what, left_out=model.left_out, modules=model.modules, notes=module_notes(model))
     return report
 
 

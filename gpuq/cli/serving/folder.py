@@ -7,17 +7,20 @@ transformers and compressed-tensors look for, or shards named by a
 Reading (:class:`ModelFolder`): the config must be a JSON object; the weights are checked as
 every gpuq input is (:class:`gpuq.cli.sharded.ShardedCheckpoint` for an index and its shards,
 :class:`gpuq.cli.files.Checkpoint` for one file), before any work. Other plain files at the top
-are carried over as they are; folders and weight files of other formats (``*.bin``, ``*.pt``,
-``*.gguf``, ...) are not (a quantized folder must not hold a second, dense copy of the model),
-and the report lists what was left out.
+are carried over as they are; so are the module folders a sentence-transformers
+``modules.json`` names (``1_Pooling/``, ``2_Normalize/``, ``2_Dense/``: copied bit for bit, their
+weights never quantized, listed in the report). Other folders and weight files of other formats
+(``*.bin``, ``*.pt``, ``*.gguf``, ...) are not (a quantized folder must not hold a second, dense
+copy of the model), and the report lists what was left out.
 
 Writing (:class:`ModelOutput`): OUT is a new or existing folder. Every output shard and copied
 file is staged under a hidden name of the run (``.gpuq-RUN.NAME``, as a sharded run stages its
 shards); only when all are complete does the commit, with SIGINT/SIGTERM held, remove the old
 ``config.json`` and index, rename the staged files into place and write the index and then
 ``config.json`` last. A run that fails or is stopped before the commit removes what it made, so
-OUT is as it was; an OUT holding weight files this run would not replace (another model's
-shards) is refused before any work.
+OUT is as it was. An existing OUT may hold only hidden files and the names this run writes or
+copies (so a re-run into the same OUT works); anything else (another model's weights, tokenizer
+or folders) is refused before any work.
 """
 
 from __future__ import annotations
@@ -31,12 +34,16 @@ import shutil
 from ..files import Checkpoint, CliError, _one_line, atomic_output
 from ..sharded import (INDEX_SUFFIX, OutputFolder, ShardedCheckpoint, prepare_folder,
                        refuse_folders_in_the_way, write_index)
-from ..signals import held_signals
+from ..signals import complete, held_signals
 
 CONFIG = "config.json"
+#: sentence-transformers' list of modules; the ones with a ``path`` live in that subfolder.
+MODULES = "modules.json"
 #: The one-file model's name (transformers' SAFE_WEIGHTS_NAME).
 SINGLE = "model.safetensors"
 #: Weight files of other formats, never carried into OUT (a dense copy beside the new weights).
+#: The dtypes a model's config.json may name: transformers' names of the floating torch dtypes.
+_CONFIG_DTYPES = ("bfloat16", "float16", "float32", "float64")
 _OTHER_WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf",
                   ".onnx", ".index.json")
 
@@ -48,8 +55,8 @@ class ModelFolder:
     ``tensors`` (shard -> tensor names, file order), ``specs`` (name -> (shape, dtype)),
     ``weight_map`` (name -> shard), ``index_name`` (None for one ``model.safetensors``),
     ``metadata`` (the index's), ``extra`` (shard -> its safetensors metadata), ``metas``
-    (shard -> its gpuq metadata or None), ``others`` (files carried over) and ``left_out``
-    (what is not).
+    (shard -> its gpuq metadata or None), ``others`` (files and module folders carried over),
+    ``modules`` (the module folders among them) and ``left_out`` (what is not).
 
     >>> import tempfile, numpy as np
     >>> from gpuq.cli.files import write_checkpoint
@@ -67,6 +74,11 @@ class ModelFolder:
                            f"weights), but it {what}")
         self.path = path
         self.config = read_json(os.path.join(path, CONFIG), f"IN {path!r} is not a model folder")
+        for key in ("dtype", "torch_dtype"):
+            named = self.config.get(key)
+            if named is not None and named not in _CONFIG_DTYPES:
+                raise CliError(f"IN {path!r}: config.json's {key!r} is {named!r}, not a dtype a model's "
+                               f"weights come in ({', '.join(_CONFIG_DTYPES)})")
         indexes = sorted(f for f in os.listdir(path) if f.endswith(INDEX_SUFFIX))
         single = os.path.join(path, SINGLE)
         if indexes:
@@ -88,10 +100,11 @@ class ModelFolder:
                            f"folders with safetensors weights")
         self.weight_map = {n: s for s, names in self.tensors.items() for n in names}
         weights = set(self.shards) | {self.index_name, CONFIG}
-        self.others, self.left_out = [], []
+        self.modules = module_folders(path)
+        self.others, self.left_out = list(self.modules), []
         for f in sorted(os.listdir(path)):
             full = os.path.join(path, f)
-            if f in weights:
+            if f in weights or f in self.modules:
                 continue
             # hidden files (.gitattributes, a hub download's .cache/) are named, not copied
             if os.path.isfile(full) and not f.endswith(_OTHER_WEIGHTS) and not f.startswith("."):
@@ -161,43 +174,124 @@ class ModelOutput(OutputFolder):
 
     def __init__(self, path: str, src, names):
         self.path, self.src, self.names = path, src, set(names)
+        #: The module folders (sentence-transformers') among ``names``.
+        self.dirs = set(getattr(src, "modules", ())) & self.names
         self.run = secrets.token_hex(6)
-        self.created = _prepare(path, src, self.names)
+        self.created = _prepare(path, src, self.names, self.dirs)
 
     def copy_others(self, src: ModelFolder) -> None:
-        """Stage a copy of every file of ``src`` carried over as it is."""
+        """Stage a copy of every file and module folder of ``src`` carried over as it is."""
         for f in src.others:
             try:
-                shutil.copyfile(os.path.join(src.path, f), self.staged(f))
-            except OSError as exc:
+                if f in self.dirs:
+                    shutil.copytree(os.path.join(src.path, f), self.staged(f))
+                else:
+                    shutil.copyfile(os.path.join(src.path, f), self.staged(f))
+            except (OSError, shutil.Error) as exc:
                 raise CliError(f"cannot copy {f!r} into OUT {self.path!r}: {_one_line(exc)}") from exc
+
+    def remove_own(self) -> None:
+        """As :meth:`OutputFolder.remove_own`, staged module folders included."""
+        with contextlib.suppress(OSError):
+            for f in os.listdir(self.path):
+                full = os.path.join(self.path, f)
+                if f".gpuq-{self.run}." in f and os.path.isdir(full) and not os.path.islink(full):
+                    shutil.rmtree(full, ignore_errors=True)
+        super().remove_own()
 
     def commit(self, staged: list, index_src, shard_entries: dict | None, config: dict) -> None:
         """Rename the ``staged`` files into place, write the index (when ``index_src``, a source
         with ``index_name`` and ``metadata``, is given: see :func:`gpuq.cli.sharded.write_index`,
         from ``{shard: {name: nbytes}}``) and then ``config.json``."""
         with held_signals():
-            # config.json goes first and comes back last: a half-committed OUT is no model folder
-            self.put_in_place([CONFIG] + sorted(n for n in self.names if n.endswith(INDEX_SUFFIX)), staged)
+            # an earlier run's module folder is moved aside (a rename cannot replace a folder),
+            # and back if the renames fail before any is made
+            refuse_folders_in_the_way(self.path, set(staged) - self.dirs)
+            aside = [f for f in sorted(self.dirs & set(staged)) if os.path.isdir(os.path.join(self.path, f))]
+            for f in aside:
+                os.replace(os.path.join(self.path, f), self.staged(f"old.{f}"))
+            try:
+                # config.json goes first and comes back last: a half-committed OUT is no model folder
+                self.put_in_place([CONFIG] + sorted(n for n in self.names if n.endswith(INDEX_SUFFIX)), staged)
+            except BaseException:
+                for f in aside:
+                    if not os.path.lexists(os.path.join(self.path, f)):
+                        os.replace(self.staged(f"old.{f}"), os.path.join(self.path, f))
+                raise
             if index_src is not None:
                 write_index(self.path, index_src, shard_entries)
             write_json(os.path.join(self.path, CONFIG), config)
+            for f in aside:
+                shutil.rmtree(self.staged(f"old.{f}"), ignore_errors=True)
+            complete(self.path)
 
 
-def _prepare(out: str, src, names) -> bool:
+def _prepare(out: str, src, names, dirs=()) -> bool:
     """Check OUT (a folder for a model), create it if missing; True if created here. An existing
-    OUT may hold ``names`` (replaced at the commit) but no other weight file."""
+    OUT may hold hidden files and ``names`` (replaced at the commit; ``dirs``, the module
+    folders among them, as folders), nothing else."""
     if prepare_folder(out, src.path, "for a model (config.json and the weights go there)",
                       "a model folder is written to a folder"):
         return True
-    refuse_folders_in_the_way(out, names)
-    stale = sorted(f for f in os.listdir(out) if f.endswith(_OTHER_WEIGHTS) and f not in names
-                   and not f.startswith("."))
+    refuse_folders_in_the_way(out, set(names) - set(dirs))
+    for d in sorted(dirs):
+        full = os.path.join(out, d)
+        if os.path.lexists(full) and (os.path.islink(full) or not os.path.isdir(full)):
+            raise CliError(f"cannot write OUT {out!r}: {d!r} there is not a folder, and this run "
+                           f"copies the module folder of that name; remove it or write to a new folder")
+    stale = sorted(f for f in os.listdir(out) if f not in names and not f.startswith("."))
     if stale:
-        raise CliError(f"OUT {out!r} holds {stale[0]!r}, which this run would not replace (the "
-                       f"weights of another model would sit beside the new ones); remove it or "
-                       f"write to a new folder")
+        what = "weights of another model" if stale[0].endswith(_OTHER_WEIGHTS) else "files of another model"
+        raise CliError(f"OUT {out!r} holds {stale[0]!r}, which this run would not replace (the {what} "
+                       f"would sit beside the new ones); remove it or write to a new folder")
     return False
+
+
+def module_folders(path: str) -> list:
+    """The subfolders of the model folder ``path`` that its sentence-transformers ``modules.json``
+    names (its modules' ``path``: ``1_Pooling``, ...); [] without that file. A path that is not
+    a plain subfolder of ``path`` (nested, absolute, hidden, a link, missing) is not one.
+
+    >>> import tempfile
+    >>> d = tempfile.mkdtemp(); os.mkdir(os.path.join(d, "1_Pooling"))
+    >>> with open(os.path.join(d, MODULES), "w") as fh:
+    ...     _ = fh.write('[{"idx": 0, "path": ""}, {"idx": 1, "path": "1_Pooling"}, {"idx": 2, "path": "../x"}]')
+    >>> module_folders(d)
+    ['1_Pooling']
+    """
+    listed = os.path.join(path, MODULES)
+    if not os.path.isfile(listed):
+        return []
+    try:
+        with open(listed, "rb") as fh:
+            modules = json.loads(fh.read().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise CliError(f"cannot read {listed!r}: not a UTF-8 JSON file ({_one_line(exc)})") from None
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise CliError(f"cannot read {listed!r}: sentence-transformers' modules.json is a list of "
+                       f"objects, it holds {type(modules).__name__}")
+    found = []
+    for m in modules:
+        name = m.get("path")
+        full = os.path.join(path, name) if isinstance(name, str) else ""
+        if (isinstance(name, str) and name and name == os.path.basename(name) and not name.startswith(".")
+                and os.path.isdir(full) and not os.path.islink(full) and name not in found):
+            found.append(name)
+    return sorted(found)
+
+
+def module_notes(model: ModelFolder) -> list:
+    """The report's note on the module folders copied as they are (none without them).
+
+    >>> class M:
+    ...     modules = ["1_Pooling", "2_Normalize"]
+    >>> module_notes(M())
+    ['note: copied bit for bit: 1_Pooling/, 2_Normalize/ (the module folders modules.json names; their weights are not quantized or dequantized)']
+    """
+    if not model.modules:
+        return []
+    return [f"note: copied bit for bit: {', '.join(m + '/' for m in model.modules)} (the module "
+            f"folders modules.json names; their weights are not quantized or dequantized)"]
 
 
 def read_json(path: str, what: str) -> dict:

@@ -34,9 +34,9 @@ from ..convert import (count_nonfinite, error_stats, finish_report, finite_part,
                        sqnr_db)
 from ..files import Checkpoint, CliError, check_header_size, checkpoint_writer, safetensors_layout
 from ..report import nonfinite_text
-from ..selection import parse_block
+from ..selection import is_float, parse_block
 from ..sharded import output_shard_entries
-from .folder import CONFIG, ModelFolder, model_output
+from .folder import CONFIG, ModelFolder, model_output, module_notes
 from .formats import (FP8_BLOCK, FP8_BLOCKS, NAIVE, PACK, WeightScheme, ct_config, fp8_blocks_config,
                       fp8_code, int_code)
 from .selection import ROUTER, choose, module_of, vllm_check
@@ -155,8 +155,9 @@ def run(args, *, warn, progress, device) -> dict:
         bar.close()
     report = finish_report("quantize", args.input, args.output, device.name, rows)
     report.update(format=args.format, calibrate=args.calibrate, ignore=ignore, left_out=model.left_out,
-                  extra_column=("vLLM", "vllm"),
-                  notes=_notes(kept, model.left_out, request) + transformers_notes(chosen, model.specs, request))
+                  modules=model.modules, extra_column=("vLLM", "vllm"),
+                  notes=_notes(kept, model.left_out, request) + _fused_note(model.specs, args.format)
+                  + transformers_notes(chosen, model.specs, request) + module_notes(model))
     return report
 
 
@@ -339,8 +340,24 @@ def _notes(kept, left_out, request) -> list:
     if left_out:
         notes.append(f"note: not copied into OUT: {', '.join(left_out)} (folders and weight files of "
                      f"other formats)")
-    if request.layout is not FP8_BLOCKS:
+    if request.layout is not FP8_BLOCKS and request.code.codec != "float8":  # fp8's column is all '-'
         notes.append("note: vLLM column: Marlin's shape rules for int weights (group -1/32/64/128, "
                      "out % 64, in % 128); '-' where no rule is checked")
     return notes
 
+
+def _fused_note(specs: dict, fmt: str) -> list:
+    """A note on the floating tensors of rank >= 3 (fused experts: gpt-oss's
+    ``mlp.experts.gate_up_proj``), kept in float: the formats quantize Linear weights only.
+
+    >>> import numpy as np
+    >>> _fused_note({"m.experts.gate_up_proj": ((4, 8, 16), np.dtype("float32"))}, "fp8-blocks")
+    ["note: kept in float: 1 tensor of rank 3 or more (m.experts.gate_up_proj): fused expert weights, not a Linear module's weight, which is what --format fp8-blocks quantizes"]
+    """
+    fused = [n for n, (shape, dtype) in specs.items() if len(shape) >= 3 and is_float(dtype)]
+    if not fused:
+        return []
+    named = ", ".join(fused[:3]) + (", ..." if len(fused) > 3 else "")
+    return [f"note: kept in float: {len(fused)} tensor{'s' if len(fused) > 1 else ''} of rank 3 or more "
+            f"({named}): fused expert weights, not a Linear module's weight, which is what --format {fmt} "
+            f"quantizes"]

@@ -23,6 +23,7 @@ since the embedding and the norms are listed. Fine-grained fp8 lists the same mo
 
 from __future__ import annotations
 
+import collections
 import fnmatch
 
 from ..files import CliError
@@ -114,12 +115,24 @@ def choose(specs: dict, config: dict, scheme_for, *, include=(), exclude=(), min
     if not chosen:
         raise CliError(f"no Linear weight to quantize: of {len(linear)} rank-2 floating *.weight "
                        f"tensors (embeddings aside), none is selected and fits the scheme"
-                       + (f" ({next(iter(kept.values()))})" if kept else ""))
+                       + (f" ({_why_kept(kept)})" if kept else ""))
     floats = {module_of(n) for n in specs if n.endswith(".weight") and n not in chosen}
     if config.get("tie_word_embeddings") and not any(module_of(n).rpartition(".")[2] == "lm_head"
                                                      for n in specs):
         floats.add("lm_head")  # the tied output layer: a Linear with no weight of its own here
     return chosen, kept, sorted(floats, key=natural_key)
+
+
+def _why_kept(kept: dict) -> str:
+    """Each distinct reason of ``kept`` with how many weights it keeps, the most common first
+    and the output layer's default last (it is rarely why nothing fits).
+
+    >>> _why_kept({"a": "x", "b": "y", "c": "y", "lm_head.weight": "the output layer, kept by default"})
+    '2 weights: y; 1 weight: x; 1 weight: the output layer, kept by default'
+    """
+    counts = collections.Counter(kept.values())
+    order = sorted(counts, key=lambda r: (r.startswith("the output layer"), -counts[r]))
+    return "; ".join(f"{counts[r]} weight{'s' if counts[r] > 1 else ''}: {r}" for r in order)
 
 
 def _keep_merged_layers_whole(chosen: dict, kept: dict) -> None:
