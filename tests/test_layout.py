@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1] / "gpuq"
 LAYERS = (
     ("gpuq.__main__",),
     ("gpuq.cli",),
+    ("gpuq.checkpoints",),
     ("gpuq", "gpuq.api", "gpuq.ops", "gpuq.qparams"),
     ("gpuq._params", "gpuq._qoptions", "gpuq._interop", "gpuq._dask", "gpuq._dispatch"),
     ("gpuq.backends",),

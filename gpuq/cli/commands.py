@@ -31,11 +31,11 @@ import signal
 import sys
 
 from ..qparams import METHODS
-from .files import CliError
-from .convert import DEQUANTIZE_DTYPES
-from .quantized import CODE_DTYPES, is_float8
-from .selection import DEFAULT_MIN_SIZE, DEFAULTS_HELP, parse_block
-from .serving.quantize import FORMATS as SERVING_FORMATS
+from ..checkpoints.files import CliError
+from ..checkpoints.convert import DEQUANTIZE_DTYPES
+from ..checkpoints.quantized import CODE_DTYPES, is_float8
+from ..checkpoints.selection import DEFAULT_MIN_SIZE, DEFAULTS_HELP, parse_block
+from ..checkpoints.serving.quantize import FORMATS as SERVING_FORMATS
 from .signals import EXIT_STATUS, Terminated, stop_signals, stopped_line
 
 __all__ = ["main", "build_parser"]
@@ -315,7 +315,7 @@ def _common(p, json_help):
 
 
 def _plan(args):
-    from .selection import Plan
+    from ..checkpoints.selection import Plan
 
     if args.group_size is not None and args.group_size < 1:
         raise CliError(f"--group-size must be a positive integer, got {args.group_size}")
@@ -348,13 +348,13 @@ def _show_progress(args) -> bool:
 
 
 def _quantize(args) -> int:
-    from .env import pick_device
-    from .convert import run_quantize
-    from .report import format_table, to_json
-    from .selection import default_note
+    from ..checkpoints.env import pick_device
+    from ..checkpoints.convert import run_quantize
+    from ..checkpoints.report import format_table, to_json
+    from ..checkpoints.selection import default_note
 
     if args.format != "gpuq":
-        from .serving.quantize import run
+        from ..checkpoints.serving.quantize import run
 
         report = run(args, warn=_warn, progress=_show_progress(args), device=pick_device(args.device))
         print(to_json(report) if args.json else format_table(report))
@@ -365,9 +365,9 @@ def _quantize(args) -> int:
     plan = _plan(args)
     if args.workers is not None and args.workers < 1:
         raise CliError(f"--workers must be a positive integer, got {args.workers}")
-    from .cluster import import_distributed
-    from .sharded import is_sharded
-    from .sharded_run import run_sharded_quantize
+    from ..checkpoints.cluster import import_distributed
+    from ..checkpoints.sharded import is_sharded
+    from ..checkpoints.sharded_run import run_sharded_quantize
 
     cluster = args.scheduler is not None or args.workers is not None
     sharded = is_sharded(args.input)
@@ -394,14 +394,14 @@ def _quantize(args) -> int:
 
 
 def _dequantize(args) -> int:
-    from .env import pick_device
-    from .convert import run_dequantize
-    from .report import format_dequantize, to_json
-    from .sharded import is_sharded
-    from .sharded_run import run_sharded_dequantize
+    from ..checkpoints.env import pick_device
+    from ..checkpoints.convert import run_dequantize
+    from ..checkpoints.report import format_dequantize, to_json
+    from ..checkpoints.sharded import is_sharded
+    from ..checkpoints.sharded_run import run_sharded_dequantize
 
     if os.path.isfile(os.path.join(args.input, "config.json")):  # a model folder
-        from .serving.dequantize import run
+        from ..checkpoints.serving.dequantize import run
 
         report = run(args.input, args.output, dtype=args.dtype, device=pick_device(args.device),
                      progress=_show_progress(args), nonfinite=args.nonfinite, warn=_warn)
@@ -421,7 +421,7 @@ def _dequantize(args) -> int:
 
 
 def _info(args) -> int:
-    from .env import info
+    from ..checkpoints.env import info
 
     report = info(compile_check=not args.no_compile_check)
     if args.json:
@@ -438,7 +438,7 @@ def _info(args) -> int:
 
 
 def _example(args) -> int:
-    from .example import write_example, write_model_dir
+    from ..checkpoints.example import write_example, write_model_dir
 
     if (args.output is None) == (args.model_dir is None):
         raise CliError("gpuq example takes OUT (a checkpoint file) or --model-dir DIR, one of them")
@@ -452,13 +452,13 @@ def _example(args) -> int:
 
 
 def _compare(args) -> int:
-    from .compare import format_compare, run_compare
-    from .env import pick_device
-    from .report import to_json
+    from ..checkpoints.compare import format_compare, run_compare
+    from ..checkpoints.env import pick_device
+    from ..checkpoints.report import to_json
 
     if args.min_size < 0:
         raise CliError(f"--min-size must be >= 0, got {args.min_size}")
-    from .compare import parse_scheme
+    from ..checkpoints.compare import parse_scheme
 
     for text in args.scheme:  # every spec checked before IN is opened
         parse_scheme(text)

@@ -110,7 +110,7 @@ class Request:
 def run(args, *, warn, progress, device) -> dict:
     """``gpuq quantize`` to a serving format (``args`` as :mod:`gpuq.cli.commands` parses them).
 
-    Returns the report (:func:`gpuq.cli.convert.finish_report`'s, with the format, each row's
+    Returns the report (:func:`gpuq.checkpoints.convert.finish_report`'s, with the format, each row's
     vLLM column, the ``ignore`` list and notes).
     """
     if args.scheduler is not None or args.workers is not None:
@@ -225,19 +225,19 @@ def _quantize_shard(model, shard, path, entries, chosen, kept, device, nonfinite
                              "max_abs_error": stats["max_abs_error"], "nonfinite": counts,
                              "vllm": vllm_check(module_of(name), shape, scheme, present),
                              "_signal": stats["signal"], "_error": stats["error"]})
-            bar.update(1)
+            bar.update(1, name)
     return rows
 
 
 def quantize_weight(x, scheme: WeightScheme, device, name, nonfinite="warn", warn=None, method="minmax") -> tuple:
     """``(tensors, stats, counts)``: the stored tensors of one ``[out, in]`` weight, its error
-    statistics (:func:`gpuq.cli.convert.error_stats`) and its NaN/Inf counts.
+    statistics (:func:`gpuq.checkpoints.convert.error_stats`) and its NaN/Inf counts.
 
     Parameters come from the finite values (NaN/Inf replaced by 0, which changes no range that
     includes 0, nor ``max |x|``) by ``method`` (``--calibrate``: min/max or the MSE search),
     rounded to the scale dtype; the codes from ``x`` itself.
 
-    >>> from gpuq.cli.env import HostDevice
+    >>> from gpuq.checkpoints.env import HostDevice
     >>> x = np.array([[0.5, -1.0], [2.0, 4.0]], np.float32)
     >>> s = WeightScheme(int_code(8), "channel", True, "float32", PACK)
     >>> t, stats, _ = quantize_weight(x, s, HostDevice(), "m.weight")
@@ -276,7 +276,7 @@ def quantize_weight(x, scheme: WeightScheme, device, name, nonfinite="warn", war
 
 
 def _stats(x, q, scales, zps, scheme, device, finite_only) -> dict:
-    """:func:`gpuq.cli.convert.error_stats` of one weight, in its own scheme."""
+    """:func:`gpuq.checkpoints.convert.error_stats` of one weight, in its own scheme."""
     kw = scheme.api_kwargs()
     cli = {"axis": kw["axis"], "group_size": kw["group_size"], "block_size": kw["block_size"],
            "dtype": scheme.code.name}
