@@ -107,14 +107,19 @@ class Request:
                             group_size=self.group_size, block=block)
 
 
+def check_local(args) -> None:
+    """A serving format's run is local: no ``--scheduler``/``--workers``."""
+    if args.scheduler is not None or args.workers is not None:
+        raise CliError(f"--format {args.format} runs on this machine: drop --scheduler/--workers")
+
+
 def run(args, *, warn, progress, device) -> dict:
     """``gpuq quantize`` to a serving format (``args`` as :mod:`gpuq.cli.commands` parses them).
 
     Returns the report (:func:`gpuq.checkpoints.convert.finish_report`'s, with the format, each row's
     vLLM column, the ``ignore`` list and notes).
     """
-    if args.scheduler is not None or args.workers is not None:
-        raise CliError(f"--format {args.format} runs on this machine: drop --scheduler/--workers")
+    check_local(args)
     request = Request(args.format, dtype=args.dtype, axis=args.axis, per_tensor=args.per_tensor,
                       group_size=args.group_size, symmetric=args.symmetric, asymmetric=args.asymmetric,
                       block=args.block)
