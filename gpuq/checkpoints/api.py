@@ -134,8 +134,8 @@ def quantize(src, out, *, format="gpuq", dtype=None, axis=None, per_tensor=False
     >>> d = tempfile.mkdtemp()
     >>> _ = example(os.path.join(d, "tiny.safetensors"))
     >>> r = quantize(os.path.join(d, "tiny.safetensors"), os.path.join(d, "q.safetensors"))
-    >>> r["command"], r["tensors_quantized"] > 0
-    ('quantize', True)
+    >>> r["command"], r["total"]["quantized"]
+    ('quantize', 16)
     """
     opts = quantize_options(src, out, format=format, dtype=dtype, axis=axis, per_tensor=per_tensor,
                             group_size=group_size, block=block, symmetric=symmetric,
