@@ -10,8 +10,8 @@ module per checkpoint format and their registry; below them :mod:`.files` (check
 reads and writes, atomic outputs), :mod:`.quantized` (gpuq's file format), :mod:`.selection`
 (which tensors, which scheme), :mod:`.convert` (one tensor at a time), :mod:`.sharded`,
 :mod:`.sharded_run` and :mod:`.cluster` (sharded runs, here or as Dask tasks), :mod:`.serving`
-(model folders: compressed-tensors, fine-grained fp8), :mod:`.report`, :mod:`.compare`,
-:mod:`.example`, :mod:`.env` (device choice, ``gpuq info``) and :mod:`.stops` (steps held
+(model folders: compressed-tensors, fine-grained fp8), :mod:`.report`, :mod:`.comparison`,
+:mod:`.example_data`, :mod:`.env` (device choice, ``gpuq info``) and :mod:`.stops` (steps held
 whole; no signal handlers).
 
 May import: :mod:`gpuq`'s public API (and, for ``gpuq info``, the backends'

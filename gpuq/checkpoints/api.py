@@ -205,7 +205,7 @@ def compare(src, *, scheme=(), include=(), exclude=(), min_size=DEFAULT_MIN_SIZE
     >>> len(compare(os.path.join(d, "tiny.safetensors"), scheme=["int8"])["schemes"])
     1
     """
-    from .compare import parse_scheme, run_compare
+    from .comparison import parse_scheme, run_compare
     from .env import pick_device
 
     src = _path(src, "src")
@@ -229,7 +229,7 @@ def example(out=None, *, model_dir=None, dtype="bfloat16", seed=0) -> dict:
     >>> example(os.path.join(tempfile.mkdtemp(), "t.safetensors"))["dtype"]
     'bfloat16'
     """
-    from .example import write_example, write_model_dir
+    from .example_data import write_example, write_model_dir
 
     if (out is None) == (model_dir is None):
         raise ValueError("example takes out (a checkpoint file) or model_dir, one of them")

@@ -370,7 +370,7 @@ def _example(args) -> int:
 
 def _compare(args) -> int:
     from ..checkpoints.api import compare
-    from ..checkpoints.compare import format_compare
+    from ..checkpoints.comparison import format_compare
 
     if args.min_size < 0:
         raise CliError(f"--min-size must be >= 0, got {args.min_size}")

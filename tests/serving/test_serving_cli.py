@@ -854,7 +854,7 @@ def test_example_model_dir(tmp_path, capsys):
     assert all(v.dtype == BF16 for v in t.values()) and cfg["dtype"] == "bfloat16"
     assert not any("inv_freq" in k for k in t)
     # the example's tensors, one file or a folder: the same generator
-    from gpuq.checkpoints.example import example_tensors
+    from gpuq.checkpoints.example_data import example_tensors
 
     want = example_tensors(0, 768)["model.layers.0.mlp.up_proj.weight"].astype(BF16)
     same_bits(t["model.layers.0.mlp.up_proj.weight"], want)
