@@ -235,3 +235,20 @@ def test_inspect_names_format_roles_and_schemes(inputs, tmp_path):
     assert "config_groups" in ckpt.inspect(tmp_path / "compressed-tensors")
     assert ckpt.inspect(inputs["sharded"])["shards"] == ["model-00001-of-00002.safetensors",
                                                           "model-00002-of-00002.safetensors"]
+
+
+def test_the_readme_from_python_example_runs(tmp_path, monkeypatch):
+    """README's "From Python" example, as a doctest (skipped without transformers)."""
+    import doctest
+    import re
+
+    pytest.importorskip("transformers")
+    pytest.importorskip("compressed_tensors")
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("## From Python"):]
+    (block,) = re.findall(r"```python\n(>>>.*?)```", section[:section.index("\n## ")], re.S)
+    monkeypatch.chdir(tmp_path)
+    test = doctest.DocTestParser().get_doctest(block, {}, "README From Python", "README.md", 0)
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    runner.run(test)
+    assert runner.summarize(verbose=False).failed == 0 and len(test.examples) == 6
