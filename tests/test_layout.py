@@ -270,8 +270,8 @@ def test_both_backends_implement_the_protocol_with_its_signatures():
 #: quant_method and format values, and inspect's "dense".
 _CHECKPOINT_WORDS = {"gpuq", "compressed-tensors", "fp8-blocks", "fp8", "pack-quantized",
                      "naive-quantized", "float-quantized", "int-quantized", "dense"}
-#: Where checkpoint formats are known: their modules (and the serving engine they drive).
-_CHECKPOINT_FORMAT_HOMES = ("gpuq.checkpoints.formats", "gpuq.checkpoints.serving")
+#: Where checkpoint formats are known: their modules.
+_CHECKPOINT_FORMAT_HOMES = ("gpuq.checkpoints.formats",)
 
 
 def checkpoint_format_branches(path: Path) -> list:
