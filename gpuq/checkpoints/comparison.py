@@ -84,6 +84,8 @@ def parse_scheme(text: str) -> Plan:
                     raise ValueError
             else:
                 raise ValueError
+        except CliError:  # a ValueError already in its one-line form
+            raise
         except ValueError:
             raise CliError(f"--scheme {text!r}: {opt!r} is not an option (gG, axisK, tensor, "
                            f"bAxB, sym)") from None
@@ -131,6 +133,8 @@ def run_compare(in_path, scheme_texts, *, include=(), exclude=(), min_size, devi
             try:
                 _, _, _, stats, _ = quantize_tensor(x, scheme, device, name=name,
                                                     nonfinite="allow", calibrate=methods[k])
+            except CliError:  # a ValueError already in its one-line form
+                raise
             except (ValueError, TypeError) as exc:
                 raise CliError(f"tensor {name!r}, --scheme {columns[k]!r}: "
                                f"{' '.join(str(exc).split())}") from exc

@@ -502,6 +502,8 @@ def _quantize_one(ckpt, name, scheme, row, out, device, nonfinite, warn, calibra
         q, scales, zps, stats, counts = quantize_tensor(ckpt.load(name), scheme, device,
                                                         name=name, nonfinite=nonfinite,
                                                         calibrate=calibrate)
+    except CliError:  # a ValueError already in its one-line form
+        raise
     except (ValueError, TypeError) as exc:
         raise CliError(f"tensor {name!r}: {' '.join(str(exc).split())}") from exc
     if sum(counts.values()) and nonfinite == "warn" and warn is not None:
@@ -665,6 +667,8 @@ def dequantize_file(ckpt, out_path, out_fmt, schemes, *, dtype, device, tick=Non
                     # Host scales/zps with a device src are uploaded by the library.
                     y = gpuq.dequantize(api_codes(stored, s, device), scales, zps,
                                         dtype=entries[name][1], **scheme_kw(s))
+                except CliError:  # a ValueError already in its one-line form
+                    raise
                 except (ValueError, TypeError) as exc:
                     raise CliError(f"tensor {name!r}: {' '.join(str(exc).split())}") from exc
                 y = device.get(y)

@@ -249,6 +249,8 @@ def _dequantize_module(module, scheme, loader, out_dtype, device, w, model, nonf
     try:
         y = gpuq.dequantize(src, scheme.api_params(scales, shape), scheme.api_params(zps, shape),
                             dtype=out_dtype, **scheme.api_kwargs())
+    except CliError:  # a ValueError already in its one-line form
+        raise
     except (ValueError, TypeError) as exc:
         raise CliError(f"module {module!r}: {' '.join(str(exc).split())}") from exc
     y = device.get(y)

@@ -220,6 +220,8 @@ def quantize_weight(x, scheme: WeightScheme, device, name, nonfinite="warn", war
         scales, zps = gpuq.choose_qparams(pd, dtype=code, symmetric=scheme.symmetric,
                                           scale_dtype=scheme.scale_dtype, method=method, **kw)
         q = gpuq.quantize(xd, scales, zps, dtype=code, **kw)
+    except CliError:  # a ValueError already in its one-line form
+        raise
     except (ValueError, TypeError) as exc:
         raise CliError(f"tensor {name!r}: {' '.join(str(exc).split())}") from exc
     del xd, pd
