@@ -326,3 +326,18 @@ def test_every_format_module_implements_the_protocol():
             got = getattr(module, n)
             assert list(inspect.signature(got).parameters) == \
                 list(inspect.signature(member).parameters)[1:], f"{module.__name__}.{n}"
+
+
+def signal_handler_calls(path: Path) -> list:
+    """``line: source`` of every ``signal.signal(...)``/``signal.set_wakeup_fd`` call in one file."""
+    return [f"{n.lineno}: {ast.unparse(n)}" for n in ast.walk(ast.parse(path.read_text(), str(path)))
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+            and n.func.attr in ("signal", "set_wakeup_fd") and isinstance(n.func.value, ast.Name)
+            and n.func.value.id in ("signal", "_signal")]
+
+
+def test_the_checkpoint_engine_installs_no_signal_handler():
+    bad = {name: hits for name, path in _modules().items()
+           if name.startswith("gpuq.checkpoints") and (hits := signal_handler_calls(path))}
+    assert bad == {}
+    assert signal_handler_calls(ROOT / "cli" / "signals.py")  # the check sees the command's
