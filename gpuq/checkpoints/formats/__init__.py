@@ -9,7 +9,10 @@ are the only places that choose one, so nothing outside this package (and the
 serving engine it drives) branches on a format's name.
 
 Adding a format: a module here implementing :class:`Format`, and its row in
-:data:`FORMATS` (README, "Where to add").
+:data:`FORMATS` (README, "Where to add"). The per-tensor work is one function a
+format calls per weight: :func:`gpuq.checkpoints.convert.quantize_tensor` for
+gpuq's files, :func:`gpuq.checkpoints.serving.quantize.quantize_weight` for the
+model-folder formats; a fused one-pass quantizer replaces that function.
 
 May import: the rest of :mod:`gpuq.checkpoints` below :mod:`gpuq.checkpoints.api`
 (files, selection, convert, sharded runs, the serving engine) and :mod:`gpuq`'s public API.
