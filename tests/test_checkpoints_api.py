@@ -203,6 +203,7 @@ def test_warnings_are_gpuq_warnings_and_nothing_is_printed(tmp_path, capsys):
     with pytest.warns(ckpt.GpuqWarning, match="NaN"):
         report = ckpt.quantize(tmp_path / "nan.safetensors", tmp_path / "q.safetensors")
     assert report["tensors"][0]["nonfinite"]["nan"] == 1
+    assert len(report["warnings"]) == 1 and "NaN" in report["warnings"][0]
     assert capsys.readouterr() == ("", "")
     with warnings.catch_warnings():
         warnings.simplefilter("error", ckpt.GpuqWarning)

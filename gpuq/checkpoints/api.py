@@ -145,12 +145,26 @@ def quantize(src, out, *, format="gpuq", dtype=None, axis=None, per_tensor=False
     return run_quantize(opts, progress=_progress(progress), warn=_warn)
 
 
+def _recorded(warn):
+    """``(lines, warn')``: ``warn'`` passes each warning on to ``warn`` and keeps it in ``lines``."""
+    lines = []
+
+    def record(text):
+        lines.append(text)
+        warn(text)
+
+    return lines, record
+
+
 def run_quantize(opts, *, progress, warn) -> dict:
     """:func:`quantize` on a checked options namespace, warnings to ``warn(text)`` (the command's
-    way in)."""
+    way in); the report's ``warnings`` lists them."""
     fmt = for_output(opts.format)
     fmt.check(opts)
-    return fmt.quantize(opts, warn=warn, progress=progress)
+    lines, record = _recorded(warn)
+    report = fmt.quantize(opts, warn=record, progress=progress)
+    report["warnings"] = lines
+    return report
 
 
 def dequantize(src, out, *, dtype=None, nonfinite="warn", device="auto", progress=False) -> dict:
@@ -174,7 +188,10 @@ def dequantize(src, out, *, dtype=None, nonfinite="warn", device="auto", progres
 
 def run_dequantize(opts, *, progress, warn) -> dict:
     """:func:`dequantize` on a checked options namespace (the command's way in)."""
-    return for_input(opts.input).dequantize(opts, warn=warn, progress=progress)
+    lines, record = _recorded(warn)
+    report = for_input(opts.input).dequantize(opts, warn=record, progress=progress)
+    report["warnings"] = lines
+    return report
 
 
 def inspect(src) -> dict:
