@@ -226,7 +226,6 @@ def _dequantize_shard(model, shard, path, modules, loader, out_dtype, device, ba
     rows = []
     with checkpoint_writer(path, "safetensors", entries, None, model.extra[shard]) as w:
         for name in model.tensors[shard]:
-            bar.update(1, name)
             if name in primaries:
                 m = primaries[name]
                 rows.append(_dequantize_module(m, here[m], loader, out_dtype, device, w, model, nonfinite, warn))
@@ -235,6 +234,7 @@ def _dequantize_shard(model, shard, path, modules, loader, out_dtype, device, ba
                 nbytes = int(np.prod(model.specs[name][0])) * model.specs[name][1].itemsize
                 rows.append({"name": name, "shape": list(model.specs[name][0]), "dtype": model.specs[name][1].name,
                              "quantized": False, "bytes_before": nbytes, "bytes_after": nbytes})
+            bar.update(1, name)  # after the tensor: a progress callback sees it done
     return rows
 
 
