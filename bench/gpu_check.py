@@ -74,7 +74,7 @@ def preflight() -> int:
     import cupy
 
     from gpuq.backends.cuda import compiler
-    from gpuq.cli.env import info
+    from gpuq.checkpoints.env import info
 
     dev = cupy.cuda.Device()
     print(f"cupy {cupy.__version__}: device {dev.id} sm_{dev.compute_capability}, "

@@ -262,7 +262,7 @@ def test_info_kernel_compile_check(monkeypatch):
     """The NVRTC part of gpuq info, with nvrtc_check faked (the real compile takes seconds)."""
     from types import SimpleNamespace
 
-    from gpuq.cli import env as cli_env
+    from gpuq.checkpoints import env as cli_env
     from gpuq.backends.cuda import nvrtc_check, registry
 
     class FakeNvrtc:
@@ -372,7 +372,7 @@ def test_bad_input_subprocess(bad_dir, argv, message):
 
 
 def test_device_cuda_without_gpu(bad_dir, monkeypatch, capsys):
-    from gpuq.cli import env as cli_env
+    from gpuq.checkpoints import env as cli_env
 
     monkeypatch.setattr(cli_env, "cuda_unavailable_reason", lambda: "CuPy is not installed")
     monkeypatch.chdir(bad_dir)
@@ -387,7 +387,7 @@ def test_device_cuda_without_gpu(bad_dir, monkeypatch, capsys):
 @pytest.mark.parametrize("exc", [KeyboardInterrupt, OSError])
 def test_interrupted_write_leaves_nothing(tmp_path, monkeypatch, capsys, fmt, exc):
     """Ctrl-C or a failing write after part of OUT is written: no OUT, no temporary file."""
-    from gpuq.cli import files as cli_files
+    from gpuq.checkpoints import files as cli_files
 
     src = tmp_path / f"x.{fmt}"
     tensors = {"a": np.ones((32, 32), np.float32), "b": np.full((32, 32), 2, np.float32)}
@@ -431,7 +431,7 @@ def test_device_cuda_plumbing_with_fake_cupy(tmp_path, monkeypatch, capsys):
     (no GPU here) the files must equal the --device cpu ones bit for bit."""
     import types
 
-    from gpuq.cli import env as cli_env
+    from gpuq.checkpoints import env as cli_env
 
     fake = types.ModuleType("cupy")
     fake.ndarray = type("FakeCupyArray", (), {})
@@ -494,8 +494,8 @@ def test_dequantize_dtype_overrides_the_source_dtype(st_case, tmp_path):
 
 def test_bfloat16_is_quantized_as_it_is():
     """No float32 copy of a bfloat16 tensor: the codes are gpuq's on the bfloat16 array."""
-    from gpuq.cli.convert import quantize_tensor
-    from gpuq.cli.env import HostDevice
+    from gpuq.checkpoints.convert import quantize_tensor
+    from gpuq.checkpoints.env import HostDevice
 
     x = (np.random.default_rng(4).standard_normal((33, 65)) * 3).astype(ml_dtypes.bfloat16)
     scheme = {"dtype": "int8", "symmetric": False, "axis": 0, "group_size": None}

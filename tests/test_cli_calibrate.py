@@ -28,7 +28,7 @@ def _main(*args):
 
 def _load(path):
     """Every tensor (gpuq's reader: safetensors' NumPy loader has no fp8) and the gpuq metadata."""
-    from gpuq.cli.files import Checkpoint
+    from gpuq.checkpoints.files import Checkpoint
 
     with Checkpoint(str(path)) as ckpt:
         return {n: ckpt.load(n) for n in ckpt.names}, ckpt.meta

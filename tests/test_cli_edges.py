@@ -68,7 +68,7 @@ def test_output_header_over_the_limit_is_refused_before_writing(tmp_path, capsys
 def test_sharded_output_header_is_checked_before_any_shard(tmp_path, capsys, monkeypatch):
     """Every output shard's header is held to the limit before the first shard is written
     (the limit made small here: the arithmetic is the same)."""
-    from gpuq.cli import files
+    from gpuq.checkpoints import files
 
     make_sharded(tmp_path / "in", n_shards=3)
     header = {}

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from gpuq import cli
-from gpuq.cli import files as cli_files
+from gpuq.checkpoints import files as cli_files
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")

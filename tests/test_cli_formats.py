@@ -1,6 +1,6 @@
 """The CLI with the code types of issue 19: int4/uint4 (packed) and fp8 (e4m3fn, e5m2).
 
-What is promised (gpuq/cli/quantized.py has the layout):
+What is promised (gpuq/checkpoints/quantized.py has the layout):
 
 * ``gpuq quantize --dtype int4|uint4|float8_e4m3fn|float8_e5m2`` writes format
   version 2: the codes are bit for bit what :func:`gpuq.quantize` gives with
@@ -652,7 +652,7 @@ def test_device_path_gives_the_same_files(tmp_path, capsys, monkeypatch):
     import sys
     import types
 
-    from gpuq.cli import env as cli_env
+    from gpuq.checkpoints import env as cli_env
 
     fake = types.ModuleType("cupy")
     fake.ndarray = type("FakeCupyArray", (), {})
@@ -770,7 +770,7 @@ def _apply(tensors, meta, e, fmt):
 
 
 def _layout_ok(tensors, meta, fmt):
-    """What a file gpuq reads must be (the module docstring of gpuq/cli/quantized.py)."""
+    """What a file gpuq reads must be (the module docstring of gpuq/checkpoints/quantized.py)."""
     assert meta["format_version"] in (1, 2, 3)
     s = meta["tensors"]["w"]
     dtype = s["dtype"]

@@ -256,7 +256,7 @@ def test_signalling_nan_raises_no_numpy_warning(tmp_path, capsys, dtype):
     the finite values' parameters and prints no RuntimeWarning, under --nonfinite allow."""
     import warnings
 
-    from gpuq.cli.files import write_checkpoint
+    from gpuq.checkpoints.files import write_checkpoint
     from gpuq._dtypes import bfloat16
 
     x = weight_with_nonfinite()[:3].copy()

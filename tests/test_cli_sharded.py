@@ -154,7 +154,7 @@ def test_dequantize_sharded_is_the_per_file_run(tmp_path, capsys):
 # -- failures leave no index and no shard ---------------------------------------------
 
 def _fail_in(monkeypatch, shard, exc):
-    from gpuq.cli import files
+    from gpuq.checkpoints import files
 
     orig = files._SafetensorsWriter._write
 
@@ -273,7 +273,7 @@ def _kill_once(marker):
 
     class KillOnce(WorkerPlugin):
         def setup(self, worker):
-            from gpuq.cli import files
+            from gpuq.checkpoints import files
 
             orig = files._SafetensorsWriter._write
 
@@ -341,7 +341,7 @@ def test_failed_cluster_run_waits_for_its_tasks(tmp_path, cluster):
         import slow_gpuq  # noqa: F401
 
     def restore():
-        from gpuq.cli import files
+        from gpuq.checkpoints import files
 
         slow = sys.modules.pop("slow_gpuq", None)  # None: a worker its nanny restarted (a loaded machine)
         if slow is not None:

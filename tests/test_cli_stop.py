@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 #: when a worker process, spawned, runs this file as its ``__mp_main__``).
 SLOW_GPUQ = '''
 import os, sys, time
-from gpuq.cli import files
+from gpuq.checkpoints import files
 
 MARKER, WHEN = os.environ["SLOW_MARKER"], os.environ["SLOW_WHEN"]
 DELAY = float(os.environ["SLOW_DELAY"])

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1] / "gpuq"
 LAYERS = (
     ("gpuq.__main__",),
     ("gpuq.cli",),
+    ("gpuq.checkpoints",),
     ("gpuq", "gpuq.api", "gpuq.ops", "gpuq.qparams"),
     ("gpuq._params", "gpuq._qoptions", "gpuq._interop", "gpuq._dask", "gpuq._dispatch"),
     ("gpuq.backends",),
@@ -260,3 +261,83 @@ def test_both_backends_implement_the_protocol_with_its_signatures():
                 inspect.signature(member.__func__).parameters.keys(), f"{backend.__name__}.{name}"
         extra = {n for n in vars(backend) if not n.startswith("_")} - set(wanted) - attributes
         assert extra == set(), f"{backend.__name__} has methods outside the protocol: {extra}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The checkpoint engine below the command (issue 36)
+
+#: What a branch on a checkpoint format would compare with: the --format names, config.json's
+#: quant_method and format values, and inspect's "dense".
+_CHECKPOINT_WORDS = {"gpuq", "compressed-tensors", "fp8-blocks", "fp8", "pack-quantized",
+                     "naive-quantized", "float-quantized", "int-quantized", "dense"}
+#: Where checkpoint formats are known: their modules.
+_CHECKPOINT_FORMAT_HOMES = ("gpuq.checkpoints.formats",)
+
+
+def checkpoint_format_branches(path: Path) -> list:
+    """``line: source`` of every comparison of a value with a checkpoint format's name in one file."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        words = set().union(*(_strings(s) for s in sides))
+        if words & _CHECKPOINT_WORDS:
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_outside_the_formats_branches_on_a_checkpoint_format():
+    bad = {name: hits for name, path in _modules().items()
+           if name.startswith("gpuq.") and not name.startswith(_CHECKPOINT_FORMAT_HOMES)
+           and (hits := checkpoint_format_branches(path))}
+    assert bad == {}
+
+
+def test_the_checkpoint_format_check_sees_branches(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text('if args.format != "gpuq": pass\nif fmt in ("x", "y"): pass\n'
+                    'if quant_method == "fp8": pass\nif args.dtype == "int8": pass\n'
+                    'if what in {"dense", "gpuq"}: pass\n')
+    assert [h.split(":")[0] for h in checkpoint_format_branches(path)] == ["1", "3", "5"]
+
+
+def test_the_checkpoint_engine_never_imports_the_command():
+    bad = [f"{a} -> {b}" for a, edges in import_graph().items() for b in sorted(edges)
+           if a.startswith("gpuq.checkpoints") and (b == "gpuq.cli" or b.startswith("gpuq.cli."))]
+    assert bad == []
+
+
+def test_the_command_is_a_thin_shell():
+    lines = sum(len(p.read_text().splitlines()) for p in (ROOT / "cli").rglob("*.py"))
+    assert lines <= 1500, f"gpuq/cli/**/*.py has {lines} lines; the engine belongs in gpuq.checkpoints"
+
+
+def test_every_format_module_implements_the_protocol():
+    import inspect
+
+    from gpuq.checkpoints.formats import FORMATS, Format
+
+    wanted = {n: v for n, v in vars(Format).items() if not n.startswith("_") and callable(v)}
+    assert set(wanted) == {"reads", "check", "quantize", "dequantize", "describe"}
+    for key, module in FORMATS.items():
+        assert module.name == key
+        for n, member in wanted.items():
+            got = getattr(module, n)
+            assert list(inspect.signature(got).parameters) == \
+                list(inspect.signature(member).parameters)[1:], f"{module.__name__}.{n}"
+
+
+def signal_handler_calls(path: Path) -> list:
+    """``line: source`` of every ``signal.signal(...)``/``signal.set_wakeup_fd`` call in one file."""
+    return [f"{n.lineno}: {ast.unparse(n)}" for n in ast.walk(ast.parse(path.read_text(), str(path)))
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+            and n.func.attr in ("signal", "set_wakeup_fd") and isinstance(n.func.value, ast.Name)
+            and n.func.value.id in ("signal", "_signal")]
+
+
+def test_the_checkpoint_engine_installs_no_signal_handler():
+    bad = {name: hits for name, path in _modules().items()
+           if name.startswith("gpuq.checkpoints") and (hits := signal_handler_calls(path))}
+    assert bad == {}
+    assert signal_handler_calls(ROOT / "cli" / "signals.py")  # the check sees the command's

@@ -31,11 +31,12 @@ import signal
 import sys
 
 from ..qparams import METHODS
-from .files import CliError
-from .convert import DEQUANTIZE_DTYPES
-from .quantized import CODE_DTYPES, is_float8
-from .selection import DEFAULT_MIN_SIZE, DEFAULTS_HELP, parse_block
-from .serving.quantize import FORMATS as SERVING_FORMATS
+from ..checkpoints.files import CliError
+from ..checkpoints.convert import DEQUANTIZE_DTYPES
+from ..checkpoints.formats import FORMATS
+from ..checkpoints.quantized import CODE_DTYPES
+from ..checkpoints.report import format_table, to_json
+from ..checkpoints.selection import DEFAULT_MIN_SIZE, DEFAULTS_HELP
 from .signals import EXIT_STATUS, Terminated, stop_signals, stopped_line
 
 __all__ = ["main", "build_parser"]
@@ -205,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--asymmetric", action="store_true",
                    help="min/max scale and a zero point: the default of gpuq's format; "
                         "with --format compressed-tensors, zero points for int8/int4")
-    q.add_argument("--format", choices=("gpuq",) + SERVING_FORMATS, default="gpuq",
+    q.add_argument("--format", choices=tuple(FORMATS), default="gpuq",
                    help="gpuq (default: IN's format, gpuq's metadata); compressed-tensors or "
                         "fp8-blocks: a model folder (config.json + safetensors) that vLLM, "
                         "SGLang and transformers load (see 'Serving formats' above)")
@@ -314,31 +315,6 @@ def _common(p, json_help):
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
-def _plan(args):
-    from .selection import Plan
-
-    if args.group_size is not None and args.group_size < 1:
-        raise CliError(f"--group-size must be a positive integer, got {args.group_size}")
-    if args.per_tensor and args.group_size is not None:
-        raise CliError("--group-size needs an axis to group along; drop --per-tensor")
-    block = parse_block(args.block, "--block") if args.block is not None else None
-    if block is not None and args.group_size is not None:
-        raise CliError("--block and --group-size both say which elements share a scale; give one")
-    if args.min_size < 0:
-        raise CliError(f"--min-size must be >= 0, got {args.min_size}")
-    if args.per_tensor:
-        axis = None
-    elif args.axis is not None:
-        axis = args.axis
-    else:
-        axis = -1 if args.group_size is not None else None
-    # fp8 has no zero point: always symmetric (scales max |x| / max_finite).
-    return Plan(axis=axis, group_size=args.group_size, dtype=args.dtype,
-                symmetric=args.symmetric or is_float8(args.dtype),
-                default=not args.per_tensor and args.axis is None and args.group_size is None
-                and block is None, block=block)
-
-
 def _warn(text: str) -> None:
     print(f"gpuq: warning: {text}", file=sys.stderr)
 
@@ -348,80 +324,24 @@ def _show_progress(args) -> bool:
 
 
 def _quantize(args) -> int:
-    from .env import pick_device
-    from .convert import run_quantize
-    from .report import format_table, to_json
-    from .selection import default_note
+    from ..checkpoints.api import run_quantize
 
-    if args.format != "gpuq":
-        from .serving.quantize import run
-
-        report = run(args, warn=_warn, progress=_show_progress(args), device=pick_device(args.device))
-        print(to_json(report) if args.json else format_table(report))
-        return 0
-    args.dtype = args.dtype or "int8"
-    if args.asymmetric and is_float8(args.dtype):
-        raise CliError(f"--asymmetric: {args.dtype} has no zero point (fp8 is always symmetric)")
-    plan = _plan(args)
-    if args.workers is not None and args.workers < 1:
-        raise CliError(f"--workers must be a positive integer, got {args.workers}")
-    from .cluster import import_distributed
-    from .sharded import is_sharded
-    from .sharded_run import run_sharded_quantize
-
-    cluster = args.scheduler is not None or args.workers is not None
-    sharded = is_sharded(args.input)
-    if cluster and not sharded:  # a usage error first: installing Dask would not cure it
-        raise CliError("--scheduler/--workers run the shards of a sharded IN (a folder, or its "
-                       "*.index.json); IN is one file")
-    if cluster:
-        import_distributed()  # no Dask: say how to get it before reading IN
-    if sharded:
-        report = run_sharded_quantize(
-            args.input, args.output, plan, include=args.include, exclude=args.exclude,
-            min_size=args.min_size, device=args.device, progress=_show_progress(args),
-            nonfinite=args.nonfinite, warn=_warn, scheduler=args.scheduler, workers=args.workers,
-            calibrate=args.calibrate)
-    else:
-        report = run_quantize(args.input, args.output, plan, include=args.include,
-                              exclude=args.exclude, min_size=args.min_size,
-                              device=pick_device(args.device), progress=_show_progress(args),
-                              nonfinite=args.nonfinite, warn=_warn, calibrate=args.calibrate)
-    report["calibrate"] = args.calibrate
-    report["default_scheme"] = default_note(plan.dtype) if plan.default else None
+    report = run_quantize(args, warn=_warn, progress=_show_progress(args))
     print(to_json(report) if args.json else format_table(report))
     return 0
 
 
 def _dequantize(args) -> int:
-    from .env import pick_device
-    from .convert import run_dequantize
-    from .report import format_dequantize, to_json
-    from .sharded import is_sharded
-    from .sharded_run import run_sharded_dequantize
+    from ..checkpoints.api import run_dequantize
+    from ..checkpoints.report import format_dequantize
 
-    if os.path.isfile(os.path.join(args.input, "config.json")):  # a model folder
-        from .serving.dequantize import run
-
-        report = run(args.input, args.output, dtype=args.dtype, device=pick_device(args.device),
-                     progress=_show_progress(args), nonfinite=args.nonfinite, warn=_warn)
-        print(to_json(report) if args.json else format_dequantize(report))
-        return 0
-    if is_sharded(args.input):
-        report = run_sharded_dequantize(args.input, args.output, dtype=args.dtype,
-                                        device=args.device, progress=_show_progress(args),
-                                        nonfinite=args.nonfinite, warn=_warn)
-        print(to_json(report) if args.json else format_dequantize(report))
-        return 0
-    device = pick_device(args.device)
-    report = run_dequantize(args.input, args.output, dtype=args.dtype, device=device,
-                            progress=_show_progress(args), nonfinite=args.nonfinite, warn=_warn)
+    report = run_dequantize(args, warn=_warn, progress=_show_progress(args))
     print(to_json(report) if args.json else format_dequantize(report))
     return 0
 
 
 def _info(args) -> int:
-    from .env import info
+    from ..checkpoints.env import info
 
     report = info(compile_check=not args.no_compile_check)
     if args.json:
@@ -438,33 +358,24 @@ def _info(args) -> int:
 
 
 def _example(args) -> int:
-    from .example import write_example, write_model_dir
+    from ..checkpoints.api import example
 
     if (args.output is None) == (args.model_dir is None):
         raise CliError("gpuq example takes OUT (a checkpoint file) or --model-dir DIR, one of them")
-    if args.model_dir is not None:
-        s = write_model_dir(args.model_dir, dtype=args.dtype, seed=args.seed)
-    else:
-        s = write_example(args.output, dtype=args.dtype, seed=args.seed)
+    s = example(args.output, model_dir=args.model_dir, dtype=args.dtype, seed=args.seed)
     print(f"wrote {s['path']}: {s['tensors']} tensors, {s['parameters']:,} parameters, "
           f"{s['dtype']}, {s['bytes']:,} bytes")
     return 0
 
 
 def _compare(args) -> int:
-    from .compare import format_compare, run_compare
-    from .env import pick_device
-    from .report import to_json
+    from ..checkpoints.api import compare
+    from ..checkpoints.comparison import format_compare
 
     if args.min_size < 0:
         raise CliError(f"--min-size must be >= 0, got {args.min_size}")
-    from .compare import parse_scheme
-
-    for text in args.scheme:  # every spec checked before IN is opened
-        parse_scheme(text)
-    report = run_compare(args.input, args.scheme, include=args.include, exclude=args.exclude,
-                         min_size=args.min_size, device=pick_device(args.device),
-                         calibrate=tuple(dict.fromkeys(args.calibrate)) or ("minmax",))
+    report = compare(args.input, scheme=args.scheme, include=args.include, exclude=args.exclude,
+                     min_size=args.min_size, calibrate=args.calibrate, device=args.device)
     print(to_json(report) if args.json else format_compare(report))
     return 0
 

@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import sys
-import threading
 
-#: The stop signals and the exit status of a command stopped by each (128 + the number).
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+from ..checkpoints.stops import STOP_SIGNALS, _in_main_thread, _state, complete, held_signals
+
+__all__ = ["EXIT_STATUS", "Terminated", "stop_signals", "stopped_line", "complete", "held_signals"]
+
+#: The exit status of a command stopped by each stop signal (128 + the number).
 EXIT_STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
@@ -41,26 +42,9 @@ class Terminated(BaseException):
     """SIGTERM arrived: raised in the main thread (a BaseException, as KeyboardInterrupt is)."""
 
 
-#: ``held``: how many :func:`held_signals` blocks are open; ``pending``: the first signal
-#: that came meanwhile. One handler serves both states, so no signal falls between two.
-#: ``complete``: the OUT this run has completed (see :func:`complete`), else None.
-_state = {"held": 0, "pending": None, "complete": None}
-
-
-def complete(out: str) -> None:
-    """Record that OUT ``out`` is complete (its last rename made): a stop from here on says so.
-
-    Call it inside the commit's :func:`held_signals` block, after the last rename, so a signal
-    that came during the commit is acted on after this.
-
-    >>> complete("q.safetensors"); stopped_line(signal.SIGTERM)
-    "gpuq: terminated (SIGTERM) after OUT 'q.safetensors' was complete (written whole; only the report is cut short)"
-    >>> _state["complete"] = None
-    """
-    _state["complete"] = out
-    entry = sys.modules.get("_gpuq_entry")  # the console script's module: absent in a library use
-    if entry is not None:
-        entry.signal_at("commit")  # the tests' hook
+def _act_pending(signum):
+    if signal.getsignal(signum) is _on_stop:
+        _act(signum)
 
 
 def stopped_line(signum) -> str:
@@ -74,11 +58,6 @@ def stopped_line(signum) -> str:
         return f"gpuq: {what}"
     return (f"gpuq: {what} after OUT {_state['complete']!r} was complete (written whole; only the "
             f"report is cut short)")
-
-
-def _in_main_thread() -> bool:
-    # Python runs signal handlers in the main thread only, and only it may install them.
-    return threading.current_thread() is threading.main_thread()
 
 
 def _act(signum):
@@ -115,43 +94,13 @@ def stop_signals():
         return
     before = {s: signal.getsignal(s) for s in STOP_SIGNALS}
     _state["complete"] = None  # this run's OUT is not complete yet
+    _state["on_pending"] = _act_pending
     try:
         for s in STOP_SIGNALS:
             if before[s] != signal.SIG_IGN:
                 signal.signal(s, _on_stop)
         yield
     finally:
+        _state["on_pending"] = None
         for s, handler in before.items():
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
-
-
-@contextlib.contextmanager
-def held_signals():
-    """Hold SIGINT and SIGTERM for the block; act on one that came when it ends.
-
-    In this thread they are blocked, so the threads and processes started
-    inside inherit them blocked (Dask's worker processes never see a Ctrl-C
-    meant for the command); one that another thread receives is recorded by
-    :func:`stop_signals`' handler and acted on when the outermost block ends.
-
-    >>> with held_signals():
-    ...     pass
-    """
-    if not _in_main_thread():
-        yield
-        return
-    _state["held"] += 1
-    blocking = hasattr(signal, "pthread_sigmask")  # not on Windows: recorded only
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS) if blocking else None
-    try:
-        yield
-    finally:
-        # A signal pending in this thread is delivered here, while still held: recorded.
-        if blocking:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        _state["held"] -= 1
-        signum = _state["pending"]
-        if not _state["held"] and signum is not None:
-            _state["pending"] = None
-            if signal.getsignal(signum) is _on_stop:
-                _act(signum)

@@ -40,7 +40,7 @@ def one_error_line(capsys) -> str:
 
 def load(path) -> dict:
     """Every tensor of a .safetensors file (gpuq's reader: no torch needed)."""
-    from gpuq.cli.files import Checkpoint
+    from gpuq.checkpoints.files import Checkpoint
 
     with Checkpoint(str(path)) as ckpt:
         return {n: ckpt.load(n) for n in ckpt.names}
@@ -77,7 +77,7 @@ def make_model(folder, *, hidden=128, inter=128, heads=4, kv_heads=2, head_dim=3
                dtype="bfloat16", tie=False, seed=0, extra=True):
     """A Llama-shaped model folder (config.json, model.safetensors, generation_config.json and,
     with ``extra``, a tokenizer file, a subfolder and a .bin that must not be copied)."""
-    from gpuq.cli.files import write_checkpoint
+    from gpuq.checkpoints.files import write_checkpoint
 
     rng = np.random.default_rng(seed)
     dt = BF16 if dtype == "bfloat16" else np.dtype(dtype)
@@ -120,7 +120,7 @@ def make_model(folder, *, hidden=128, inter=128, heads=4, kv_heads=2, head_dim=3
 def reshard(src, dst, shard_of, n):
     """``src`` (a one-file model folder) as ``n`` shards and an index in ``dst``; ``shard_of(name)``
     says where each tensor goes. Every other file is copied."""
-    from gpuq.cli.files import write_checkpoint
+    from gpuq.checkpoints.files import write_checkpoint
 
     t = load(Path(src) / "model.safetensors")
     names = [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]

@@ -20,7 +20,7 @@ import pytest
 from _serving import (BF16, FIXTURES, MLP, PROJ, bits, gpuq_main, load, load_folder, make_model, one_error_line,
                       ref_codes, ref_dequant, ref_fp8, ref_pack, ref_params, ref_unpack, reshard, same_bits,
                       tree)
-from gpuq.cli.serving.packing import pack_rows, unpack_rows
+from gpuq.checkpoints.serving.packing import pack_rows, unpack_rows
 
 CT_FIXTURES = ["ct-int8-w8a16-channel-sym", "ct-int4-g128-sym", "ct-int4-g128-asym", "ct-fp8-channel",
                "ct-int4-channel-asym-padded", "ct-int8-channel-sym-padded", "fp8-blocks"]
@@ -337,7 +337,7 @@ def test_moe_routers_stay_in_float(tmp_path, capsys, options):
     """The routers of Qwen3-MoE (mlp.gate), Mixtral (block_sparse_moe.gate), gpt-oss (mlp.router)
     and Qwen2-MoE (shared_expert_gate), 128 experts (a shape Marlin takes), even where --include
     names them: stored as they are, in ignore / ignored_layers, 'MoE router' with '-' for vLLM."""
-    from gpuq.cli.files import write_checkpoint
+    from gpuq.checkpoints.files import write_checkpoint
 
     t = make_model(tmp_path / "m")
     rng = np.random.default_rng(1)
@@ -503,7 +503,7 @@ def test_dequantize_dtype_option_and_config_dtype(tmp_path, capsys):
 
 def _failing_write(monkeypatch, when):
     """Make the n-th tensor write of a run fail (a full disk, in effect)."""
-    from gpuq.cli import files
+    from gpuq.checkpoints import files
 
     real, calls = files._Writer.write, {"n": 0}
 
@@ -671,7 +671,7 @@ def test_unsupported_fp8_configs(tmp_path, capsys, qc, message):
 def test_damaged_tensors(tmp_path, capsys, damage, message):
     import shutil
 
-    from gpuq.cli.files import write_checkpoint
+    from gpuq.checkpoints.files import write_checkpoint
 
     shutil.copytree(FIXTURES / "ct-int4-g128-asym", tmp_path / "in")
     t = load(tmp_path / "in" / "model.safetensors")
@@ -686,7 +686,7 @@ def test_damaged_tensors(tmp_path, capsys, damage, message):
 def test_a_float8_weight_without_its_scale_is_refused(tmp_path, capsys, fmt, scale):
     """Raw e4m3 codes are no dense weight: a quantized module's float8 M.weight without its
     scale is damaged input (as a pack-quantized weight without its scale is)."""
-    from gpuq.cli.files import write_checkpoint
+    from gpuq.checkpoints.files import write_checkpoint
 
     make_model(tmp_path / "m")
     options = ("--dtype", "float8_e4m3fn") if fmt == "compressed-tensors" else ()
@@ -705,7 +705,7 @@ def test_dequantize_nonfinite(tmp_path, capsys, fmt):
     """NaN fp8 codes (0x7f, 0xff) restore to NaN: --nonfinite warn (default) writes them with one
     warning line a tensor and its count, error refuses them (exit 2, nothing written), allow
     keeps quiet. The same for gpuq's own files, one or sharded (dequantize_file)."""
-    from gpuq.cli.files import write_checkpoint
+    from gpuq.checkpoints.files import write_checkpoint
 
     make_model(tmp_path / "m")
     name = "model.layers.0.mlp.down_proj.weight"
@@ -720,7 +720,7 @@ def test_dequantize_nonfinite(tmp_path, capsys, fmt):
     else:
         q, weights = tmp_path / "q", tmp_path / "q" / "model.safetensors"
         _quantize(tmp_path / "m", q, "--format", fmt, *(("--dtype", "float8_e4m3fn") if fmt != "fp8-blocks" else ()))
-    from gpuq.cli.files import Checkpoint
+    from gpuq.checkpoints.files import Checkpoint
 
     with Checkpoint(str(weights)) as ckpt:
         t, meta, extra = {n: ckpt.load(n) for n in ckpt.names}, ckpt.meta, ckpt.extra_metadata
@@ -814,7 +814,7 @@ def test_float64_and_nonfinite_weights(tmp_path, capsys):
     t = make_model(tmp_path / "m", dtype="float64")
     assert gpuq_main("quantize", tmp_path / "m", "-o", tmp_path / "q", "--format", "compressed-tensors") == 2
     assert "compressed-tensors stores scales in the model's dtype" in one_error_line(capsys)
-    from gpuq.cli.files import write_checkpoint
+    from gpuq.checkpoints.files import write_checkpoint
 
     make_model(tmp_path / "n")
     t = load(tmp_path / "n" / "model.safetensors")
@@ -854,7 +854,7 @@ def test_example_model_dir(tmp_path, capsys):
     assert all(v.dtype == BF16 for v in t.values()) and cfg["dtype"] == "bfloat16"
     assert not any("inv_freq" in k for k in t)
     # the example's tensors, one file or a folder: the same generator
-    from gpuq.cli.example import example_tensors
+    from gpuq.checkpoints.example_data import example_tensors
 
     want = example_tensors(0, 768)["model.layers.0.mlp.up_proj.weight"].astype(BF16)
     same_bits(t["model.layers.0.mlp.up_proj.weight"], want)

@@ -28,7 +28,7 @@ def tree(folder: Path) -> dict:
 
 def make_sentence_transformer(folder: Path) -> dict:
     """A Llama-shaped model with sentence-transformers' module folders; returns their files."""
-    from gpuq.cli.files import write_checkpoint
+    from gpuq.checkpoints.files import write_checkpoint
 
     make_model(folder, extra=False)
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
@@ -76,8 +76,8 @@ def test_a_failed_commit_leaves_the_module_folders_as_they_were(tmp_path, capsys
     assert gpuq_main("quantize", tmp_path / "m", "-o", q, "--format", "fp8-blocks", "--device", "cpu", "-q") == 0
     (q / "1_Pooling" / "config.json").write_text("earlier")
     before = tree(q)
-    from gpuq.cli.files import CliError
-    from gpuq.cli.serving import folder
+    from gpuq.checkpoints.files import CliError
+    from gpuq.checkpoints.serving import folder
 
     def fail(self, stale, staged):
         raise CliError("cannot write OUT: disk full")

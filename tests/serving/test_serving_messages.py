@@ -74,7 +74,7 @@ def test_a_missing_path_without_an_extension_does_not_exist(tmp_path, capsys, co
 
 
 def test_fused_expert_tensors_kept_in_float_get_a_note(tmp_path, capsys):
-    from gpuq.cli.files import write_checkpoint
+    from gpuq.checkpoints.files import write_checkpoint
 
     t = make_model(tmp_path / "m", extra=False)
     rng = np.random.default_rng(5)

@@ -11,7 +11,7 @@ found                                           read as
                                                 ``float-quantized``, ``int-quantized``; tensor,
                                                 channel, group and block scales; symmetric or not
 ``quant_method: "fp8"`` + ``weight_block_size``  fine-grained fp8 (``weight_scale_inv``)
-no quantization_config, gpuq metadata            gpuq's own files (:func:`gpuq.cli.convert.dequantize_file`)
+no quantization_config, gpuq metadata            gpuq's own files (:func:`gpuq.checkpoints.convert.dequantize_file`)
 anything else                                   one line naming what was found, exit 2
 ==============================================  ===================================================
 
@@ -60,10 +60,10 @@ _QPARAMS = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape"
 def run(in_path, out_path, *, dtype, device, progress=True, nonfinite="warn", warn=None) -> dict:
     """Dequantize the model folder ``in_path`` into ``out_path``; return the report.
     ``nonfinite`` and ``warn``: what a restored weight with NaN/Inf does
-    (:func:`gpuq.cli.convert.check_restored`).
+    (:func:`gpuq.checkpoints.convert.check_restored`).
 
     >>> import tempfile
-    >>> from gpuq.cli.env import HostDevice
+    >>> from gpuq.checkpoints.env import HostDevice
     >>> d = tempfile.mkdtemp()
     >>> run(os.path.join(os.path.dirname(__file__), *[".."] * 3, "tests", "serving", "fixtures",
     ...     "ct-int8-w8a16-channel-sym"), os.path.join(d, "dense"), dtype=None, device=HostDevice(),
@@ -123,7 +123,7 @@ def recognise(model: ModelFolder, qc, where: str) -> tuple:
     >>> recognise(None, {"quant_method": "gptq"}, "config.json")
     Traceback (most recent call last):
     ...
-    gpuq.cli.files.CliError: config.json: quantization_config quant_method 'gptq' is not one gpuq reads (compressed-tensors, fp8 with weight_block_size; or gpuq's own files)
+    gpuq.checkpoints.files.CliError: config.json: quantization_config quant_method 'gptq' is not one gpuq reads (compressed-tensors, fp8 with weight_block_size; or gpuq's own files)
     """
     if not isinstance(qc, dict):
         raise CliError(f"{where}: quantization_config is {type(qc).__name__}, not an object")
@@ -226,7 +226,6 @@ def _dequantize_shard(model, shard, path, modules, loader, out_dtype, device, ba
     rows = []
     with checkpoint_writer(path, "safetensors", entries, None, model.extra[shard]) as w:
         for name in model.tensors[shard]:
-            bar.update(1)
             if name in primaries:
                 m = primaries[name]
                 rows.append(_dequantize_module(m, here[m], loader, out_dtype, device, w, model, nonfinite, warn))
@@ -235,6 +234,7 @@ def _dequantize_shard(model, shard, path, modules, loader, out_dtype, device, ba
                 nbytes = int(np.prod(model.specs[name][0])) * model.specs[name][1].itemsize
                 rows.append({"name": name, "shape": list(model.specs[name][0]), "dtype": model.specs[name][1].name,
                              "quantized": False, "bytes_before": nbytes, "bytes_after": nbytes})
+            bar.update(1, name)  # after the tensor: a progress callback sees it done
     return rows
 
 
@@ -249,6 +249,8 @@ def _dequantize_module(module, scheme, loader, out_dtype, device, w, model, nonf
     try:
         y = gpuq.dequantize(src, scheme.api_params(scales, shape), scheme.api_params(zps, shape),
                             dtype=out_dtype, **scheme.api_kwargs())
+    except CliError:  # a ValueError already in its one-line form
+        raise
     except (ValueError, TypeError) as exc:
         raise CliError(f"module {module!r}: {' '.join(str(exc).split())}") from exc
     y = device.get(y)
@@ -274,6 +276,6 @@ def _gpuq_files(model, out, dtype, device, bar, nonfinite, warn) -> list:
     for shard in model.shards:
         with Checkpoint(model.shard_path(shard)) as ckpt:
             rows += dequantize_file(ckpt, out.staged(shard), "safetensors", schemes[shard], dtype=dtype,
-                                    device=device, tick=lambda name: bar.update(1), nonfinite=nonfinite,
+                                    device=device, tick=lambda name: bar.update(1, name), nonfinite=nonfinite,
                                     warn=warn)
     return rows

@@ -1,12 +1,12 @@
 """``gpuq compare``: several code types side by side on one checkpoint, SQNR per tensor.
 
 IN is a checkpoint file or a sharded checkpoint (a folder, or its index:
-:class:`gpuq.cli.sharded.ShardedCheckpoint`), read shard after shard; a model folder
+:class:`gpuq.checkpoints.sharded.ShardedCheckpoint`), read shard after shard; a model folder
 with one ``model.safetensors`` is read through that file. Each
 selected tensor (the same selection as ``gpuq quantize``, over the whole
 model: floating, rank >= 2, ``--min-size``, ``--include``/``--exclude``) is
 quantized in memory with every ``--scheme`` in turn, exactly as ``gpuq
-quantize`` would with those options (:func:`gpuq.cli.convert.quantize_tensor`),
+quantize`` would with those options (:func:`gpuq.checkpoints.convert.quantize_tensor`),
 and compared with its float32 dequantization; nothing is written. The default
 schemes are ``gpuq quantize``'s defaults for int8, int4 and fp8 e4m3fn (one
 scale per row; groups of 128 along the last dimension; one scale per row).
@@ -17,7 +17,7 @@ elements; along the last axis unless ``axisK`` says otherwise), ``axisK``
 ``bAxB`` (one scale per AxB block of the last two dimensions, as ``gpuq quantize
 --block AxB``) and ``sym`` (zero point 0; implied for fp8). Without ``gG``,
 ``axisK``, ``tensor`` or ``bAxB`` the scheme is the default of its code type and each tensor's rank
-(:func:`gpuq.cli.selection.default_scheme`)::
+(:func:`gpuq.checkpoints.selection.default_scheme`)::
 
     int8                  int8 asymmetric, one scale per row (axis 0 at rank 2)
     int4:g128             int4 asymmetric, groups of 128 along the inputs
@@ -47,7 +47,7 @@ DEFAULT_SCHEMES = ("int8", "int4", "float8_e4m3fn")
 
 
 def parse_scheme(text: str) -> Plan:
-    """A :class:`~gpuq.cli.selection.Plan` from ``DTYPE[:OPTION]...`` (see the module docstring).
+    """A :class:`~gpuq.checkpoints.selection.Plan` from ``DTYPE[:OPTION]...`` (see the module docstring).
 
     >>> parse_scheme("int4:g128")
     Plan(axis=-1, group_size=128, dtype='int4', symmetric=False, default=False, block=None)
@@ -60,7 +60,7 @@ def parse_scheme(text: str) -> Plan:
     >>> parse_scheme("int3")
     Traceback (most recent call last):
     ...
-    gpuq.cli.files.CliError: --scheme 'int3': the code type 'int3' is not one of int8, uint8, int4, uint4, float8_e4m3fn, float8_e5m2
+    gpuq.checkpoints.files.CliError: --scheme 'int3': the code type 'int3' is not one of int8, uint8, int4, uint4, float8_e4m3fn, float8_e5m2
     """
     dtype, *options = text.split(":")
     if dtype not in CODE_DTYPES:
@@ -84,6 +84,8 @@ def parse_scheme(text: str) -> Plan:
                     raise ValueError
             else:
                 raise ValueError
+        except CliError:  # a ValueError already in its one-line form
+            raise
         except ValueError:
             raise CliError(f"--scheme {text!r}: {opt!r} is not an option (gG, axisK, tensor, "
                            f"bAxB, sym)") from None
@@ -131,6 +133,8 @@ def run_compare(in_path, scheme_texts, *, include=(), exclude=(), min_size, devi
             try:
                 _, _, _, stats, _ = quantize_tensor(x, scheme, device, name=name,
                                                     nonfinite="allow", calibrate=methods[k])
+            except CliError:  # a ValueError already in its one-line form
+                raise
             except (ValueError, TypeError) as exc:
                 raise CliError(f"tensor {name!r}, --scheme {columns[k]!r}: "
                                f"{' '.join(str(exc).split())}") from exc

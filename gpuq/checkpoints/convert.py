@@ -1,13 +1,13 @@
 """The work behind ``gpuq quantize`` and ``gpuq dequantize``: one tensor at a time.
 
 Both commands stream: the output's index is declared before any data (see
-:func:`gpuq.cli.files.checkpoint_writer`), then each input tensor is read at
+:func:`gpuq.checkpoints.files.checkpoint_writer`), then each input tensor is read at
 its offset, converted, written at its place in the output and dropped. Peak
 memory is about the largest tensor's input plus its output plus a fixed
 overhead (Python, NumPy, the compiled loops, and bounded scratch for the
 error statistics), whatever the size of the file.
 
-The file layout is in :mod:`gpuq.cli.quantized`; a file to dequantize is
+The file layout is in :mod:`gpuq.checkpoints.quantized`; a file to dequantize is
 checked against it before anything is written.
 
 Non-finite inputs (``--nonfinite``): a tensor's NaN and +/-Inf values are
@@ -33,7 +33,7 @@ from .quantized import (check_file, code_range, is_float8, is_packed, scheme_kw,
                         output_entries, zps_dtype)
 from .report import natural_key, nonfinite_text
 from .selection import check_names, describe, select
-from .signals import complete
+from .stops import complete
 
 NONFINITE_POLICIES = ("error", "warn", "allow")
 #: Elements per block of the error statistics: bounds their float64 scratch (~10 MB).
@@ -41,25 +41,55 @@ _BLOCK = 1 << 18
 
 
 class _NoBar:
-    def update(self, n=1):
+    def update(self, n=1, name=None):
         pass
 
     def close(self):
         pass
 
 
-def progress_bar(total: int, enabled: bool, desc: str):
-    """A bar over ``total`` tensors on stderr (``update(n)``, ``close()``), or a no-op one.
+class _TqdmBar:
+    def __init__(self, bar):
+        self.bar = bar
 
-    >>> bar = progress_bar(3, False, "quantize"); bar.update(1); bar.close()
+    def update(self, n=1, name=None):
+        self.bar.update(n)
+
+    def close(self):
+        self.bar.close()
+
+
+class _CallbackBar:
+    """Calls ``callback(done, total, name)`` after each tensor (``name`` None for a batch)."""
+
+    def __init__(self, total, callback):
+        self.total, self.done, self.callback = total, 0, callback
+
+    def update(self, n=1, name=None):
+        self.done += n
+        self.callback(self.done, self.total, name)
+
+    def close(self):
+        pass
+
+
+def progress_bar(total: int, enabled, desc: str):
+    """A bar over ``total`` tensors (``update(n, name)``, ``close()``): ``enabled`` False for none,
+    True for a tqdm bar on stderr, or a callable ``(done, total, name)`` called after each tensor.
+
+    >>> bar = progress_bar(3, False, "quantize"); bar.update(1, "w"); bar.close()
+    >>> bar = progress_bar(3, lambda *a: print(a), "quantize"); bar.update(1, "w")
+    (1, 3, 'w')
     """
+    if callable(enabled):
+        return _CallbackBar(total, enabled)
     if not enabled:
         return _NoBar()
     try:
         from tqdm import tqdm
     except ImportError:  # the bar is a nicety: no tqdm, no bar
         return _NoBar()
-    return tqdm(total=total, desc=desc, unit="tensor", file=sys.stderr, leave=False)
+    return _TqdmBar(tqdm(total=total, desc=desc, unit="tensor", file=sys.stderr, leave=False))
 
 
 def float_dtype(name: str) -> np.dtype:
@@ -263,7 +293,7 @@ def quantize_tensor(x, scheme: dict, device, *, name: str = "x", nonfinite: str 
     (0 quantizes to the zero point and comes back as 0), so each adds exactly +0 to its
     block's error sum: the search sums over the finite values only, as if they were absent.
 
-    >>> from gpuq.cli.env import HostDevice
+    >>> from gpuq.checkpoints.env import HostDevice
     >>> x = np.array([[0.5, np.nan], [-1.0, 2.0]], np.float32)
     >>> q, s, z, stats, counts = quantize_tensor(
     ...     x, {"dtype": "int8", "symmetric": True, "axis": None, "group_size": None}, HostDevice())
@@ -309,7 +339,7 @@ def host_codes(q, device):
 
 
 def stored_codes(q, scheme: dict, fmt: str):
-    """What the file holds for host codes ``q`` (see :mod:`gpuq.cli.quantized`): the packed
+    """What the file holds for host codes ``q`` (see :mod:`gpuq.checkpoints.quantized`): the packed
     bytes of int4/uint4, the uint8 bits of fp8 in an .npz, else ``q`` itself.
 
     >>> import gpuq
@@ -371,7 +401,7 @@ def _out_format(in_fmt, out_path, *, npy_ok):
 
 def run_quantize(in_path, out_path, plan, *, include=(), exclude=(), min_size, device,
                  progress=True, nonfinite="warn", warn=None, calibrate="minmax") -> dict:
-    """Quantize a checkpoint file; return the report (see :mod:`gpuq.cli.report`).
+    """Quantize a checkpoint file; return the report (see :mod:`gpuq.checkpoints.report`).
 
     ``nonfinite`` is the policy for tensors with NaN/Inf (``"error"``, ``"warn"``,
     ``"allow"``); ``warn`` is called with one line of text per such tensor
@@ -389,7 +419,7 @@ def run_quantize(in_path, out_path, plan, *, include=(), exclude=(), min_size, d
         bar = progress_bar(len(specs), progress, "quantize")
         try:
             rows = quantize_file(ckpt, out_path, out_fmt, schemes, device=device,
-                                 nonfinite=nonfinite, warn=warn, tick=lambda name: bar.update(1),
+                                 nonfinite=nonfinite, warn=warn, tick=lambda name: bar.update(1, name),
                                  calibrate=calibrate)
             complete(out_path)
         finally:
@@ -419,7 +449,7 @@ def quantize_file(ckpt, out_path, out_fmt, schemes, *, device, nonfinite="warn",
     """Quantize the tensors of the open checkpoint ``ckpt`` named in ``schemes`` into ``out_path``.
 
     Every other tensor is copied. The output is streamed and atomic
-    (:func:`gpuq.cli.files.checkpoint_writer`); its bytes depend only on
+    (:func:`gpuq.checkpoints.files.checkpoint_writer`); its bytes depend only on
     ``ckpt``, ``schemes``, ``out_fmt`` and ``calibrate`` (the parameters' method, which the
     file does not record: its scales are ordinary ones), which is what makes a shard
     written on a cluster worker the same file as one written here.
@@ -472,6 +502,8 @@ def _quantize_one(ckpt, name, scheme, row, out, device, nonfinite, warn, calibra
         q, scales, zps, stats, counts = quantize_tensor(ckpt.load(name), scheme, device,
                                                         name=name, nonfinite=nonfinite,
                                                         calibrate=calibrate)
+    except CliError:  # a ValueError already in its one-line form
+        raise
     except (ValueError, TypeError) as exc:
         raise CliError(f"tensor {name!r}: {' '.join(str(exc).split())}") from exc
     if sum(counts.values()) and nonfinite == "warn" and warn is not None:
@@ -525,7 +557,7 @@ def finish_report(command, in_path, out_path, device_name, rows) -> dict:
 def run_dequantize(in_path, out_path, *, dtype, device, progress=True, nonfinite="warn", warn=None) -> dict:
     """Restore floats from a file written by :func:`run_quantize`; return a short report.
 
-    The file is checked against its gpuq metadata first (:func:`gpuq.cli.quantized.check_file`).
+    The file is checked against its gpuq metadata first (:func:`gpuq.checkpoints.quantized.check_file`).
     """
     in_fmt = file_format(in_path, "IN")
     out_fmt = _out_format(in_fmt, out_path, npy_ok=(in_fmt == "npz"))
@@ -539,7 +571,7 @@ def run_dequantize(in_path, out_path, *, dtype, device, progress=True, nonfinite
         bar = progress_bar(len(restored), progress, "dequantize")
         try:
             rows = dequantize_file(ckpt, out_path, out_fmt, schemes, dtype=dtype, device=device,
-                                   tick=lambda name: bar.update(1), nonfinite=nonfinite, warn=warn)
+                                   tick=lambda name: bar.update(1, name), nonfinite=nonfinite, warn=warn)
             complete(out_path)
         finally:
             bar.close()
@@ -635,6 +667,8 @@ def dequantize_file(ckpt, out_path, out_fmt, schemes, *, dtype, device, tick=Non
                     # Host scales/zps with a device src are uploaded by the library.
                     y = gpuq.dequantize(api_codes(stored, s, device), scales, zps,
                                         dtype=entries[name][1], **scheme_kw(s))
+                except CliError:  # a ValueError already in its one-line form
+                    raise
                 except (ValueError, TypeError) as exc:
                     raise CliError(f"tensor {name!r}: {' '.join(str(exc).split())}") from exc
                 y = device.get(y)

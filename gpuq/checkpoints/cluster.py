@@ -5,7 +5,7 @@
 of a worker that dies). A task opens its input shard, quantizes whole tensors
 on its worker (``--device auto``: that worker's GPU when it has one) and
 writes its output shard itself, under the run's staged name in OUT
-(:class:`gpuq.cli.sharded.OutputFolder`): IN and OUT must be on a filesystem
+(:class:`gpuq.checkpoints.sharded.OutputFolder`): IN and OUT must be on a filesystem
 that the client and every worker see at the same paths (the local disk, for
 ``--workers``). Workers must be able to import gpuq (the same version: a task
 checks). A user error on a worker (a NaN tensor under ``--nonfinite error``)
@@ -23,7 +23,7 @@ The client waits for the tasks to end (at most :data:`STOP_WAIT` seconds;
 for ``--workers`` it then closes its cluster, which ends any worker still
 busy) before the run's files are removed, so no task writes into OUT after
 the cleanup. ``--workers`` starts its worker processes with SIGINT and
-SIGTERM blocked (:func:`gpuq.cli.signals.held_signals`): a Ctrl-C to the
+SIGTERM blocked (:func:`gpuq.checkpoints.stops.held_signals`): a Ctrl-C to the
 terminal's process group, or a SIGTERM to the whole job, reaches the client
 alone, which stops the workers in order, and there are no tracebacks from
 workers that were interrupted.
@@ -37,7 +37,7 @@ import time
 
 from .files import CliError, _one_line
 from .sharded import run_shard
-from .signals import held_signals
+from .stops import held_signals
 
 #: What ``pip`` needs for ``--scheduler``/``--workers``.
 DASK_HINT = "pip install 'gpuq[dask]'"
@@ -63,7 +63,7 @@ class _Stopped(Exception):
 
 
 def shard_task(job: dict) -> dict:
-    """A shard as a Dask task: :func:`gpuq.cli.sharded.run_shard` on the worker, user errors
+    """A shard as a Dask task: :func:`gpuq.checkpoints.sharded.run_shard` on the worker, user errors
     as a value.
 
     A CliError (bad data, ``--device cuda`` on a worker without a GPU) would
@@ -225,7 +225,7 @@ def _gather(futures: dict, queue, bar, warn) -> dict:
             for shard, name in queue.get(batch=True):
                 if (shard, name) not in seen:
                     seen.add((shard, name))
-                    bar.update(1)
+                    bar.update(1, name)
         if not done:
             time.sleep(0.05)
             continue

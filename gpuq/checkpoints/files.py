@@ -67,8 +67,17 @@ MAX_RANK = 32
 _NPY_MAGIC = b"\x93NUMPY"
 
 
-class CliError(Exception):
-    """A user-facing error: printed as one ``gpuq: error: ...`` line, exit code 2."""
+class CliError(ValueError):
+    """A user-facing error (bad input or options): a ValueError whose text is one line.
+
+    The command prints it as one ``gpuq: error: ...`` line and exits 2; a library caller
+    (:mod:`gpuq.checkpoints`) gets it as it is, before anything was written or with what the
+    run wrote removed.
+    """
+
+
+#: The library's name for it.
+CheckpointError = CliError
 
 
 def file_format(path: str, role: str) -> str:
@@ -79,11 +88,11 @@ def file_format(path: str, role: str) -> str:
     >>> file_format("model.bin", "OUT")
     Traceback (most recent call last):
     ...
-    gpuq.cli.files.CliError: OUT 'model.bin' has an unknown extension '.bin': expected .safetensors, .npz or .npy
+    gpuq.checkpoints.files.CliError: OUT 'model.bin' has an unknown extension '.bin': expected .safetensors, .npz or .npy
     >>> file_format("/nonexistent/model", "IN")       # a missing IN: that first
     Traceback (most recent call last):
     ...
-    gpuq.cli.files.CliError: cannot read IN '/nonexistent/model': it does not exist
+    gpuq.checkpoints.files.CliError: cannot read IN '/nonexistent/model': it does not exist
     """
     ext = os.path.splitext(path)[1].lower()
     if ext not in FORMATS and role == "IN" and not os.path.lexists(path):
@@ -153,7 +162,7 @@ class Checkpoint:
     """A checkpoint opened for reading: ``names``, ``spec(name)``, ``load(name)``, ``meta``.
 
     ``meta`` is the gpuq description (a dict, parsed but not checked: see
-    :mod:`gpuq.cli.quantized`) for files written by ``gpuq quantize`` and
+    :mod:`gpuq.checkpoints.quantized`) for files written by ``gpuq quantize`` and
     ``None`` otherwise; ``extra_metadata`` holds any other safetensors
     metadata, passed through unchanged. ``names`` are in file order (data
     order for .safetensors, member order for .npz), so reading them in turn
@@ -641,7 +650,7 @@ def check_header_size(path: str, header: bytes, entries: dict) -> None:
     >>> check_header_size("o.safetensors", b" " * (MAX_HEADER + 8), {"w": None})
     Traceback (most recent call last):
     ...
-    gpuq.cli.files.CliError: cannot write OUT 'o.safetensors': its safetensors header would be 100,000,008 bytes, over the 100,000,000 the format allows (1 tensor and the metadata), so no safetensors reader could open it; write fewer tensors or less metadata per file (a sharded checkpoint)
+    gpuq.checkpoints.files.CliError: cannot write OUT 'o.safetensors': its safetensors header would be 100,000,008 bytes, over the 100,000,000 the format allows (1 tensor and the metadata), so no safetensors reader could open it; write fewer tensors or less metadata per file (a sharded checkpoint)
     """
     if len(header) > MAX_HEADER:
         n = len(entries)

@@ -428,7 +428,7 @@ def check_values(path: str, name: str, scheme: dict, codes, zps) -> None:
     ...              None)
     Traceback (most recent call last):
     ...
-    gpuq.cli.files.CliError: cannot read IN 'f': tensor 'w': the high nibble of its last byte pads an odd count of int4 codes (3) and must be 0, but it is 1: damaged or not written by gpuq
+    gpuq.checkpoints.files.CliError: cannot read IN 'f': tensor 'w': the high nibble of its last byte pads an odd count of int4 codes (3) and must be 0, but it is 1: damaged or not written by gpuq
     """
     dtype = scheme["dtype"]
     if not is_packed(dtype):

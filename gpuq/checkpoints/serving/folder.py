@@ -5,8 +5,8 @@ transformers and compressed-tensors look for, or shards named by a
 ``*.safetensors.index.json``) and other files (tokenizer, generation config, chat template).
 
 Reading (:class:`ModelFolder`): the config must be a JSON object; the weights are checked as
-every gpuq input is (:class:`gpuq.cli.sharded.ShardedCheckpoint` for an index and its shards,
-:class:`gpuq.cli.files.Checkpoint` for one file), before any work. Other plain files at the top
+every gpuq input is (:class:`gpuq.checkpoints.sharded.ShardedCheckpoint` for an index and its shards,
+:class:`gpuq.checkpoints.files.Checkpoint` for one file), before any work. Other plain files at the top
 are carried over as they are; so are the module folders a sentence-transformers
 ``modules.json`` names (``1_Pooling/``, ``2_Normalize/``, ``2_Dense/``: copied bit for bit, their
 weights never quantized, listed in the report). Other folders and weight files of other formats
@@ -34,7 +34,7 @@ import shutil
 from ..files import Checkpoint, CliError, _one_line, atomic_output
 from ..sharded import (INDEX_SUFFIX, OutputFolder, ShardedCheckpoint, prepare_folder,
                        refuse_folders_in_the_way, write_index)
-from ..signals import complete, held_signals
+from ..stops import complete, held_signals
 
 CONFIG = "config.json"
 #: sentence-transformers' list of modules; the ones with a ``path`` live in that subfolder.
@@ -59,7 +59,7 @@ class ModelFolder:
     ``modules`` (the module folders among them) and ``left_out`` (what is not).
 
     >>> import tempfile, numpy as np
-    >>> from gpuq.cli.files import write_checkpoint
+    >>> from gpuq.checkpoints.files import write_checkpoint
     >>> d = tempfile.mkdtemp()
     >>> write_checkpoint(os.path.join(d, SINGLE), "safetensors", {"w": np.ones((2, 2), np.float32)}, None)
     >>> write_json(os.path.join(d, CONFIG), {"model_type": "llama"})
@@ -126,7 +126,7 @@ class Tensors:
     another shard than its weight); each shard opened once, closed with the block.
 
     >>> import tempfile, numpy as np
-    >>> from gpuq.cli.files import write_checkpoint
+    >>> from gpuq.checkpoints.files import write_checkpoint
     >>> d = tempfile.mkdtemp()
     >>> write_checkpoint(os.path.join(d, SINGLE), "safetensors", {"w": np.ones(2, np.int8)}, None)
     >>> write_json(os.path.join(d, CONFIG), {})
@@ -201,7 +201,7 @@ class ModelOutput(OutputFolder):
 
     def commit(self, staged: list, index_src, shard_entries: dict | None, config: dict) -> None:
         """Rename the ``staged`` files into place, write the index (when ``index_src``, a source
-        with ``index_name`` and ``metadata``, is given: see :func:`gpuq.cli.sharded.write_index`,
+        with ``index_name`` and ``metadata``, is given: see :func:`gpuq.checkpoints.sharded.write_index`,
         from ``{shard: {name: nbytes}}``) and then ``config.json``."""
         with held_signals():
             # an earlier run's module folder is moved aside (a rename cannot replace a folder),
@@ -300,7 +300,7 @@ def read_json(path: str, what: str) -> dict:
     >>> read_json("/nonexistent/config.json", "IN 'x' is not a model folder")
     Traceback (most recent call last):
     ...
-    gpuq.cli.files.CliError: IN 'x' is not a model folder: no /nonexistent/config.json
+    gpuq.checkpoints.files.CliError: IN 'x' is not a model folder: no /nonexistent/config.json
     """
     if not os.path.isfile(path):
         raise CliError(f"{what}: no {path}")

@@ -239,6 +239,8 @@ class PackQuantized(_Layout):
 def _unpack(fn, words, bits, n, name):
     try:
         return fn(words, bits, n)
+    except CliError:  # a ValueError already in its one-line form
+        raise
     except ValueError as exc:
         raise CliError(f"tensor {name!r}: {exc}") from None
 

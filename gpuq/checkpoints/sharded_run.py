@@ -1,12 +1,12 @@
 """``gpuq quantize``/``dequantize`` of a sharded checkpoint: here, or on a Dask cluster.
 
-The checkpoint and its index are checked first (:class:`gpuq.cli.sharded.ShardedCheckpoint`),
+The checkpoint and its index are checked first (:class:`gpuq.checkpoints.sharded.ShardedCheckpoint`),
 the tensor selection is made once over the whole model, and for ``quantize``
 every output shard's header is held to the safetensors limit before any work.
 Then the shards run one after the other in this process (:func:`run_local`)
-or as tasks on a cluster (:func:`gpuq.cli.cluster.run_on_cluster`), each
+or as tasks on a cluster (:func:`gpuq.checkpoints.cluster.run_on_cluster`), each
 writing its staged output shard; when all have succeeded the output folder
-is committed (:meth:`gpuq.cli.sharded.OutputFolder.commit`), and when any
+is committed (:meth:`gpuq.checkpoints.sharded.OutputFolder.commit`), and when any
 fails, or a signal stops the run, the run's files are removed and OUT is as
 it was.
 """
@@ -28,7 +28,7 @@ def run_local(jobs: list, *, device, progress, desc, tensors: int, warn=None) ->
     try:
         for job in jobs:
             result = results[job["shard"]] = run_shard(job, device=device,
-                                                       tick=lambda name: bar.update(1))
+                                                       tick=lambda name: bar.update(1, name))
             for line in result["warnings"]:
                 if warn is not None:
                     warn(line)

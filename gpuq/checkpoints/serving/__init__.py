@@ -13,6 +13,6 @@ back to a dense folder. What each format holds, and which line of which library 
 * :mod:`.selection`: which weights are quantized, the ``ignore`` rule, vLLM's shape rules;
 * :mod:`.quantize` and :mod:`.dequantize`: the two commands' work, shard by shard.
 
-May import: :mod:`gpuq`'s public API and the rest of :mod:`gpuq.cli` (files, the
+May import: :mod:`gpuq`'s public API and the rest of :mod:`gpuq.checkpoints` (files, the
 all-or-nothing output folder, the report, the selection globs, device choice).
 """

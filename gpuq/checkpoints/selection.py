@@ -94,7 +94,7 @@ class Plan:
         {'dtype': 'int8', 'symmetric': True, 'axis': 1, 'group_size': 128}
 
         int4/uint4 schemes also record the shape and packing, fp8 ones are
-        symmetric (:func:`gpuq.cli.quantized.scheme_for`). A default plan takes
+        symmetric (:func:`gpuq.checkpoints.quantized.scheme_for`). A default plan takes
         the table's scheme for the tensor's rank:
 
         >>> Plan(None, None, "int8", False, default=True).for_shape("w", (8, 4, 256))["axis"]
@@ -203,7 +203,7 @@ def select(specs: dict, *, include=(), exclude=(), min_size=DEFAULT_MIN_SIZE) ->
     >>> select(specs, include=["b.*"])
     Traceback (most recent call last):
     ...
-    gpuq.cli.files.CliError: --include 'b.*' matches no tensor name in IN
+    gpuq.checkpoints.files.CliError: --include 'b.*' matches no tensor name in IN
     """
     names = list(specs)
     for flag, patterns in (("--include", include), ("--exclude", exclude)):

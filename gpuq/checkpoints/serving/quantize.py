@@ -29,77 +29,33 @@ import os
 
 import numpy as np
 
-from ..._codetypes import as_code_type
 from ..convert import (count_nonfinite, error_stats, finish_report, finite_part, host_codes, progress_bar,
                        sqnr_db)
 from ..files import Checkpoint, CliError, check_header_size, checkpoint_writer, safetensors_layout
 from ..report import nonfinite_text
-from ..selection import is_float, parse_block
+from ..selection import is_float
 from ..sharded import output_shard_entries
 from .folder import CONFIG, ModelFolder, model_output, module_notes
-from .formats import (FP8_BLOCK, FP8_BLOCKS, NAIVE, PACK, WeightScheme, ct_config, fp8_blocks_config,
-                      fp8_code, int_code)
+from .formats import (FP8_BLOCK, FP8_BLOCKS, PACK, WeightScheme, ct_config, fp8_blocks_config, fp8_code,
+                      int_code)
 from .selection import ROUTER, choose, module_of, vllm_check
 
-#: The serving formats of ``gpuq quantize --format`` (gpuq's own is ``gpuq``).
-FORMATS = ("compressed-tensors", "fp8-blocks")
 #: The dtypes a model's scales may be stored in (the model's dtype).
 _SCALE_DTYPES = ("bfloat16", "float16", "float32")
 
 
 class Request:
-    """The scheme a run asks for, checked against the format before any file is read:
-    ``code`` (a row), ``strategy``, ``group_size``, ``symmetric``, ``layout``."""
+    """The scheme a run asks for, checked against its format before any file is read (each
+    format module builds its own: :mod:`gpuq.checkpoints.formats`): ``format`` (its name, for
+    messages), ``code`` (a row), ``strategy``, ``group_size``, ``symmetric``, ``layout``.
 
-    def __init__(self, fmt, *, dtype=None, axis=None, per_tensor=False, group_size=None,
-                 symmetric=False, asymmetric=False, block=None):
-        if fmt not in FORMATS:
-            raise CliError(f"--format must be gpuq, {' or '.join(FORMATS)}, got {fmt!r}")
-        self.format = fmt
-        if block is not None and (fmt != "fp8-blocks" or parse_block(block, "--block") != FP8_BLOCK):
-            raise CliError(f"--block {block}: --format fp8-blocks has {FP8_BLOCK[0]}x{FP8_BLOCK[1]} blocks "
-                           f"(its weight_block_size), and compressed-tensors is written per channel, "
-                           f"group or tensor")
-        if fmt == "fp8-blocks":
-            self._fp8_blocks(dtype, axis, per_tensor, group_size, asymmetric)
-        else:
-            self._compressed_tensors(dtype, axis, per_tensor, group_size, symmetric, asymmetric)
+    >>> Request("fp8-blocks", fp8_code(), "block", None, True, FP8_BLOCKS).scheme("float32").describe()
+    'float8_e4m3fn block 128x128'
+    """
 
-    def _fp8_blocks(self, dtype, axis, per_tensor, group_size, asymmetric):
-        self.code = as_code_type(dtype or fp8_code().name, "--dtype")
-        if self.code != fp8_code() or axis is not None or per_tensor or group_size is not None or asymmetric:
-            raise CliError(f"--format fp8-blocks has one scheme, {fp8_code().name} with one scale per "
-                           f"{FP8_BLOCK[0]}x{FP8_BLOCK[1]} block: drop --dtype other than {fp8_code().name}, "
-                           f"--axis, --per-tensor, --group-size and --asymmetric")
-        self.strategy, self.group_size, self.symmetric, self.layout = "block", None, True, FP8_BLOCKS
-
-    def _compressed_tensors(self, dtype, axis, per_tensor, group_size, symmetric, asymmetric):
-        code = as_code_type(dtype or "int8", "--dtype")
-        takes = (int_code(8), int_code(4), fp8_code())
-        if code not in takes:
-            raise CliError(f"--format compressed-tensors takes --dtype {', '.join(c.name for c in takes)}, got "
-                           f"{code.name} (compressed-tensors' int codes are signed: --asymmetric int8/int4 "
-                           f"holds what uint8/uint4 would)")
-        fp8 = code.codec == "float8"
-        if fp8 and (asymmetric or group_size is not None):
-            raise CliError(f"{code.name} has no zero point and compressed-tensors stores it per channel "
-                           f"or per tensor: drop --asymmetric and --group-size")
-        if symmetric and asymmetric:
-            raise CliError("--symmetric and --asymmetric: choose one")
-        if axis is not None and axis != 0 and group_size is None:
-            raise CliError(f"--axis {axis}: compressed-tensors scales output channels (--axis 0), groups "
-                           f"along the input (--group-size G) or the whole tensor (--per-tensor, fp8)")
-        if group_size is not None and group_size < 1:
-            raise CliError(f"--group-size must be a positive integer, got {group_size}")
-        if group_size is not None and axis not in (None, 1, -1):
-            raise CliError(f"--group-size groups along the input dimension (axis 1), got --axis {axis}")
-        if per_tensor and not fp8:
-            raise CliError(f"--per-tensor: vLLM's kernels for {code.name} weights (wNa16) take channel or "
-                           f"group scales")
-        self.code, self.symmetric, self.layout = code, fp8 or not asymmetric, NAIVE if fp8 else PACK
-        self.group_size = group_size if group_size is not None else (
-            128 if code.storage == "packed" and axis is None else None)
-        self.strategy = ("tensor" if per_tensor else "group" if self.group_size is not None else "channel")
+    def __init__(self, fmt, code, strategy, group_size, symmetric, layout):
+        self.format, self.code, self.strategy = fmt, code, strategy
+        self.group_size, self.symmetric, self.layout = group_size, symmetric, layout
 
     def scheme(self, scale_dtype) -> WeightScheme:
         block = FP8_BLOCK if self.strategy == "block" else None
@@ -107,17 +63,19 @@ class Request:
                             group_size=self.group_size, block=block)
 
 
-def run(args, *, warn, progress, device) -> dict:
-    """``gpuq quantize`` to a serving format (``args`` as :mod:`gpuq.cli.commands` parses them).
-
-    Returns the report (:func:`gpuq.cli.convert.finish_report`'s, with the format, each row's
-    vLLM column, the ``ignore`` list and notes).
-    """
+def check_local(args) -> None:
+    """A serving format's run is local: no ``--scheduler``/``--workers``."""
     if args.scheduler is not None or args.workers is not None:
         raise CliError(f"--format {args.format} runs on this machine: drop --scheduler/--workers")
-    request = Request(args.format, dtype=args.dtype, axis=args.axis, per_tensor=args.per_tensor,
-                      group_size=args.group_size, symmetric=args.symmetric, asymmetric=args.asymmetric,
-                      block=args.block)
+
+
+def run(args, request: Request, *, warn, progress, device) -> dict:
+    """``gpuq quantize`` to a serving format (``args`` as :mod:`gpuq.cli.commands` parses them).
+
+    Returns the report (:func:`gpuq.checkpoints.convert.finish_report`'s, with the format, each row's
+    vLLM column, the ``ignore`` list and notes).
+    """
+    check_local(args)
     if args.min_size < 0:
         raise CliError(f"--min-size must be >= 0, got {args.min_size}")
     model = ModelFolder(args.input)
@@ -225,19 +183,19 @@ def _quantize_shard(model, shard, path, entries, chosen, kept, device, nonfinite
                              "max_abs_error": stats["max_abs_error"], "nonfinite": counts,
                              "vllm": vllm_check(module_of(name), shape, scheme, present),
                              "_signal": stats["signal"], "_error": stats["error"]})
-            bar.update(1)
+            bar.update(1, name)
     return rows
 
 
 def quantize_weight(x, scheme: WeightScheme, device, name, nonfinite="warn", warn=None, method="minmax") -> tuple:
     """``(tensors, stats, counts)``: the stored tensors of one ``[out, in]`` weight, its error
-    statistics (:func:`gpuq.cli.convert.error_stats`) and its NaN/Inf counts.
+    statistics (:func:`gpuq.checkpoints.convert.error_stats`) and its NaN/Inf counts.
 
     Parameters come from the finite values (NaN/Inf replaced by 0, which changes no range that
     includes 0, nor ``max |x|``) by ``method`` (``--calibrate``: min/max or the MSE search),
     rounded to the scale dtype; the codes from ``x`` itself.
 
-    >>> from gpuq.cli.env import HostDevice
+    >>> from gpuq.checkpoints.env import HostDevice
     >>> x = np.array([[0.5, -1.0], [2.0, 4.0]], np.float32)
     >>> s = WeightScheme(int_code(8), "channel", True, "float32", PACK)
     >>> t, stats, _ = quantize_weight(x, s, HostDevice(), "m.weight")
@@ -262,6 +220,8 @@ def quantize_weight(x, scheme: WeightScheme, device, name, nonfinite="warn", war
         scales, zps = gpuq.choose_qparams(pd, dtype=code, symmetric=scheme.symmetric,
                                           scale_dtype=scheme.scale_dtype, method=method, **kw)
         q = gpuq.quantize(xd, scales, zps, dtype=code, **kw)
+    except CliError:  # a ValueError already in its one-line form
+        raise
     except (ValueError, TypeError) as exc:
         raise CliError(f"tensor {name!r}: {' '.join(str(exc).split())}") from exc
     del xd, pd
@@ -276,7 +236,7 @@ def quantize_weight(x, scheme: WeightScheme, device, name, nonfinite="warn", war
 
 
 def _stats(x, q, scales, zps, scheme, device, finite_only) -> dict:
-    """:func:`gpuq.cli.convert.error_stats` of one weight, in its own scheme."""
+    """:func:`gpuq.checkpoints.convert.error_stats` of one weight, in its own scheme."""
     kw = scheme.api_kwargs()
     cli = {"axis": kw["axis"], "group_size": kw["group_size"], "block_size": kw["block_size"],
            "dtype": scheme.code.name}
@@ -299,9 +259,9 @@ def transformers_notes(chosen, specs, request) -> list:
     GPU, transformers takes the block as ``rows // scale_rows`` x ``cols // scale_cols``.
 
     >>> import numpy as np
-    >>> s = Request("fp8-blocks").scheme("float32")
-    >>> note = transformers_notes({"a.weight": s}, {"a.weight": ((144, 100), np.dtype("float32"))},
-    ...                           Request("fp8-blocks"))[0]
+    >>> r = Request("fp8-blocks", fp8_code(), "block", None, True, FP8_BLOCKS)
+    >>> note = transformers_notes({"a.weight": r.scheme("float32")},
+    ...                           {"a.weight": ((144, 100), np.dtype("float32"))}, r)[0]
     >>> note.split(": it ")[1]
     'loads 1 with wrong weights; vLLM and gpuq dequantize read it right'
     """

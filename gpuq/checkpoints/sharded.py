@@ -18,7 +18,7 @@ exist). Each input shard gives one output shard of the same file name, and
 the index keeps the input index's file name. An output shard is byte for
 byte the file that ``gpuq quantize SHARD -o OUT/SHARD`` (or ``dequantize``)
 writes with the same options: the same per-file code
-(:func:`gpuq.cli.convert.quantize_file`) writes it, with the tensor selection
+(:func:`gpuq.checkpoints.convert.quantize_file`) writes it, with the tensor selection
 made once over the whole model (the ``--include``/``--exclude`` patterns must
 match somewhere in the model, not in every shard; a shard with no tensor to
 quantize is copied, with an empty gpuq table). Every quantized shard carries
@@ -28,16 +28,16 @@ index's ``weight_map`` lists every output tensor (``NAME.scales`` and
 input's with ``total_size`` recomputed (the bytes of tensor data).
 
 **All or nothing** (:class:`OutputFolder`). Each shard is written (through
-:func:`gpuq.cli.files.atomic_output`) under a hidden staged name unique to
+:func:`gpuq.checkpoints.files.atomic_output`) under a hidden staged name unique to
 the run, ``.gpuq-RUN.SHARD``; nothing in OUT is replaced until every shard
 has succeeded. Then the commit, with SIGINT/SIGTERM held
-(:func:`gpuq.cli.signals.held_signals`), removes an earlier run's index,
+(:func:`gpuq.checkpoints.stops.held_signals`), removes an earlier run's index,
 renames each staged shard to its name and writes the index last. A run that
 fails or is stopped before the commit removes every file it made (staged
 shards and the temporary files of shards in progress, its own by the run's
 name, and OUT if it created it), so OUT is left exactly as it was. Where the
-shards run is :mod:`gpuq.cli.sharded_run` (here, or as Dask tasks:
-:mod:`gpuq.cli.cluster`).
+shards run is :mod:`gpuq.checkpoints.sharded_run` (here, or as Dask tasks:
+:mod:`gpuq.checkpoints.cluster`).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ import secrets
 
 from .files import Checkpoint, CliError, _one_line, _remove, atomic_output
 from .report import natural_key
-from .signals import complete, held_signals
+from .stops import complete, held_signals
 
 INDEX_SUFFIX = ".safetensors.index.json"
 
@@ -253,7 +253,7 @@ def refuse_folders_in_the_way(out: str, names) -> None:
     >>> refuse_folders_in_the_way(out, ["config.json", "model.safetensors"])
     Traceback (most recent call last):
     ...
-    gpuq.cli.files.CliError: cannot write OUT '...': 'model.safetensors' there is a folder, and this run writes a file of that name; remove it or write to a new folder
+    gpuq.checkpoints.files.CliError: cannot write OUT '...': 'model.safetensors' there is a folder, and this run writes a file of that name; remove it or write to a new folder
     """
     for name in sorted(names):
         path = os.path.join(out, name)
@@ -271,7 +271,7 @@ def prepare_folder(out: str, in_folder: str, what: str, why: str) -> bool:
     >>> prepare_folder(os.path.join(tempfile.mkdtemp(), "o.json"), "/in", "for x", "x needs a folder")
     Traceback (most recent call last):
     ...
-    gpuq.cli.files.CliError: OUT '...o.json' must be a folder for x, not a file name
+    gpuq.checkpoints.files.CliError: OUT '...o.json' must be a folder for x, not a file name
     """
     if os.path.splitext(out)[1].lower() in (".safetensors", ".npz", ".npy", ".json"):
         raise CliError(f"OUT {out!r} must be a folder {what}, not a file name")

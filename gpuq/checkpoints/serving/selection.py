@@ -5,7 +5,7 @@ names, not modules, so an embedding is told by its name (a last part containing 
 ``embed_tokens``, ``word_embeddings``, ``embed_in``, ``tok_embeddings``; or ``wte``/``wpe``) and
 norms by their rank (1). ``lm_head`` stays in float unless an ``--include`` pattern names it
 (every compressed-tensors recipe ignores it). ``--include``/``--exclude``/``--min-size`` select
-as for gpuq's own format (:func:`gpuq.cli.selection.select`). A weight whose input dimension the
+as for gpuq's own format (:func:`gpuq.checkpoints.selection.select`). A weight whose input dimension the
 group size does not divide stays in float (compressed-tensors refuses it). vLLM merges q/k/v
 (``qkv_proj``) and gate/up (``gate_up_proj``) into one layer and refuses a merged layer whose
 parts differ, so such a set is quantized whole or kept whole in float.
@@ -171,7 +171,7 @@ def vllm_check(module: str, shape, scheme, present) -> str:
     fine-grained fp8 the merged layers' rule (every part but the last a whole number of blocks
     along out); fp8 per channel or tensor has no shape rule here (``"-"``).
 
-    >>> from gpuq.cli.serving.formats import WeightScheme, int_code, PACK
+    >>> from gpuq.checkpoints.serving.formats import WeightScheme, int_code, PACK
     >>> vllm_check("a.q_proj", (100, 256), WeightScheme(int_code(4), "group", True, "bfloat16", PACK,
     ...            group_size=128), set())
     'no: out 100 % 64'

@@ -1,0 +1,32 @@
+"""What a model folder's config.json says its format is, read without raising (the folder layer
+of :mod:`gpuq.checkpoints.serving.folder` checks it properly when the run starts)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+def is_model_folder(src) -> bool:
+    """True when ``src`` is a folder holding a config.json.
+
+    >>> is_model_folder("/nonexistent")
+    False
+    """
+    return isinstance(src, (str, os.PathLike)) and os.path.isfile(os.path.join(src, "config.json"))
+
+
+def quant_method(src):
+    """config.json's ``quantization_config.quant_method`` of a model folder, else None.
+
+    >>> quant_method("/nonexistent") is None
+    True
+    """
+    if not is_model_folder(src):
+        return None
+    try:
+        with open(os.path.join(src, "config.json"), encoding="utf-8") as f:
+            qc = json.load(f).get("quantization_config")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return qc.get("quant_method") if isinstance(qc, dict) else None
