@@ -147,8 +147,9 @@ def recognise(model: ModelFolder, qc, where: str, readers=None) -> tuple:
         if missing:
             raise CliError(f"module {m!r} ({scheme.describe()}, {scheme.layout.__class__.__name__}): "
                            f"tensor {missing[0]!r} is missing from IN")
-        if primary != f"{m}.weight" and f"{m}.weight" in specs:
-            raise CliError(f"module {m!r} holds both {primary!r} and a dense {m + '.weight'!r}: which one "
+        dense = scheme.layout.dense_name(m, scheme)
+        if primary != dense and dense in specs:
+            raise CliError(f"module {m!r} holds both {primary!r} and a dense {dense!r}: which one "
                            f"is the weight?")
         used.update(wanted)
         planned[m] = (scheme, model.weight_map[primary])
@@ -174,7 +175,8 @@ def _dequantize_shard(model, shard, path, modules, loader, out_dtype, device, ba
     for name in model.tensors[shard]:
         if name in primaries:
             m = primaries[name]
-            entries[f"{m}.weight"] = (here[m].layout.shape(m, here[m], loader.load, model.specs), out_dtype)
+            layout = here[m].layout
+            entries[layout.dense_name(m, here[m])] = (layout.shape(m, here[m], loader.load, model.specs), out_dtype)
         elif name not in dropped:
             entries[name] = model.specs[name]
     rows = []
@@ -208,11 +210,12 @@ def _dequantize_module(module, scheme, loader, out_dtype, device, w, model, nonf
     except (ValueError, TypeError) as exc:
         raise CliError(f"module {module!r}: {' '.join(str(exc).split())}") from exc
     y = device.get(y)
-    counts = check_restored(y, f"{module}.weight", nonfinite, warn)
-    w.write(f"{module}.weight", y)
+    dense = scheme.layout.dense_name(module, scheme)
+    counts = check_restored(y, dense, nonfinite, warn)
+    w.write(dense, y)
     stored = [scheme.layout.primary(module, scheme)] + scheme.layout.companions(module, scheme)
     before = sum(int(np.prod(model.specs[n][0])) * model.specs[n][1].itemsize for n in stored)
-    return {"name": f"{module}.weight", "shape": list(shape), "dtype": scheme.code.name, "quantized": True,
+    return {"name": dense, "shape": list(shape), "dtype": scheme.code.name, "quantized": True,
             "bytes_before": before, "bytes_after": int(y.nbytes), "nonfinite": counts}
 
 

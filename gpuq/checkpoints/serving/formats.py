@@ -143,7 +143,13 @@ class Layout:
         return [f"{module}.{p}" for p in self.params(scheme)[1:]]
 
     def primary(self, module: str, scheme: WeightScheme) -> str:
+        """The stored tensor that marks the weight (its codes)."""
         return f"{module}.{self.params(scheme)[0]}"
+
+    def dense_name(self, module: str, scheme: WeightScheme) -> str:
+        """The dense weight dequantize writes in the primary tensor's place (a layout whose
+        weights are not ``M.weight``, such as fused expert tensors, names its own)."""
+        return f"{module}.weight"
 
     def shape(self, module: str, scheme: WeightScheme, load, specs) -> tuple:
         """The dense weight's shape (known before its codes are read): the stored codes' own."""
