@@ -218,12 +218,12 @@ def ct_type(code) -> str:
     return "float" if code.codec == "float8" else "int"
 
 
-
 def quantization_config(scheme: WeightScheme, ignore: list) -> dict:
     """The ``quantization_config`` compressed-tensors 0.20.0 writes for one weight-only scheme
     targeting every Linear but those in ``ignore`` (its keys, in its order of meaning).
 
-    >>> c = quantization_config(WeightScheme(int_code(4), "group", False, "bfloat16", PACK, group_size=128), ["lm_head"])
+    >>> s = WeightScheme(int_code(4), "group", False, "bfloat16", PACK, group_size=128)
+    >>> c = quantization_config(s, ["lm_head"])
     >>> c["config_groups"]["group_0"]["weights"]
     {'dynamic': False, 'group_size': 128, 'num_bits': 4, 'strategy': 'group', 'symmetric': False, 'type': 'int'}
     """
