@@ -328,6 +328,48 @@ def test_every_format_module_implements_the_protocol():
                 list(inspect.signature(member).parameters)[1:], f"{module.__name__}.{n}"
 
 
+def test_every_serving_format_module_implements_its_hooks():
+    """A model-folder format is its module: the hooks the folder layer calls, and the layouts
+    that store one weight, defined there (adding one is a module and a registry row)."""
+    import inspect
+
+    from gpuq.checkpoints.formats import FORMATS
+    from gpuq.checkpoints.formats._serving import ServingFormat
+    from gpuq.checkpoints.serving.formats import Layout
+
+    wanted = {n: v for n, v in vars(ServingFormat).items() if not n.startswith("_") and callable(v)}
+    assert set(wanted) == {"request", "scale_dtype", "config", "column_notes", "load_notes", "read_folder"}
+    serving = [m for m in FORMATS.values() if hasattr(m, "QUANT_METHOD")]
+    assert len(serving) == 2 and len({m.QUANT_METHOD for m in serving}) == len(serving)
+    for module in serving:
+        assert isinstance(module.QUANT_METHOD, str) and isinstance(module.IGNORE_KEY, str)
+        for n, member in wanted.items():
+            assert list(inspect.signature(getattr(module, n)).parameters) == \
+                list(inspect.signature(member).parameters)[1:], f"{module.__name__}.{n}"
+        layouts = [v for v in vars(module).values() if isinstance(v, Layout)]
+        assert layouts and all(type(v).__module__ == module.__name__ for v in layouts), module.__name__
+
+
+def test_the_folder_layer_holds_no_format_of_its_own():
+    """No Layout subclass, and no serving format's name, quant_method or layout name as a value,
+    in gpuq.checkpoints.serving (its report names gpuq's own files "gpuq")."""
+    bad = {}
+    for name, path in _modules().items():
+        if not name.startswith("gpuq.checkpoints.serving"):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef)) and n.body
+                and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        hits = [f"{n.lineno}: {n.value!r}" for n in ast.walk(tree) if isinstance(n, ast.Constant)
+                and id(n) not in docs and n.value in _CHECKPOINT_WORDS - {"dense", "gpuq"}]
+        hits += [f"{n.lineno}: class {n.name}" for n in ast.walk(tree) if isinstance(n, ast.ClassDef)
+                 and any(isinstance(b, ast.Name) and b.id == "Layout" for b in n.bases)]
+        if hits:
+            bad[name] = hits
+    assert bad == {}
+
+
 def signal_handler_calls(path: Path) -> list:
     """``line: source`` of every ``signal.signal(...)``/``signal.set_wakeup_fd`` call in one file."""
     return [f"{n.lineno}: {ast.unparse(n)}" for n in ast.walk(ast.parse(path.read_text(), str(path)))

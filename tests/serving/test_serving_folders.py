@@ -143,3 +143,25 @@ def test_a_rerun_into_the_same_out_works(tmp_path, capsys):
         assert gpuq_main("quantize", tmp_path / "m", "-o", tmp_path / "q", "--format", "compressed-tensors",
                          "--device", "cpu", "-q") == 0
         assert gpuq_main("dequantize", tmp_path / "q", "-o", tmp_path / "d", "--device", "cpu", "-q") == 0
+
+
+def test_an_older_compression_config_is_read_as_its_quantization_config(tmp_path, capsys):
+    """compressed-tensors before 0.9 wrote ``compression_config``: the format that reads the folder
+    is chosen by it (its ``reads``), and the dense folder matches the new key's."""
+    import gpuq.checkpoints as ckpt
+
+    make_model(tmp_path / "m", extra=False)
+    q, old = tmp_path / "q", tmp_path / "old"
+    assert gpuq_main("quantize", tmp_path / "m", "-o", q, "--format", "compressed-tensors", "--dtype", "int4",
+                     "--asymmetric", "--device", "cpu", "-q") == 0
+    capsys.readouterr()
+    old.mkdir()
+    for f in q.iterdir():
+        (old / f.name).write_bytes(f.read_bytes())
+    config = json.loads((q / "config.json").read_text())
+    config["compression_config"] = config.pop("quantization_config")
+    (old / "config.json").write_text(json.dumps(config))
+    reports = [ckpt.dequantize(str(src), str(tmp_path / f"d{i}"), progress=False)
+               for i, src in enumerate((q, old))]
+    assert [r["format"] for r in reports] == ["compressed-tensors pack-quantized"] * 2
+    assert tree(tmp_path / "d0") == tree(tmp_path / "d1")

@@ -9,10 +9,15 @@ are the only places that choose one, so nothing outside this package (and the
 serving engine it drives) branches on a format's name.
 
 Adding a format: a module here implementing :class:`Format`, and its row in
-:data:`FORMATS` (README, "Where to add"). The per-tensor work is one function a
-format calls per weight: :func:`gpuq.checkpoints.convert.quantize_tensor` for
-gpuq's files, :func:`gpuq.checkpoints.serving.quantize.quantize_weight` for the
-model-folder formats; a fused one-pass quantizer replaces that function.
+:data:`FORMATS` (README, "Where to add"). A model-folder format (what serving engines
+load) also implements :class:`~._serving.ServingFormat` and takes its ``check``,
+``quantize`` and ``dequantize`` from :func:`._serving.steps`: the folder layer
+(:mod:`gpuq.checkpoints.serving`) calls its hooks and its
+:class:`~gpuq.checkpoints.serving.formats.Layout` (how one weight is stored and read
+back) and never names a format. The per-tensor work is one function a format calls
+per weight: :func:`gpuq.checkpoints.convert.quantize_tensor` for gpuq's files,
+:func:`gpuq.checkpoints.serving.quantize.quantize_weight` for the model-folder
+formats; a fused one-pass quantizer replaces that function.
 
 May import: the rest of :mod:`gpuq.checkpoints` below :mod:`gpuq.checkpoints.api`
 (files, selection, convert, sharded runs, the serving engine) and :mod:`gpuq`'s public API.

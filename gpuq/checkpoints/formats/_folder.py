@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 
+from ..serving.dequantize import QC_KEYS
+
 
 def is_model_folder(src) -> bool:
     """True when ``src`` is a folder holding a config.json.
@@ -17,7 +19,8 @@ def is_model_folder(src) -> bool:
 
 
 def quant_method(src):
-    """config.json's ``quantization_config.quant_method`` of a model folder, else None.
+    """config.json's ``quantization_config.quant_method`` of a model folder (or, from older
+    compressed-tensors, ``compression_config``'s: the key its dequantize reads), else None.
 
     >>> quant_method("/nonexistent") is None
     True
@@ -26,7 +29,8 @@ def quant_method(src):
         return None
     try:
         with open(os.path.join(src, "config.json"), encoding="utf-8") as f:
-            qc = json.load(f).get("quantization_config")
-    except (OSError, ValueError, AttributeError):
+            config = json.load(f)
+        qc = next((config[k] for k in QC_KEYS if config.get(k) is not None), None)
+    except (OSError, ValueError, AttributeError, TypeError):
         return None
     return qc.get("quant_method") if isinstance(qc, dict) else None

@@ -1,5 +1,21 @@
 """compressed-tensors model folders (pack-quantized int4/int8, naive-, int- and float-quantized):
-what vLLM, SGLang and transformers load (``docs/serving-formats.md``).
+what vLLM, SGLang and transformers load (``docs/serving-formats.md``). The module is a
+:class:`~gpuq.checkpoints.formats._serving.ServingFormat`.
+
+For a quantized Linear ``M`` (``docs/serving-formats.md`` has the source line of each fact):
+
+====================  ==========================================================================
+layout                tensors
+====================  ==========================================================================
+pack-quantized        ``M.weight_packed`` int32 ``[out, ceil(in * bits / 32)]``
+(int codes)           (:mod:`gpuq.checkpoints.serving.packing`), ``M.weight_scale`` ``[out, 1]``
+                      (channel) or ``[out, in / G]`` (group) in the scale dtype, ``M.weight_shape``
+                      int64 ``[out, in]``, and when asymmetric ``M.weight_zero_point`` int32
+                      packed down the output dimension ``[ceil(out * bits / 32), 1 or in / G]``
+naive-quantized,      ``M.weight`` in the code dtype (F8_E4M3 for fp8, I8 for int8), ``M.weight_scale``
+float-quantized,      ``[1]`` (tensor), ``[out, 1]``, ``[out, in / G]`` or ``[ceil(out / b0), ceil(in / b1)]``
+int-quantized         (block), and when asymmetric an unpacked ``M.weight_zero_point`` of that shape
+====================  ==========================================================================
 
 >>> name, reads("/nonexistent")
 ('compressed-tensors', False)
@@ -7,16 +23,139 @@ what vLLM, SGLang and transformers load (``docs/serving-formats.md``).
 
 from __future__ import annotations
 
+import re
+import sys
+
+import numpy as np
+
 from ..._codetypes import as_code_type
 from ..files import CliError
-from ..serving.formats import FP8_BLOCK, NAIVE, PACK, fp8_code, int_code
-from ..serving.quantize import Request
+from ..report import natural_key
+from ..serving.dequantize import float8_weights
+from ..serving.formats import (Layout, WeightScheme, check_patterns, decode_plain, fp8_code, int_code, is_size,
+                               scale_numpy, scales_float32, short)
+from ..serving.packing import pack_rows, unpack_rows, words_per_row
+from ..serving.quantize import Request, model_dtype
 from . import _folder, _serving
 from .describe import describe_folder
+from .fp8_blocks import FP8_BLOCK
 
 name = "compressed-tensors"
 #: config.json's quant_method of this format.
 QUANT_METHOD = "compressed-tensors"
+#: The quantization_config key of the Linears kept in float.
+IGNORE_KEY = "ignore"
+#: The compressed-tensors version whose format gpuq writes and reads (its config's "version").
+CT_VERSION = "0.20.0"
+
+
+class PackQuantized(Layout):
+    """compressed-tensors ``pack-quantized`` (int codes, weight-only)."""
+
+    name = "pack-quantized"
+
+    def params(self, scheme):
+        return ("weight_packed", "weight_scale", "weight_shape") + (() if scheme.symmetric else
+                                                                     ("weight_zero_point",))
+
+    def entries(self, module, shape, scheme) -> dict:
+        """``{name: (shape, dtype)}`` of what a ``[out, in]`` weight becomes."""
+        out, n = shape
+        bits = scheme.code.bits
+        grid = scheme.scale_grid(shape)
+        e = {f"{module}.weight_packed": ((out, words_per_row(n, bits)), np.dtype(np.int32)),
+             f"{module}.weight_scale": (grid, scale_numpy(scheme.scale_dtype)),
+             f"{module}.weight_shape": ((2,), np.dtype(np.int64))}
+        if not scheme.symmetric:
+            e[f"{module}.weight_zero_point"] = ((words_per_row(out, bits), grid[1]), np.dtype(np.int32))
+        return e
+
+    def encode(self, module, shape, scheme, codes, scales, zps) -> dict:
+        """The stored tensors from one-code-per-element int8 ``codes`` and gpuq's parameters."""
+        bits = scheme.code.bits
+        grid = scheme.scale_grid(shape)
+        t = {f"{module}.weight_packed": pack_rows(codes, bits),
+             f"{module}.weight_scale": scales.reshape(grid).astype(scale_numpy(scheme.scale_dtype)),
+             f"{module}.weight_shape": np.array(shape, np.int64)}
+        if not scheme.symmetric:  # packed down the output dimension: the rows of the transpose
+            t[f"{module}.weight_zero_point"] = np.ascontiguousarray(pack_rows(zps.reshape(grid).T, bits).T)
+        return t
+
+    def shape(self, module, scheme, load, specs) -> tuple:
+        """``weight_shape``, checked: two sizes."""
+        name = f"{module}.weight_shape"
+        shape = load(name)
+        if shape.dtype.kind not in "iu" or shape.shape != (2,) or (shape < 0).any():
+            raise CliError(f"tensor {name!r} is not two sizes, got {shape.dtype} {shape.tolist()}")
+        return tuple(int(v) for v in shape)
+
+    def decode(self, module, scheme, load) -> tuple:
+        """``(codes, scales, zps, shape)`` for gpuq.dequantize from the stored tensors."""
+        bits = scheme.code.bits
+        shape = self.shape(module, scheme, load, None)
+        packed = load(f"{module}.weight_packed")
+        want = (shape[0], words_per_row(shape[1], bits))
+        if packed.dtype != np.int32 or packed.shape != want:
+            raise CliError(f"tensor {module + '.weight_packed'!r} is {packed.dtype} {list(packed.shape)}, "
+                           f"expected int32 {list(want)} for weight_shape {list(shape)} at {bits} bits")
+        codes = _unpack(unpack_rows, packed, bits, shape[1], module + ".weight_packed")
+        grid = scheme.scale_grid(shape)
+        scales = scales_float32(load(f"{module}.weight_scale"), module + ".weight_scale", grid)
+        zps = None
+        if not scheme.symmetric:
+            name = module + ".weight_zero_point"
+            zp = load(name)
+            want = (words_per_row(shape[0], bits), grid[1])
+            if zp.dtype != np.int32 or zp.shape != want:
+                raise CliError(f"tensor {name!r} is {zp.dtype} {list(zp.shape)}, expected int32 {list(want)} "
+                               f"(zero points packed down the output dimension)")
+            zps = _unpack(unpack_rows, np.ascontiguousarray(zp.T), bits, shape[0], name).T.astype(np.int32)
+        return codes, scales, zps, shape
+
+
+def _unpack(fn, words, bits, n, name):
+    try:
+        return fn(words, bits, n)
+    except CliError:  # a ValueError already in its one-line form
+        raise
+    except ValueError as exc:
+        raise CliError(f"tensor {name!r}: {exc}") from None
+
+
+class NaiveQuantized(Layout):
+    """compressed-tensors ``naive-quantized`` (and ``float-quantized``, ``int-quantized``: the
+    same tensors, named for the activations they come with): the codes in their own dtype."""
+
+    name = "naive-quantized"
+
+    def params(self, scheme):
+        return ("weight", "weight_scale") + (() if scheme.symmetric else ("weight_zero_point",))
+
+    def entries(self, module, shape, scheme) -> dict:
+        e = {f"{module}.weight": (tuple(shape), scheme.code.host_array_dtype()),
+             f"{module}.weight_scale": (scheme.scale_grid(shape), scale_numpy(scheme.scale_dtype))}
+        if not scheme.symmetric:
+            e[f"{module}.weight_zero_point"] = (scheme.scale_grid(shape), np.dtype(np.int8))
+        return e
+
+    def encode(self, module, shape, scheme, codes, scales, zps) -> dict:
+        grid = scheme.scale_grid(shape)
+        t = {f"{module}.weight": codes,
+             f"{module}.weight_scale": scales.reshape(grid).astype(scale_numpy(scheme.scale_dtype))}
+        if not scheme.symmetric:
+            t[f"{module}.weight_zero_point"] = zps.reshape(grid).astype(np.int8)
+        return t
+
+    def decode(self, module, scheme, load) -> tuple:
+        return decode_plain(module, scheme, load, "weight_scale",
+                             None if scheme.symmetric else "weight_zero_point")
+
+
+PACK, NAIVE = PackQuantized(), NaiveQuantized()
+#: compressed-tensors' format names gpuq reads, by the layout each stores.
+LAYOUTS = {"pack-quantized": PACK, "naive-quantized": NAIVE, "float-quantized": NAIVE, "int-quantized": NAIVE}
+
+
 
 
 def request(opts) -> Request:
@@ -62,7 +201,184 @@ def request(opts) -> Request:
     return Request(name, code, strategy, group_size, fp8 or not opts.asymmetric, NAIVE if fp8 else PACK)
 
 
-check, quantize, dequantize = _serving.steps(request)
+check, quantize, dequantize = _serving.steps(sys.modules[__name__])
+
+
+def scale_dtype(model) -> str:
+    """The model's dtype: vLLM allocates compressed-tensors' scales in it."""
+    return model_dtype(model)
+
+
+def ct_type(code) -> str:
+    """compressed-tensors' ``"type"`` of a code row.
+
+    >>> ct_type(int_code(4)), ct_type(fp8_code())
+    ('int', 'float')
+    """
+    return "float" if code.codec == "float8" else "int"
+
+
+def quantization_config(scheme: WeightScheme, ignore: list) -> dict:
+    """The ``quantization_config`` compressed-tensors 0.20.0 writes for one weight-only scheme
+    targeting every Linear but those in ``ignore`` (its keys, in its order of meaning).
+
+    >>> s = WeightScheme(int_code(4), "group", False, "bfloat16", PACK, group_size=128)
+    >>> c = quantization_config(s, ["lm_head"])
+    >>> c["config_groups"]["group_0"]["weights"]
+    {'dynamic': False, 'group_size': 128, 'num_bits': 4, 'strategy': 'group', 'symmetric': False, 'type': 'int'}
+    """
+    weights = {"dynamic": False, "group_size": scheme.group_size, "num_bits": scheme.code.bits,
+               "strategy": scheme.strategy, "symmetric": scheme.symmetric, "type": ct_type(scheme.code)}
+    group = {"format": scheme.layout.name, "input_activations": None, "output_activations": None,
+             "targets": ["Linear"], "weights": weights}
+    return {"config_groups": {"group_0": group}, "format": scheme.layout.name,
+            "global_compression_ratio": None, "ignore": list(ignore), "kv_cache_scheme": None,
+            "moe_sparsity_config": None, "quant_method": QUANT_METHOD,
+            "quantization_status": "compressed", "sparsity_config": {}, "transform_config": {},
+            "version": CT_VERSION}
+
+
+def config(model_config: dict, scheme, ignore: list) -> dict:
+    """config.json with :func:`quantization_config`, and the scales' dtype as ``dtype`` where it
+    names none (the dtype inferred from the weights: readers need it)."""
+    out = {**model_config, "quantization_config": quantization_config(scheme, ignore)}
+    if not any(k in out for k in ("dtype", "torch_dtype")):
+        out["dtype"] = scheme.scale_dtype
+    return out
+
+
+def column_notes(request) -> list:
+    """What the vLLM column checks for int codes (fp8's column is all '-')."""
+    if request.code.codec == "float8":
+        return []
+    return ["note: vLLM column: Marlin's shape rules for int weights (group -1/32/64/128, "
+            "out % 64, in % 128); '-' where no rule is checked"]
+
+
+def load_notes(chosen: dict, specs: dict, request) -> list:
+    """The line saying an asymmetric folder will not load in transformers 5.24: it allocates an
+    unpacked ``weight_zero_point`` and refuses the packed one (llm-compressor#1618)."""
+    if request.symmetric:
+        return []
+    return ["note: transformers 5.24 does not load this folder: --asymmetric compressed-tensors' packed "
+            "weight_zero_point is refused with a size mismatch (llm-compressor#1618); vLLM (the layers "
+            "its column rates ok) and gpuq dequantize read it right"]
+
+
+#: What the readers accept of compressed-tensors' per-group weight arguments.
+_STRATEGIES = ("tensor", "channel", "group", "block")
+
+
+def read_groups(qc: dict, where: str) -> list:
+    """``[(group name, targets, WeightScheme)]`` of a compressed-tensors ``quantization_config``;
+    one CliError line (starting with ``where``) for anything gpuq does not read.
+
+    >>> qc = quantization_config(WeightScheme(int_code(8), "channel", True, "bfloat16", PACK), ["lm_head"])
+    >>> [(g, t, s.describe()) for g, t, s in read_groups(qc, "x")]
+    [('group_0', ['Linear'], 'int8 sym channel')]
+    """
+    def bad(why):
+        return CliError(f"{where}: {why}")
+
+    status = qc.get("quantization_status", "compressed")
+    if status != "compressed":
+        raise bad(f"quantization_status {status!r}: gpuq reads compressed checkpoints")
+    for key in ("sparsity_config", "transform_config", "kv_cache_scheme"):
+        if qc.get(key):
+            raise bad(f"{key} {short(qc[key])}: gpuq reads weight-only or dynamic-activation "
+                      f"quantization, without sparsity, transforms or kv-cache scales")
+    groups = qc.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        raise bad(f"config_groups is {short(groups)}, not a non-empty object")
+    out = []
+    for gname, group in groups.items():
+        if not isinstance(group, dict) or not isinstance(group.get("weights"), dict):
+            raise bad(f"config group {gname!r} has no weights arguments: {short(group)}")
+        targets = group.get("targets")
+        if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+            raise bad(f"config group {gname!r}: targets {short(targets)} is not a list of names")
+        check_patterns(targets, f"config group {gname!r}: targets", bad)
+        acts = group.get("input_activations")
+        if acts is not None and not (isinstance(acts, dict) and acts.get("dynamic") is True):
+            raise bad(f"config group {gname!r}: input_activations {short(acts)} (static activation "
+                      f"scales): gpuq reads weight-only or dynamic-activation quantization")
+        if group.get("output_activations") is not None:
+            raise bad(f"config group {gname!r}: output_activations {short(group['output_activations'])}")
+        fmt = group.get("format") or qc.get("format")
+        layout = LAYOUTS.get(fmt)
+        if layout is None:
+            raise bad(f"format {fmt!r} (config group {gname!r}): gpuq reads {', '.join(LAYOUTS)}")
+        out.append((gname, targets, _weight_scheme(group["weights"], layout, lambda why: bad(
+            f"config group {gname!r}: {why}"))))
+    return out
+
+
+def _weight_scheme(w: dict, layout, bad) -> WeightScheme:
+    kind, bits = w.get("type"), w.get("num_bits")
+    code = int_code(bits) if kind == "int" else fp8_code() if kind == "float" and bits == 8 else None
+    if code is None or isinstance(bits, bool):
+        raise bad(f"weights of type {kind!r} with num_bits {bits!r}: gpuq reads int with 4 or 8 bits "
+                  f"and float with 8 (fp8 e4m3)")
+    if layout is PACK and kind != "int":
+        raise bad("pack-quantized holds int codes, not float ones")
+    strategy, symmetric = w.get("strategy"), w.get("symmetric", True)
+    if strategy not in _STRATEGIES:
+        raise bad(f"weights strategy {strategy!r}: gpuq reads {', '.join(_STRATEGIES)}")
+    if w.get("dynamic") not in (False, None) or not isinstance(symmetric, bool):
+        raise bad(f"weights dynamic {w.get('dynamic')!r}, symmetric {symmetric!r}: stored weights "
+                  f"are static, symmetric true or false")
+    if w.get("actorder") not in (None, "static"):
+        raise bad(f"weights actorder {w['actorder']!r} (activation order, weight_g_idx) is not supported")
+    if kind == "float" and not symmetric:
+        raise bad("float weights with symmetric false: fp8 has no zero point")
+    group = w.get("group_size") if strategy == "group" else None
+    structure = w.get("block_structure")
+    block = tuple(structure) if strategy == "block" and isinstance(structure, list) else None
+    if strategy == "group" and not (is_size(group)):
+        raise bad(f"group strategy with group_size {group!r}")
+    if strategy == "block" and not (block is not None and len(block) == 2 and all(is_size(b) for b in block)):
+        raise bad(f"block strategy with block_structure {short(structure)}: gpuq reads a list of two "
+                  f"block sizes")
+    if layout is not PACK and code.storage == "packed":
+        raise bad(f"{layout.name} with num_bits {bits}: gpuq reads {bits}-bit int weights as "
+                  f"pack-quantized (codes packed into int32 words), not one code per byte")
+    return WeightScheme(code, strategy, symmetric, None, layout, group_size=group, block=block)
+
+
+
+def read_folder(qc: dict, specs: dict, where: str) -> tuple:
+    """``({module: scheme}, what)``: the modules with compressed-tensors' tensors, each with the
+    scheme of the config group that targets it."""
+    groups = read_groups(qc, where)
+    ignore = qc.get("ignore") or []
+    if not isinstance(ignore, list) or not all(isinstance(i, str) for i in ignore):
+        raise CliError(f"{where}: ignore {ignore!r} is not a list of module names")
+    check_patterns(ignore, f"{where}: ignore", CliError)
+    found = {n.rpartition(".")[0] for n in specs if n.endswith((".weight_packed", ".weight_scale"))}
+    found |= {m for m in float8_weights(specs) if not any(_match(m, i) for i in ignore)}
+    modules = {m: _ct_scheme(m, groups, ignore, where) for m in sorted(found, key=natural_key)}
+    return modules, "compressed-tensors " + "/".join(sorted({s.layout.name for s in modules.values()}))
+
+
+def _ct_scheme(module, groups, ignore, where):
+    if any(_match(module, i) for i in ignore):
+        raise CliError(f"{where}: module {module!r} holds quantized tensors but the config's ignore "
+                       f"list names it")
+    schemes = {s for _, targets, s in groups if "Linear" in targets or any(_match(module, t) for t in targets)}
+    if len(schemes) != 1:
+        which = "no config group's targets match it" if not schemes else "config groups disagree on it"
+        raise CliError(f"{where}: module {module!r} holds quantized tensors but {which}")
+    return schemes.pop()
+
+
+def _match(name: str, target: str) -> bool:
+    """compressed-tensors' ``match_name``: ``re:`` + a regular expression (matched at the start),
+    else the exact name."""
+    if target.startswith("re:"):
+        return re.match(target[3:], name) is not None
+    return target == name
+
+
 
 
 def reads(src) -> bool:
@@ -70,4 +386,4 @@ def reads(src) -> bool:
 
 
 def describe(src) -> dict:
-    return describe_folder(src, name)
+    return describe_folder(src, name, {QUANT_METHOD: read_folder})

@@ -25,8 +25,9 @@ def _headers(src):
         return None, [src], {n: c.spec(n) for n in c.names}, {src: c.meta}, None
 
 
-def describe_folder(src, fmt: str) -> dict:
-    """The :func:`gpuq.checkpoints.inspect` report of ``src``, read as format ``fmt``."""
+def describe_folder(src, fmt: str, readers=None) -> dict:
+    """The :func:`gpuq.checkpoints.inspect` report of ``src``, read as format ``fmt`` (a model
+    folder's ``quantization_config`` through ``readers``: ``{quant_method: read_folder}``)."""
     config, shards, specs, metas, model = _headers(src)
     qc = (config or {}).get("quantization_config")
     roles, schemes, restores = {}, {}, None
@@ -34,7 +35,7 @@ def describe_folder(src, fmt: str) -> dict:
     if isinstance(qc, dict) and model is not None:
         from ..serving.dequantize import _output_dtype, recognise
 
-        modules, _ = recognise(model, qc, "config.json")
+        modules, _ = recognise(model, qc, "config.json", readers)
         for m, (scheme, _shard) in modules.items():
             roles[scheme.layout.primary(m, scheme)] = "quantized"
             schemes[scheme.layout.primary(m, scheme)] = scheme.describe()

@@ -8,8 +8,10 @@ back to a dense folder. What each format holds, and which line of which library 
 * :mod:`.folder`: a model folder (``config.json``, ``model.safetensors`` or shards and
   their index, other files copied as they are) read and written, all or nothing;
 * :mod:`.packing`: compressed-tensors' int32 words of offset-binary codes;
-* :mod:`.formats`: what each format stores for one Linear weight, its ``quantization_config``,
-  and the reading of a folder's ``quantization_config`` back into per-module schemes;
+* :mod:`.formats`: what every format's per-weight storage shares (the scheme of one Linear
+  weight, the :class:`~.formats.Layout` a format subclasses); each format's own layouts, its
+  ``quantization_config`` and the reading of it live in its module in
+  :mod:`gpuq.checkpoints.formats`, which hands them to the two commands' work below;
 * :mod:`.selection`: which weights are quantized, the ``ignore`` rule, vLLM's shape rules;
 * :mod:`.quantize` and :mod:`.dequantize`: the two commands' work, shard by shard.
 

@@ -6,7 +6,7 @@ older compressed-tensors configs) and its weights:
 ==============================================  ===================================================
 found                                           read as
 ==============================================  ===================================================
-``quant_method: "compressed-tensors"``          every config group's scheme (:func:`.formats.read_ct_groups`):
+``quant_method: "compressed-tensors"``          every config group's scheme:
                                                 ``pack-quantized`` int4/int8, ``naive-quantized``,
                                                 ``float-quantized``, ``int-quantized``; tensor,
                                                 channel, group and block scales; symmetric or not
@@ -36,7 +36,6 @@ dtype unless ``--dtype`` is given.
 from __future__ import annotations
 
 import os
-import re
 
 import numpy as np
 
@@ -46,21 +45,21 @@ from ..files import Checkpoint, CliError, checkpoint_writer
 from ..report import natural_key
 from ..sharded import output_shard_entries
 from .folder import CONFIG, ModelFolder, Tensors, model_output, module_notes
-from .formats import check_patterns, read_ct_groups, read_fp8_blocks
 
 #: The config keys that hold a quantization config (compressed-tensors wrote ``compression_config``
 #: before 0.9; transformers reads both).
-_QC_KEYS = ("quantization_config", "compression_config")
+QC_KEYS = ("quantization_config", "compression_config")
 #: Tensor name endings that are quantization parameters, never model weights.
 _QPARAMS = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx",
             "weight_scale_inv", "weight_global_scale", "input_scale", "input_zero_point",
             "input_global_scale", "output_scale", "k_scale", "v_scale")
 
 
-def run(in_path, out_path, *, dtype, device, progress=True, nonfinite="warn", warn=None) -> dict:
+def run(in_path, out_path, *, dtype, device, progress=True, nonfinite="warn", warn=None, readers=None) -> dict:
     """Dequantize the model folder ``in_path`` into ``out_path``; return the report.
     ``nonfinite`` and ``warn``: what a restored weight with NaN/Inf does
-    (:func:`gpuq.checkpoints.convert.check_restored`).
+    (:func:`gpuq.checkpoints.convert.check_restored`); ``readers``: ``{quant_method: its
+    format's read_folder}`` (:func:`recognise`).
 
     >>> import tempfile
     >>> from gpuq.checkpoints.env import HostDevice
@@ -71,8 +70,8 @@ def run(in_path, out_path, *, dtype, device, progress=True, nonfinite="warn", wa
     'compressed-tensors pack-quantized'
     """
     model = ModelFolder(in_path)
-    qc_key = next((k for k in _QC_KEYS if model.config.get(k) is not None), None)
-    config = {k: v for k, v in model.config.items() if k not in _QC_KEYS}
+    qc_key = next((k for k in QC_KEYS if model.config.get(k) is not None), None)
+    config = {k: v for k, v in model.config.items() if k not in QC_KEYS}
     names = model.shards + ([model.index_name] if model.index_name else []) + [CONFIG] + model.others
     bar = progress_bar(len(model.specs), progress, "dequantize")
     try:
@@ -80,7 +79,7 @@ def run(in_path, out_path, *, dtype, device, progress=True, nonfinite="warn", wa
             if qc_key is None:
                 rows, what = _gpuq_files(model, out, dtype, device, bar, nonfinite, warn), "gpuq"
             else:
-                modules, what = recognise(model, model.config[qc_key], f"{in_path}/{CONFIG}")
+                modules, what = recognise(model, model.config[qc_key], f"{in_path}/{CONFIG}", readers)
                 out_dtype = _output_dtype(dtype, model, modules)
                 rows = []
                 with Tensors(model) as loader:
@@ -116,9 +115,12 @@ def _output_dtype(dtype, model, modules) -> np.dtype:
     return float_dtype(kept.pop() if len(kept) == 1 else "float32")
 
 
-def recognise(model: ModelFolder, qc, where: str) -> tuple:
+def recognise(model: ModelFolder, qc, where: str, readers=None) -> tuple:
     """``({module: (scheme, weight shard)}, what)`` of a quantized model folder, every module's
     tensors present; one CliError line for a config or a folder gpuq does not read.
+
+    ``readers`` maps a ``quant_method`` to the ``read_folder(qc, specs, where)`` of the format
+    module that reads it (``({module: scheme}, what)``): the format chosen for IN passes its own.
 
     >>> recognise(None, {"quant_method": "gptq"}, "config.json")
     Traceback (most recent call last):
@@ -128,7 +130,7 @@ def recognise(model: ModelFolder, qc, where: str) -> tuple:
     if not isinstance(qc, dict):
         raise CliError(f"{where}: quantization_config is {type(qc).__name__}, not an object")
     method = qc.get("quant_method")
-    reader = _READERS.get(method) if isinstance(method, str) else None
+    reader = (readers or {}).get(method) if isinstance(method, str) else None
     if reader is None:
         raise CliError(f"{where}: quantization_config quant_method {method!r} is not one gpuq reads "
                        f"(compressed-tensors, fp8 with weight_block_size; or gpuq's own files)")
@@ -145,8 +147,9 @@ def recognise(model: ModelFolder, qc, where: str) -> tuple:
         if missing:
             raise CliError(f"module {m!r} ({scheme.describe()}, {scheme.layout.__class__.__name__}): "
                            f"tensor {missing[0]!r} is missing from IN")
-        if primary != f"{m}.weight" and f"{m}.weight" in specs:
-            raise CliError(f"module {m!r} holds both {primary!r} and a dense {m + '.weight'!r}: which one "
+        dense = scheme.layout.dense_name(m, scheme)
+        if primary != dense and dense in specs:
+            raise CliError(f"module {m!r} holds both {primary!r} and a dense {dense!r}: which one "
                            f"is the weight?")
         used.update(wanted)
         planned[m] = (scheme, model.weight_map[primary])
@@ -157,59 +160,11 @@ def recognise(model: ModelFolder, qc, where: str) -> tuple:
     return planned, what
 
 
-def _compressed_tensors(qc, specs, where) -> tuple:
-    """``({module: scheme}, what)``: the modules with compressed-tensors' tensors, each with the
-    scheme of the config group that targets it."""
-    groups = read_ct_groups(qc, where)
-    ignore = qc.get("ignore") or []
-    if not isinstance(ignore, list) or not all(isinstance(i, str) for i in ignore):
-        raise CliError(f"{where}: ignore {ignore!r} is not a list of module names")
-    check_patterns(ignore, f"{where}: ignore", CliError)
-    found = {n.rpartition(".")[0] for n in specs if n.endswith((".weight_packed", ".weight_scale"))}
-    found |= {m for m in _float8_weights(specs) if not any(_match(m, i) for i in ignore)}
-    modules = {m: _ct_scheme(m, groups, ignore, where) for m in sorted(found, key=natural_key)}
-    return modules, "compressed-tensors " + "/".join(sorted({s.layout.name for s in modules.values()}))
-
-
-def _fine_grained_fp8(qc, specs, where) -> tuple:
-    """``({module: scheme}, what)``: every module with a ``weight_scale_inv`` or a float8 weight
-    that ``ignored_layers`` (``modules_to_not_convert``) does not name."""
-    scheme = read_fp8_blocks(qc, where)
-    ignored = qc.get("ignored_layers") or qc.get("modules_to_not_convert") or []
-    if not isinstance(ignored, list) or not all(isinstance(i, str) for i in ignored):
-        raise CliError(f"{where}: ignored_layers {ignored!r} is not a list of module names")
-    found = {n.rpartition(".")[0] for n in specs if n.endswith(".weight_scale_inv")}
-    found |= {m for m in _float8_weights(specs) if m not in ignored}
-    return {m: scheme for m in found}, "fine-grained fp8"
-
-
-def _float8_weights(specs) -> set:
+def float8_weights(specs) -> set:
     """The modules whose ``M.weight`` is float8: quantized, whatever else the folder holds."""
     return {n.rpartition(".")[0] for n, (_, dtype) in specs.items()
             if n.endswith(".weight") and dtype.name.startswith("float8")}
 
-
-#: The readers of each ``quant_method`` (the value in config.json, not a gpuq code type).
-_READERS = {"compressed-tensors": _compressed_tensors, "fp8": _fine_grained_fp8}
-
-
-def _ct_scheme(module, groups, ignore, where):
-    if any(_match(module, i) for i in ignore):
-        raise CliError(f"{where}: module {module!r} holds quantized tensors but the config's ignore "
-                       f"list names it")
-    schemes = {s for _, targets, s in groups if "Linear" in targets or any(_match(module, t) for t in targets)}
-    if len(schemes) != 1:
-        which = "no config group's targets match it" if not schemes else "config groups disagree on it"
-        raise CliError(f"{where}: module {module!r} holds quantized tensors but {which}")
-    return schemes.pop()
-
-
-def _match(name: str, target: str) -> bool:
-    """compressed-tensors' ``match_name``: ``re:`` + a regular expression (matched at the start),
-    else the exact name."""
-    if target.startswith("re:"):
-        return re.match(target[3:], name) is not None
-    return target == name
 
 
 def _dequantize_shard(model, shard, path, modules, loader, out_dtype, device, bar, nonfinite, warn) -> list:
@@ -220,7 +175,8 @@ def _dequantize_shard(model, shard, path, modules, loader, out_dtype, device, ba
     for name in model.tensors[shard]:
         if name in primaries:
             m = primaries[name]
-            entries[f"{m}.weight"] = (here[m].layout.shape(m, here[m], loader.load, model.specs), out_dtype)
+            layout = here[m].layout
+            entries[layout.dense_name(m, here[m])] = (layout.shape(m, here[m], loader.load, model.specs), out_dtype)
         elif name not in dropped:
             entries[name] = model.specs[name]
     rows = []
@@ -254,11 +210,12 @@ def _dequantize_module(module, scheme, loader, out_dtype, device, w, model, nonf
     except (ValueError, TypeError) as exc:
         raise CliError(f"module {module!r}: {' '.join(str(exc).split())}") from exc
     y = device.get(y)
-    counts = check_restored(y, f"{module}.weight", nonfinite, warn)
-    w.write(f"{module}.weight", y)
+    dense = scheme.layout.dense_name(module, scheme)
+    counts = check_restored(y, dense, nonfinite, warn)
+    w.write(dense, y)
     stored = [scheme.layout.primary(module, scheme)] + scheme.layout.companions(module, scheme)
     before = sum(int(np.prod(model.specs[n][0])) * model.specs[n][1].itemsize for n in stored)
-    return {"name": f"{module}.weight", "shape": list(shape), "dtype": scheme.code.name, "quantized": True,
+    return {"name": dense, "shape": list(shape), "dtype": scheme.code.name, "quantized": True,
             "bytes_before": before, "bytes_after": int(y.nbytes), "nonfinite": counts}
 
 

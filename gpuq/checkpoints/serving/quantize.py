@@ -36,8 +36,7 @@ from ..report import nonfinite_text
 from ..selection import is_float
 from ..sharded import output_shard_entries
 from .folder import CONFIG, ModelFolder, model_output, module_notes
-from .formats import (FP8_BLOCK, FP8_BLOCKS, PACK, WeightScheme, ct_config, fp8_blocks_config, fp8_code,
-                      int_code)
+from .formats import WeightScheme
 from .selection import ROUTER, choose, module_of, vllm_check
 
 #: The dtypes a model's scales may be stored in (the model's dtype).
@@ -47,20 +46,22 @@ _SCALE_DTYPES = ("bfloat16", "float16", "float32")
 class Request:
     """The scheme a run asks for, checked against its format before any file is read (each
     format module builds its own: :mod:`gpuq.checkpoints.formats`): ``format`` (its name, for
-    messages), ``code`` (a row), ``strategy``, ``group_size``, ``symmetric``, ``layout``.
+    messages), ``code`` (a row), ``strategy``, ``group_size``, ``symmetric``, ``layout`` (the
+    format's :class:`~gpuq.checkpoints.serving.formats.Layout`), ``block`` (a block strategy's shape).
 
-    >>> Request("fp8-blocks", fp8_code(), "block", None, True, FP8_BLOCKS).scheme("float32").describe()
+    >>> from gpuq.checkpoints.formats.fp8_blocks import FP8_BLOCK, FP8_BLOCKS
+    >>> from gpuq.checkpoints.serving.formats import fp8_code
+    >>> Request("fp8-blocks", fp8_code(), "block", None, True, FP8_BLOCKS, FP8_BLOCK).scheme("float32").describe()
     'float8_e4m3fn block 128x128'
     """
 
-    def __init__(self, fmt, code, strategy, group_size, symmetric, layout):
+    def __init__(self, fmt, code, strategy, group_size, symmetric, layout, block=None):
         self.format, self.code, self.strategy = fmt, code, strategy
-        self.group_size, self.symmetric, self.layout = group_size, symmetric, layout
+        self.group_size, self.symmetric, self.layout, self.block = group_size, symmetric, layout, block
 
     def scheme(self, scale_dtype) -> WeightScheme:
-        block = FP8_BLOCK if self.strategy == "block" else None
         return WeightScheme(self.code, self.strategy, self.symmetric, scale_dtype, self.layout,
-                            group_size=self.group_size, block=block)
+                            group_size=self.group_size, block=self.block)
 
 
 def check_local(args) -> None:
@@ -69,8 +70,10 @@ def check_local(args) -> None:
         raise CliError(f"--format {args.format} runs on this machine: drop --scheduler/--workers")
 
 
-def run(args, request: Request, *, warn, progress, device) -> dict:
-    """``gpuq quantize`` to a serving format (``args`` as :mod:`gpuq.cli.commands` parses them).
+def run(args, request: Request, fmt, *, warn, progress, device) -> dict:
+    """``gpuq quantize`` to the serving format ``fmt`` (its module: the hooks of
+    :class:`gpuq.checkpoints.formats._serving.ServingFormat`), ``args`` as
+    :mod:`gpuq.cli.commands` parses them.
 
     Returns the report (:func:`gpuq.checkpoints.convert.finish_report`'s, with the format, each row's
     vLLM column, the ``ignore`` list and notes).
@@ -82,7 +85,7 @@ def run(args, request: Request, *, warn, progress, device) -> dict:
     if model.config.get("quantization_config") is not None or any(m is not None for m in model.metas.values()):
         raise CliError(f"IN {args.input!r} is already quantized (config.json has a quantization_config, "
                        f"or its weights carry gpuq metadata); dequantize it first")
-    scheme = request.scheme("float32" if request.layout is FP8_BLOCKS else _model_dtype(model))
+    scheme = request.scheme(fmt.scale_dtype(model))
 
     def scheme_for(name, shape):
         if scheme.strategy == "group" and shape[1] % scheme.group_size:
@@ -93,11 +96,8 @@ def run(args, request: Request, *, warn, progress, device) -> dict:
     chosen, kept, ignore = choose(model.specs, model.config, scheme_for, include=args.include,
                                   exclude=args.exclude, min_size=args.min_size)
     layouts = _plan_shards(model, chosen, args.output)
-    qc = fp8_blocks_config(ignore) if request.layout is FP8_BLOCKS else ct_config(scheme, ignore)
     present = {module_of(n) for n in model.specs}
-    config = {**model.config, "quantization_config": qc}
-    if not any(k in config for k in ("dtype", "torch_dtype")) and request.layout is not FP8_BLOCKS:
-        config["dtype"] = scheme.scale_dtype  # the dtype inferred from the weights: readers need it
+    config = fmt.config(model.config, scheme, ignore)
     rows = []
     names = model.shards + ([model.index_name] if model.index_name else []) + [CONFIG] + model.others
     bar = progress_bar(len(model.specs), progress, "quantize")
@@ -114,12 +114,13 @@ def run(args, request: Request, *, warn, progress, device) -> dict:
     report = finish_report("quantize", args.input, args.output, device.name, rows)
     report.update(format=args.format, calibrate=args.calibrate, ignore=ignore, left_out=model.left_out,
                   modules=model.modules, extra_column=("vLLM", "vllm"),
-                  notes=_notes(kept, model.left_out, request) + _fused_note(model.specs, args.format)
-                  + transformers_notes(chosen, model.specs, request) + module_notes(model))
+                  notes=_notes(kept, model.left_out, fmt.IGNORE_KEY) + fmt.column_notes(request)
+                  + _fused_note(model.specs, args.format) + fmt.load_notes(chosen, model.specs, request)
+                  + module_notes(model))
     return report
 
 
-def _model_dtype(model: ModelFolder) -> str:
+def model_dtype(model: ModelFolder) -> str:
     """The dtype the model's scales are stored in: config.json's, else its weights'."""
     named = model.config.get("dtype", model.config.get("torch_dtype"))
     if named in _SCALE_DTYPES:
@@ -197,6 +198,8 @@ def quantize_weight(x, scheme: WeightScheme, device, name, nonfinite="warn", war
 
     >>> from gpuq.checkpoints.env import HostDevice
     >>> x = np.array([[0.5, -1.0], [2.0, 4.0]], np.float32)
+    >>> from gpuq.checkpoints.formats.compressed_tensors import PACK
+    >>> from gpuq.checkpoints.serving.formats import int_code
     >>> s = WeightScheme(int_code(8), "channel", True, "float32", PACK)
     >>> t, stats, _ = quantize_weight(x, s, HostDevice(), "m.weight")
     >>> sorted(t), t["m.weight_scale"].ravel().tolist()
@@ -249,48 +252,8 @@ def _scheme_json(scheme: WeightScheme) -> dict:
             "scale_dtype": scheme.scale_dtype}
 
 
-def transformers_notes(chosen, specs, request) -> list:
-    """The line saying a folder will not load right in transformers 5.24 (docs/serving-formats.md),
-    what it does instead and what loads it right; none where it loads.
-
-    Asymmetric compressed-tensors: transformers allocates an unpacked ``weight_zero_point``
-    and refuses the packed one (llm-compressor#1618). Fine-grained fp8 with ragged edge blocks
-    (a dimension over 128 and no multiple of it): dequantizing on load, as it does without a
-    GPU, transformers takes the block as ``rows // scale_rows`` x ``cols // scale_cols``.
-
-    >>> import numpy as np
-    >>> r = Request("fp8-blocks", fp8_code(), "block", None, True, FP8_BLOCKS)
-    >>> note = transformers_notes({"a.weight": r.scheme("float32")},
-    ...                           {"a.weight": ((144, 100), np.dtype("float32"))}, r)[0]
-    >>> note.split(": it ")[1]
-    'loads 1 with wrong weights; vLLM and gpuq dequantize read it right'
-    """
-    if request.layout is not FP8_BLOCKS:
-        if request.symmetric:
-            return []
-        return ["note: transformers 5.24 does not load this folder: --asymmetric compressed-tensors' packed "
-                "weight_zero_point is refused with a size mismatch (llm-compressor#1618); vLLM (the layers "
-                "its column rates ok) and gpuq dequantize read it right"]
-    ragged, refused = [], 0
-    for name, scheme in chosen.items():
-        shape = specs[name][0]
-        grid = scheme.scale_grid(shape)
-        if any(d > b and d % b for d, b in zip(shape, scheme.block)):
-            ragged.append(f"{module_of(name)} {shape[0]}x{shape[1]}")
-            refused += any(d % g for d, g in zip(shape, grid))
-    if not ragged:
-        return []
-    what = [f"loads {len(ragged) - refused} with wrong weights"] if len(ragged) > refused else []
-    what += [f"refuses {refused} (not divisible by scale grid: the load stops)"] if refused else []
-    return [f"note: transformers 5.24 does not load this folder right: {len(ragged)} weight"
-            f"{'s have' if len(ragged) > 1 else ' has'} ragged edge blocks (a dimension over 128 that is "
-            f"no multiple of it: {ragged[0]}{', ...' if len(ragged) > 1 else ''}), whose block it takes as "
-            f"rows // scale rows x cols // scale cols when it dequantizes on load (as it does without a "
-            f"GPU): it {' and '.join(what)}; vLLM and gpuq dequantize read it right"]
-
-
-def _notes(kept, left_out, request) -> list:
-    where = "ignored_layers" if request.layout is FP8_BLOCKS else "ignore"
+def _notes(kept, left_out, where) -> list:
+    """The notes on what stayed in float (listed in the config's ``where`` key) and what was not copied."""
     notes = [f"note: kept in float and listed in {where}: {module_of(name)} ({why})"
              for name, why in kept.items() if why != ROUTER]
     routers = sum(why == ROUTER for why in kept.values())
@@ -300,9 +263,6 @@ def _notes(kept, left_out, request) -> list:
     if left_out:
         notes.append(f"note: not copied into OUT: {', '.join(left_out)} (folders and weight files of "
                      f"other formats)")
-    if request.layout is not FP8_BLOCKS and request.code.codec != "float8":  # fp8's column is all '-'
-        notes.append("note: vLLM column: Marlin's shape rules for int weights (group -1/32/64/128, "
-                     "out % 64, in % 128); '-' where no rule is checked")
     return notes
 
 

@@ -171,7 +171,8 @@ def vllm_check(module: str, shape, scheme, present) -> str:
     fine-grained fp8 the merged layers' rule (every part but the last a whole number of blocks
     along out); fp8 per channel or tensor has no shape rule here (``"-"``).
 
-    >>> from gpuq.checkpoints.serving.formats import WeightScheme, int_code, PACK
+    >>> from gpuq.checkpoints.formats.compressed_tensors import PACK
+    >>> from gpuq.checkpoints.serving.formats import WeightScheme, int_code
     >>> vllm_check("a.q_proj", (100, 256), WeightScheme(int_code(4), "group", True, "bfloat16", PACK,
     ...            group_size=128), set())
     'no: out 100 % 64'
