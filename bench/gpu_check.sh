@@ -7,7 +7,8 @@
 # own budget, cut to what is left, and its own `timeout`. Everything streams into $OUT (else
 # build/gpu_check) as it happens, so a step killed at its limit loses nothing before it.
 # Files (at most 8; bench/NOTES.md "The device check" says what each holds):
-#   check.log  preflight.txt  compile.json  tests.txt  torch_checks.txt  bench.json  sanitize.txt
+#   check.log  preflight.txt  compile.json  conformance.txt  tests.txt  torch_checks.txt  bench.json
+#   sanitize.txt
 # On a machine without a GPU it stops after the preflight, within seconds: "no GPU: <why>", exit 1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -48,6 +49,9 @@ fi
 grep -m1 '^nvidia-smi' "$out/preflight.txt" >>"$log"
 
 step compile 45 "$out/check.log" $py bench/gpu_check.py compile --json "$out/compile.json"
+
+# The hardware conversions (issue 38) against the software paths they replace, all 2**32 float32s.
+step conformance 30 "$out/conformance.txt" $py bench/gpu_conformance.py
 
 # The CUDA tests on real CuPy: the sweep first, then every file's cuda parameters.
 targs=(-q -rfE -p no:cacheprovider -o addopts= -o console_output_style=classic)

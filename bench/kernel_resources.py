@@ -55,7 +55,8 @@ THREADS = 256
 LIMITS = {"sm_80": {"regs": 65536, "threads": 2048, "blocks": 32, "smem": 164 * 1024},
           "sm_90": {"regs": 65536, "threads": 2048, "blocks": 32, "smem": 228 * 1024}}
 SM = LIMITS["sm_90"]
-_SHORT = {"float": "f32", "__half": "f16", "double": "f64", "signed char": "s8", "unsigned char": "u8"}
+_SHORT = {"float": "f32", "__half": "f16", "gpuq_bf16": "bf16", "double": "f64", "signed char": "s8",
+          "unsigned char": "u8"}
 _MAPS = {str(v): k for k, v in registry.MAPS.items()}
 
 

@@ -173,39 +173,70 @@ __device__ __forceinline__ void to_compute_rn(long long d, double& out) {
 // ---------------------------------------------------------------------------
 // The contract, one element at a time.
 
+// rint (round half to even) straight to an 8-bit code, saturating, NaN -> 0:
+// cvt.rni.sat.{s8,u8}.f32 is the whole symmetric contract after the division in
+// one instruction (PTX ISA cvt: NaN converts to 0 for a non-.f64 source and a
+// destination other than .s64/.u64; .sat clamps to the destination's range).
+// The 32-bit register holds the code extended by the destination's signedness;
+// only its low byte is kept. float64 has the same semantics through int32.
+template <typename TQ> __device__ __forceinline__ TQ rint_to_code_sat(float v);
+template <> __device__ __forceinline__ signed char rint_to_code_sat<signed char>(float v) {
+    int r;
+    asm("cvt.rni.sat.s8.f32 %0, %1;" : "=r"(r) : "f"(v));
+    return static_cast<signed char>(r);
+}
+template <> __device__ __forceinline__ unsigned char rint_to_code_sat<unsigned char>(float v) {
+    int r;
+    asm("cvt.rni.sat.u8.f32 %0, %1;" : "=r"(r) : "f"(v));
+    return static_cast<unsigned char>(r);
+}
+template <typename TQ> __device__ __forceinline__ TQ rint_to_code_sat(double v) {
+    // Saturating to int32 first keeps the side, so 32-bit integers suffice.
+    const int r = is_nan(v) ? 0 : rint_to_i32_sat(v);
+    return static_cast<TQ>(min(max(r, CodeRange<TQ>::lo), CodeRange<TQ>::hi));
+}
+
 // A zero point with its clamp bounds. clamp(r + zp, qmin, qmax) equals
 // clamp(r, qmin - zp, qmax - zp) + zp for every integer r and int32 zp, and the
 // bounds depend on zp alone: kernels form them once per zero point, not per
-// element (two 64-bit clamps per element instead of four).
+// element (two clamps per element instead of four). While |zp| <= 2^30 the
+// bounds and the sum fit int32 with room to spare, and a rint saturated to
+// int32 (cvt.rni.s32.f32: NaN -> 0, so NaN gives zp) stays on its side of both
+// bounds: the 32-bit form is exact there. Beyond it (zp = INT32_MIN and a
+// quotient of 2^31 + 100 would wrap) the bounds are 64-bit.
 template <typename TQ>
 struct ZeroPoint {
     long long lo, hi;  // qmin - zp, qmax - zp
     long long zp;      // widened once here, not at every element's add
+    bool narrow;       // |zp| <= 2^30: lo32/hi32/zp32 hold the same bounds in int32
+    int lo32, hi32, zp32;
 };
 template <typename TQ>
 __device__ __forceinline__ ZeroPoint<TQ> zero_point(int zp) {
-    return {CodeRange<TQ>::lo - static_cast<long long>(zp), CodeRange<TQ>::hi - static_cast<long long>(zp),
-            static_cast<long long>(zp)};
+    const long long lo = CodeRange<TQ>::lo - static_cast<long long>(zp);
+    const long long hi = CodeRange<TQ>::hi - static_cast<long long>(zp);
+    const bool narrow = zp >= -(1 << 30) && zp <= (1 << 30);
+    return {lo, hi, static_cast<long long>(zp), narrow, static_cast<int>(lo), static_cast<int>(hi), zp};
 }
 
 // Quantize with a zero point: clamp(rint(x / s) + zp, qmin, qmax); NaN -> zp.
-// rint_to_i64_sat saturates: a huge |x / s| stays beyond the bounds on its side,
-// and the sum of the clamped value and zp is in [qmin, qmax], so nothing overflows.
+// The rint saturates: a huge |x / s| stays beyond the bounds on its side, and
+// the sum of the clamped value and zp is in [qmin, qmax], so nothing overflows.
+// The 64-bit path maps NaN to 0 from the bits (cvt.rni.s64 gives INT64_MIN).
 template <typename TQ, typename TC>
 __device__ __forceinline__ TQ quantize_rn_zp(TC x, TC s, const ZeroPoint<TQ>& zp) {
     const TC v = div_rn(x, s);
+    if constexpr (sizeof(TC) == 4) {
+        if (zp.narrow) return static_cast<TQ>(min(max(rint_to_i32_sat(v), zp.lo32), zp.hi32) + zp.zp32);
+    }
     const long long r = is_nan(v) ? 0LL : rint_to_i64_sat(v);
     return static_cast<TQ>(min(max(r, zp.lo), zp.hi) + zp.zp);
 }
 
 // Symmetric quantize (zp = 0): clamp(rint(x / s), qmin, qmax); NaN -> 0.
-// Saturating to int32 first keeps the side, so 32-bit integers suffice.
 template <typename TQ, typename TC>
 __device__ __forceinline__ TQ quantize_rn_sym(TC x, TC s) {
-    const TC v = div_rn(x, s);
-    int r = is_nan(v) ? 0 : rint_to_i32_sat(v);
-    r = min(max(r, CodeRange<TQ>::lo), CodeRange<TQ>::hi);
-    return static_cast<TQ>(r);
+    return rint_to_code_sat<TQ>(div_rn(x, s));
 }
 
 // Dequantize with a zero point: (q - zp) in int64 (|q - zp| can exceed int32),

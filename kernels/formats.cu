@@ -9,8 +9,11 @@
 //          byte: element 2k in the low nibble of byte k, 2k + 1 in the high one.
 //
 // The fp8 conversion is integer operations on the float32 bits (plus one exact scaling
-// for fp8 subnormals), so every architecture gives the same bits: PTX's
-// cvt.rn.satfinite.e4m3x2.f32 exists on sm_89+ only. gpuq/backends/host/formats.py
+// for fp8 subnormals), so every architecture gives the same bits; on sm_89+ the
+// saturating cast is PTX's cvt.rn.satfinite.{e4m3,e5m2}x2.f32 instead, which gives
+// those same bits for every non-NaN quotient (tests/cudasim proves the kernels at
+// both __CUDA_ARCH__ 800 and 900 against the host backend; the GPU check compares
+// the instruction with its host helper on every float32). gpuq/backends/host/formats.py
 // states the same algorithm for the host and says why it rounds correctly.
 //
 // Packed int4: a thread owns units of 16 elements starting at an even element, so it
@@ -102,23 +105,75 @@ __device__ __forceinline__ unsigned char f32_to_fp8(float t) {
     return static_cast<unsigned char>(r | ((u >> 24) & 0x80u));
 }
 
-// fp8 bits -> float32, exactly; a NaN code gives the default quiet NaN with its sign.
+#if __CUDA_ARCH__ >= 890
+// float32 -> fp8 bits by cvt.rn.satfinite.{e4m3,e5m2}x2.f32 (sm_89+): round to nearest even,
+// |t| > MAX_NORM (Inf included) -> +/-MAX_NORM, zeros and every finite value keep their sign:
+// f32_to_fp8<FMT, true> for every non-NaN t. `d, a, b` puts cvt(a) in the high byte; t goes in
+// b, the low byte, and a is 0.
 template <int FMT>
-__device__ __forceinline__ float fp8_to_f32(unsigned char b) {
-    using F = Fp8<FMT>;
+__device__ __forceinline__ unsigned char f32_to_fp8_satfinite(float t) {
+    unsigned short d;
+    const float zero = 0.0f;
+    if constexpr (FMT == 0) {
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(zero), "f"(t));
+    } else {
+        asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(d) : "f"(zero), "f"(t));
+    }
+    return static_cast<unsigned char>(d & 0xffu);
+}
+#endif
+
+// e4m3 bits other than NaN -> float32 in integer operations, exactly: the decode before sm_89
+// and the reference bench/gpu_conformance.py holds the hardware's decode to.
+__device__ __forceinline__ float e4m3_to_f32_soft(unsigned char b) {
+    using F = Fp8<0>;
     const unsigned sign = static_cast<unsigned>(b & 0x80u) << 24;
     const unsigned e = (b & 0x7fu) >> F::mbits;
     const unsigned m = b & ((1u << F::mbits) - 1u);
-    constexpr unsigned emax = (0x80u >> F::mbits) - 1u;
-    const bool nan = FMT == 0 ? (b & 0x7fu) == 0x7fu : (e == emax && m != 0);
-    if (nan) return __uint_as_float(sign | 0x7fc00000u);
-    if (FMT == 1 && e == emax) return __uint_as_float(sign | 0x7f800000u);
     if (e != 0) return __uint_as_float(sign | ((e + 127u - F::bias) << 23) | (m << (23 - F::mbits)));
     // Subnormal (or zero): m times the step, both exact in float32.
     float v;
     to_compute_rn(static_cast<long long>(m), v);
     v = mul_rn(v, 1.0f / F::sub_scale);
     return __uint_as_float(__float_as_uint(v) | sign);
+}
+
+#if __CUDA_ARCH__ >= 890
+// e4m3 bits other than NaN -> float32 by the hardware (sm_89+): every e4m3 value is a float16, and
+// cvt.rn.f16x2.e4m3x2 puts the low byte's float16 in the low half; then one exact widening.
+__device__ __forceinline__ float e4m3_to_f32_hw(unsigned char b) {
+    unsigned d;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(d) : "h"(static_cast<unsigned short>(b)));
+    const unsigned short h = static_cast<unsigned short>(d & 0xffffu);
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+#endif
+
+// fp8 bits -> float32, exactly; a NaN code gives the default quiet NaN with its sign.
+template <int FMT>
+__device__ __forceinline__ float fp8_to_f32(unsigned char b) {
+    using F = Fp8<FMT>;
+    const unsigned e = (b & 0x7fu) >> F::mbits;
+    const unsigned m = b & ((1u << F::mbits) - 1u);
+    constexpr unsigned emax = (0x80u >> F::mbits) - 1u;
+    const bool nan = FMT == 0 ? (b & 0x7fu) == 0x7fu : (e == emax && m != 0);
+    if (nan) return __uint_as_float((static_cast<unsigned>(b & 0x80u) << 24) | 0x7fc00000u);
+    if constexpr (FMT == 1) {
+        // e5m2 is float16's upper byte (same exponent field and bias): one exact widening
+        // covers zeros, subnormals, normals and Inf on every architecture.
+        const unsigned short h = static_cast<unsigned short>(b) << 8;
+        float f;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+        return f;
+    } else {
+#if __CUDA_ARCH__ >= 890
+        return e4m3_to_f32_hw(b);
+#else
+        return e4m3_to_f32_soft(b);
+#endif
+    }
 }
 
 __device__ __forceinline__ void widen_fp8_to(float f, float& out) { out = f; }
@@ -157,6 +212,11 @@ struct QuantizeFp8Op : ParamCursor<TS, false> {
         // A NaN keeps its sign (the host's division does; the GPU's gives its canonical NaN).
         if (is_nan(w)) return static_cast<unsigned char>(Fp8<FMT>::nan_code | (sign_bit(x) ? 0x80u : 0u));
         const float t = to_f32_rn(div_rn(w, s));
+#if __CUDA_ARCH__ >= 890
+        // The hardware conversion is the saturating cast; a NaN quotient (0/0, Inf/Inf) keeps
+        // the software path's code, whose sign the instruction does not promise.
+        if (saturate && !is_nan(t)) return f32_to_fp8_satfinite<FMT>(t);
+#endif
         return saturate ? f32_to_fp8<FMT, true>(t) : f32_to_fp8<FMT, false>(t);
     }
 };

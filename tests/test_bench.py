@@ -261,3 +261,14 @@ def test_blocks_bench_int4_rows_match_the_naive_peer():
     rows = blocks.run((130, 300), 1, log=lambda s: None, dtype="int4")
     assert {r["op"] for r in rows} == {"quantize", "dequantize", "choose_qparams"}
     assert all(r["dtype"] == "int4" and r["mismatches"] == 0 for r in rows)
+
+
+def test_kernel_resources_names_every_registered_kernel():
+    # Every name expression the library compiles gets a short name (bf16 was missing: KeyError 'gpuq_bf16').
+    from bench import kernel_resources
+    from gpuq.backends.cuda import registry
+
+    names = [kernel_resources.short_name(e) for names in registry.SOURCES.values() for e in names()]
+    assert len(names) == sum(len(f()) for f in registry.SOURCES.values())
+    assert any(n.startswith("quantize bf16>s8 ") for n in names)
+    assert not any("gpuq_bf16" in n or "__half" in n or "signed char" in n for n in names)

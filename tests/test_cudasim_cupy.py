@@ -601,3 +601,24 @@ def test_gpuq_choose_qparams_synchronises_once(cp):
     hs, hz = gpuq.choose_qparams(x, dtype="uint8")
     assert np.array_equal(cp.asnumpy(s).view(np.uint32), np.asarray(hs).view(np.uint32))
     assert np.array_equal(cp.asnumpy(z), hz)
+
+
+_ARCH_SOURCE = 'extern "C" __global__ void arch(int* out) { out[0] = __CUDA_ARCH__; }'
+
+
+def test_modules_build_for_the_compute_capability_the_devices_report(cp):
+    # A module is built with __CUDA_ARCH__ = 10 x the compute capability current when it is made
+    # (so sm_89+ paths run by default and sm_80 paths on request), as NVRTC builds for one -arch.
+    def built_arch():
+        out = cp.zeros(1, np.int32)
+        cp.RawKernel(_ARCH_SOURCE, "arch")((1,), (1,), (out,))
+        return int(out.get()[0]), cp.cuda.Device().compute_capability
+
+    default = cp._sim.COMPUTE_CAPABILITY
+    assert built_arch() == (int(default) * 10, default)
+    with cp._sim.compute_capability("80"):
+        assert built_arch() == (800, "80")
+        assert cp.cuda.runtime.getDeviceProperties(0)["major"] == 8
+    assert built_arch() == (int(default) * 10, default)
+    with pytest.raises(ValueError, match="compute capability"):
+        cp._sim.set_compute_capability("sm_90")

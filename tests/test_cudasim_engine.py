@@ -14,6 +14,8 @@ import sys
 import textwrap
 import warnings
 
+import gpuq
+import ml_dtypes
 import numpy as np
 import pytest
 from cudasim import hostbuild, ptx
@@ -54,9 +56,11 @@ def helpers():
     return hostbuild.build_ptx_helpers()
 
 
-def test_the_fifteen_forms_are_known_and_exported(helpers):
+def test_the_twenty_forms_are_known_and_exported(helpers):
     assert sorted(ptx.FORMS) == sorted([
         "div.rn.f32", "mul.rn.f32", "sub.rn.f32", "min.f32", "max.f32",
+        "cvt.rni.sat.s8.f32", "cvt.rni.sat.u8.f32", "cvt.rn.satfinite.e4m3x2.f32", "cvt.rn.satfinite.e5m2x2.f32",
+        "cvt.rn.f16x2.e4m3x2",
         "cvt.rni.s32.f32", "cvt.rni.s32.f64", "cvt.rni.s64.f32", "cvt.rni.s64.f64",
         "cvt.rn.f32.s64", "cvt.rn.f64.s64", "cvt.rn.f32.f64", "cvt.f64.f32", "cvt.f32.f16", "cvt.rn.f16.f32"])
     for form in ptx.FORMS.values():
@@ -192,6 +196,65 @@ def test_cvt_rni_rounds_half_even_saturates_and_maps_nan_per_the_isa(helpers, na
         f = lambda v: int(np.int32(np.uint32(fn(int(np.float64(v).view(np.uint64))))))
         assert [f(2147483647.4), f(2147483647.5), f(2147483646.5), f(-2147483648.5), f(-2147483648.6)] == \
                [I32_MAX, I32_MAX, 2147483646, I32_MIN, I32_MIN]
+
+
+@pytest.mark.parametrize("name, dtype", [("cvt_rni_sat_s8_f32", "int8"), ("cvt_rni_sat_u8_f32", "uint8")])
+def test_cvt_rni_sat_8bit_is_the_host_backends_symmetric_code(helpers, name, dtype):
+    # The symmetric contract after the division (scale 1: the quotient is x itself) against the host
+    # backend, on every float32 whose low 16 bits are zero (every exponent, sign, NaN and Inf), the
+    # rint edge cases, and every quarter in [-260, 260] (ties, both saturation edges). The 32-bit
+    # register holds the code sign-extended (.s8) or zero-extended (.u8), as the ISA's cvt says.
+    fn = getattr(helpers, f"cudasim_ptx_{name}")
+    every_exponent = (np.arange(2**16, dtype=np.uint32) << 16).view(np.float32)
+    quarters = (np.arange(-1040, 1041) / 4).astype(np.float32)
+    values = np.concatenate([every_exponent, _rni_inputs32(), quarters])
+    got = np.array([fn(int(b)) for b in values.view(np.uint32)], np.uint32)
+    want = gpuq.quantize(values, np.float32(1), dtype=dtype, check_values=False)
+    assert want.dtype == np.dtype(dtype)
+    extended = want.astype(np.int32).view(np.uint32)  # int8 sign-extends, uint8 zero-extends
+    bad = np.flatnonzero(got != extended)
+    assert bad.size == 0, [(values[i], got[i], want[i]) for i in bad[:10]]
+
+
+@pytest.mark.parametrize("name, dtype", [("cvt_rn_satfinite_e4m3x2_f32", "float8_e4m3fn"),
+                                         ("cvt_rn_satfinite_e5m2x2_f32", "float8_e5m2")])
+def test_cvt_satfinite_fp8x2_is_the_host_backends_saturating_cast(helpers, name, dtype):
+    # The host backend's saturating fp8 cast (scale 1) on every float32 whose low 16 bits are zero
+    # (every exponent: subnormal fp8, both saturations, Inf), every 2**-12 step of [-2**9, 2**9]
+    # in e4m3's binades (ties at every code), random bits; `d, a, b` puts cvt(a) in the high byte.
+    fn = getattr(helpers, f"cudasim_ptx_{name}")
+    rng = np.random.default_rng(11)
+    every_exponent = (np.arange(2**16, dtype=np.uint32) << 16).view(np.float32)
+    steps = (np.arange(-(2**21), 2**21 + 1, 97) / 2.0**12).astype(np.float32)
+    random_bits = rng.integers(0, 2**32, 20000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    ties = np.array([464, -464, 472, 57344, 61440, -61440, 65536, 2.0**-10, 3 * 2.0**-10, 2.0**-17,
+                     3 * 2.0**-17, 1.0625, 1.1875, 1.125, 1.375], np.float32)
+    values = np.concatenate([every_exponent, steps, random_bits, ties])
+    values = values[~np.isnan(values)]  # the kernels branch on NaN before the instruction
+    partner = np.roll(values, 1)
+    bits, pbits = values.view(np.uint32), partner.view(np.uint32)
+    got = np.array([fn(int(a), int(b)) for a, b in zip(pbits, bits)], np.uint16)
+    want = gpuq.quantize(values, np.float32(1), dtype=dtype, check_values=False, saturate=True).view(np.uint8)
+    want_hi = np.roll(want, 1)
+    assert np.array_equal(got & 0xFF, want), values[np.flatnonzero((got & 0xFF) != want)[:10]]
+    assert np.array_equal(got >> 8, want_hi)
+    # NaN: NaN of the format with the input's sign (the kernels never rely on it).
+    assert fn(0x7FC00000, 0xFFC00001) == 0x7F << 8 | 0xFF
+
+
+def test_cvt_f16x2_e4m3x2_is_the_host_backends_decode_on_every_pair(helpers):
+    # All 2**16 code pairs: each half of d is the float16 of the host backend's decode (scale 1;
+    # every e4m3 value is a float16), the low byte's in the low half; NaN codes give 0x7fff.
+    fn = helpers.cudasim_ptx_cvt_rn_f16x2_e4m3x2
+    pairs = np.arange(2**16, dtype=np.uint32)
+    got = np.array([fn(int(p)) for p in pairs], np.uint32)
+    codes = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn)
+    decoded = gpuq.dequantize(codes, np.float32(1), dtype="float32")
+    want = decoded.astype(np.float16).view(np.uint16).astype(np.uint32)
+    want[np.isnan(decoded)] = 0x7FFF
+    assert np.array_equal(decoded.astype(np.float16).astype(np.float32), decoded, equal_nan=True)  # exact
+    assert np.array_equal(got & 0xFFFF, want[pairs & 0xFF])
+    assert np.array_equal(got >> 16, want[pairs >> 8])
 
 
 def test_cvt_int64_to_float_rounds_once_to_nearest_even(helpers):

@@ -147,3 +147,26 @@ def test_the_headline_benchmark_runs_on_cpu_torch(tmp_path):
                               "--check-rows", "4", "--no-compile", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == 9 and all(r["bits"] == "ok" and "gpuq_ms" in r for r in rows), rows
+
+
+@pytest.mark.skipif(CUDA_MODE != "sim", reason="the dry run is for the CPU execution of the kernels")
+def test_conformance_step_dry_runs_on_the_cpu_execution_and_reports_a_mismatch(monkeypatch):
+    # bench/gpu_conformance.py, the device check's conformance step, on 2**12 patterns spread over
+    # the 32-bit range (the device runs all 2**32): every form agrees with the software path; a
+    # planted wrong reference (the int8 clamp at -127) is reported with its count and first pattern.
+    import cupy
+
+    from bench import gpu_conformance as conf
+
+    got = conf.run(cupy, 1 << 12)
+    assert list(got) == list(conf.FORMS)
+    assert all(n == 0 and first is None for n, first in got.values()), got
+    planted = conf._KERNEL.replace("min(max(r, -128), 127)", "min(max(r, -127), 127)")
+    assert planted != conf._KERNEL
+    monkeypatch.setattr(conf, "_KERNEL", planted)
+    got = conf.run(cupy, 1 << 12)
+    n, first = got["cvt.rni.sat.s8.f32"]
+    assert n > 0 and first is not None and first >= 0x80000000  # a negative float saturating at -128
+    assert all(v == (0, None) for k, v in got.items() if k != "cvt.rni.sat.s8.f32")
+    with pytest.raises(ValueError, match="power of two"):
+        conf.run(cupy, 3)

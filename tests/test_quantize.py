@@ -243,7 +243,9 @@ def test_float16_input_and_output(backend):
     assert np.isinf(y[0]) and np.isinf(y[1])  # overflow of the float16 range is Inf, like a cast
 
 
-ZP_EXTREMES = [-(2**31), 2**31 - 1, 2**23, 2**23 + 1, -(2**23) - 1, 2**24 + 3, -(2**30)]
+# +-2**30 and one beyond: the CUDA kernels' int32 bounds hold up to |zp| = 2**30, 64-bit ones beyond.
+ZP_EXTREMES = [-(2**31), 2**31 - 1, 2**23, 2**23 + 1, -(2**23) - 1, 2**24 + 3, -(2**30), 2**30, 2**30 + 1,
+               -(2**30) - 1]
 
 
 @pytest.mark.parametrize("zp", ZP_EXTREMES)
@@ -272,6 +274,9 @@ def test_mixed_narrow_and_wide_zero_points_per_channel(backend):
     s = _scales(4)
     got = backend.get(gpuq.quantize(backend.put(x), s, z, axis=0, dtype="uint8"))
     _assert_same(got, ref.quantize(x, s, z, axis=0, dtype="uint8"))
+    z = np.array([2**30, -(2**30) - 1, 2**30 + 1, -(2**30)], np.int32)  # both sides of the int32 path's edge
+    got = backend.get(gpuq.quantize(backend.put(x * 2e9), s, z, axis=0, dtype="int8"))
+    _assert_same(got, ref.quantize(x * 2e9, s, z, axis=0, dtype="int8"))
 
 
 # --- views, out=, no mutation, empty --------------------------------------------------------

@@ -22,8 +22,16 @@ min.f32, max.f32    the non-NaN operand if one is NaN, 0x7fffffff if both;
                     -0.0 < +0.0 (min(-0, +0) = -0, max = +0)
 cvt.rni.s32.f32     nearest even, saturating; NaN -> 0
 cvt.rni.s32.f64     nearest even, saturating; NaN -> INT32_MIN
+cvt.rni.sat.s8.f32  nearest even, saturating to [-128, 127]; NaN -> 0; the 32-bit
+                    register holds the code sign-extended
+cvt.rni.sat.u8.f32  nearest even, saturating to [0, 255]; NaN -> 0; zero-extended
 cvt.rni.s64.f32     nearest even, saturating; NaN -> INT64_MIN
 cvt.rni.s64.f64     nearest even, saturating; NaN -> INT64_MIN
+cvt.rn.satfinite.   (sm_89+) d, a, b: a's code in the high byte, b's in the low; each
+ e4m3x2/e5m2x2.f32  nearest even, |x| > MAX_NORM (Inf included) -> +-MAX_NORM,
+                    zeros keep their sign; NaN -> 0x7f with its sign
+cvt.rn.f16x2.e4m3x2 (sm_89+) d, a: a's low byte widened exactly into d's low half, its
+                    high byte into the high half; NaN -> 0x7fff
 cvt.rn.f32.s64      one rounding, nearest even
 cvt.rn.f64.s64      one rounding, nearest even
 cvt.rn.f32.f64      nearest even, subnormals kept, overflow to Inf; NaN -> 0x7fffffff
@@ -35,7 +43,10 @@ cvt.rn.f16.f32      nearest even, subnormals kept, |x| >= 65520 -> Inf; NaN -> 0
 (PTX ISA 9.7.9.21, cvt, Integer Notes: NaN converts to 0 "if source is not
 .f64 and destination is not .s64, .u64", otherwise to 1 << (BitWidth(dst) - 1),
 MININT for a signed destination; float-to-integer conversions clamp to the
-destination range by default.)
+destination range by default; "If the destination register is wider than the
+destination format, the result is extended to the destination register width
+after chopping. The type of extension (sign or zero) is based on the
+destination format.")
 
 >>> translate('asm("min.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));')
 "(::cudasim::ptx::out<'f'>((r)) = ::cudasim::ptx::min_f32(::cudasim::ptx::in<'f', float>((a)), \
@@ -80,6 +91,11 @@ FORMS: dict[str, Form] = {
     "min.f32": Form("min_f32", "f", ("f", "f")),
     "max.f32": Form("max_f32", "f", ("f", "f")),
     "cvt.rni.s32.f32": Form("cvt_rni_s32_f32", "r", ("f",)),
+    "cvt.rni.sat.s8.f32": Form("cvt_rni_sat_s8_f32", "r", ("f",)),
+    "cvt.rni.sat.u8.f32": Form("cvt_rni_sat_u8_f32", "r", ("f",)),
+    "cvt.rn.satfinite.e4m3x2.f32": Form("cvt_rn_satfinite_e4m3x2_f32", "h", ("f", "f")),
+    "cvt.rn.satfinite.e5m2x2.f32": Form("cvt_rn_satfinite_e5m2x2_f32", "h", ("f", "f")),
+    "cvt.rn.f16x2.e4m3x2": Form("cvt_rn_f16x2_e4m3x2", "r", ("h",)),
     "cvt.rni.s32.f64": Form("cvt_rni_s32_f64", "r", ("d",)),
     "cvt.rni.s64.f32": Form("cvt_rni_s64_f32", "l", ("f",)),
     "cvt.rni.s64.f64": Form("cvt_rni_s64_f64", "l", ("d",)),

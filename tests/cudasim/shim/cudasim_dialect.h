@@ -24,7 +24,9 @@
 
 #define __CUDACC__ 1
 #define __CUDACC_RTC__ 1
+#ifndef __CUDA_ARCH__  // the fake CuPy passes -D__CUDA_ARCH__=<10 x its compute capability>
 #define __CUDA_ARCH__ 800
+#endif
 #define __CUDASIM__ 1
 
 // Execution spaces and qualifiers. __shared__ variables are static storage:

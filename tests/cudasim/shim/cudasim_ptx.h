@@ -8,7 +8,9 @@
 //   * PTX ISA 9.7.9.21 cvt, "Integer Notes": float-to-integer conversions clamp
 //     to the destination range by default (.sat is redundant); a NaN input gives
 //     0 "if source is not .f64 and destination is not .s64/.u64", otherwise
-//     1 << (BitWidth(dst) - 1), i.e. MININT for a signed destination.
+//     1 << (BitWidth(dst) - 1), i.e. MININT for a signed destination; a
+//     destination register wider than the destination format gets the result
+//     sign- or zero-extended by the format (.s8 / .u8 into a .b32 register).
 //   * PTX ISA 9.7.3.11/12 min/max: the non-NaN operand if exactly one is NaN,
 //     NaN if both are, and -0.0 < +0.0 ("If values of both inputs are 0.0,
 //     then +0.0 > -0.0").
@@ -195,6 +197,19 @@ inline I cvt_rni(uint64_t b, I nan_value) {
 }
 
 inline int32_t cvt_rni_s32_f32(float x) { return cvt_rni<int32_t, F32>(bits_of(x), 0); }
+// cvt.rni.sat.{s8,u8}.f32 into a 32-bit register: the 8-bit result extended by
+// the destination format's signedness (ISA cvt: "If the destination register
+// is wider than the destination format, the result is extended to the
+// destination register width after chopping"). Clamping the int32-saturated
+// rint to the 8-bit range is the same as saturating to it directly.
+inline int32_t cvt_rni_sat_s8_f32(float x) {
+    const int32_t r = cvt_rni<int32_t, F32>(bits_of(x), 0);
+    return r < -128 ? -128 : (r > 127 ? 127 : r);
+}
+inline int32_t cvt_rni_sat_u8_f32(float x) {
+    const int32_t r = cvt_rni<int32_t, F32>(bits_of(x), 0);
+    return r < 0 ? 0 : (r > 255 ? 255 : r);
+}
 inline int32_t cvt_rni_s32_f64(double x) { return cvt_rni<int32_t, F64>(bits_of(x), INT32_MIN); }
 inline int64_t cvt_rni_s64_f32(float x) { return cvt_rni<int64_t, F32>(bits_of(x), INT64_MIN); }
 inline int64_t cvt_rni_s64_f64(double x) { return cvt_rni<int64_t, F64>(bits_of(x), INT64_MIN); }
@@ -262,6 +277,54 @@ inline uint16_t cvt_rn_f16_f32(float f) {
     if ((b & 0x7fffffffu) == 0) return sign;
     const Decoded v = decode<F32>(b);
     return static_cast<uint16_t>(round_pack<F16>(v.sign, v.sig, v.e2));
+}
+
+// ---------------------------------------------------------------------------
+// cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32 d, a, b (sm_89+): each input rounded to
+// nearest even into the 8-bit format; the code of a in the upper byte of d, of b
+// in the lower one (ISA cvt: "the value converted from input a is stored in the
+// upper half of d"). .satfinite: "if the input value is NaN, then the result is
+// NaN in the specified destination format. If the absolute value of input
+// (ignoring sign) is greater than MAX_NORM of the specified destination format,
+// then the result is sign-preserved MAX_NORM" (so +/-Inf give +/-MAX_NORM).
+// Zeros keep their sign. The NaN code is 0x7f with the input's sign (NVIDIA's
+// cuda_fp8.hpp emulation); gpuq's kernels never pass a NaN (they branch first),
+// so nothing depends on it, and the GPU conformance step checks it.
+
+// One input; M mantissa bits, bias B, MAX_NORM's code max_code, NaN code 0x7f.
+template <int M, int B>
+inline uint32_t to_fp8_satfinite(float f, uint32_t max_code) {
+    const uint32_t b = bits_of(f);
+    const uint32_t sign = (b >> 24) & 0x80u;
+    if (is_nan32(b)) return sign | 0x7fu;
+    if ((b & 0x7fffffffu) == 0) return sign;
+    if ((b & 0x7fffffffu) == 0x7f800000u) return sign | max_code;
+    const Decoded v = decode<F32>(b);
+    // Round into a format with the same mantissa and bias and a wide exponent field, so
+    // nothing overflows there; then anything above MAX_NORM saturates.
+    const uint32_t mag = static_cast<uint32_t>(round_pack<Format<M, B, 6>>(false, v.sig, v.e2));
+    return sign | (mag > max_code ? max_code : mag);
+}
+inline uint16_t cvt_rn_satfinite_e4m3x2_f32(float a, float b) {
+    return static_cast<uint16_t>((to_fp8_satfinite<3, 7>(a, 0x7eu) << 8) | to_fp8_satfinite<3, 7>(b, 0x7eu));
+}
+inline uint16_t cvt_rn_satfinite_e5m2x2_f32(float a, float b) {
+    return static_cast<uint16_t>((to_fp8_satfinite<2, 15>(a, 0x7bu) << 8) | to_fp8_satfinite<2, 15>(b, 0x7bu));
+}
+
+// cvt.rn.f16x2.e4m3x2 d, a (sm_89+): each byte of the .b16 a widened to float16, exactly (every
+// e4m3 value is a float16 value): the lower byte's into the lower half of d, the upper byte's into
+// the upper half (the same order as the other x2 forms). A NaN code (0x7f, 0xff) gives the
+// canonical float16 NaN 0x7fff here; gpuq's kernels branch on NaN codes before the instruction,
+// so nothing depends on it, and the GPU conformance step reports what the hardware gives.
+inline uint32_t e4m3_to_f16(uint32_t c) {
+    if ((c & 0x7fu) == 0x7fu) return kCanonicalNaN16;
+    if ((c & 0x7fu) == 0) return (c & 0x80u) << 8;
+    const Decoded v = decode<Format<3, 7, 4>>(c);
+    return static_cast<uint32_t>(round_pack<F16>(v.sign, v.sig, v.e2));  // exact
+}
+inline uint32_t cvt_rn_f16x2_e4m3x2(uint16_t a) {
+    return (e4m3_to_f16(a >> 8) << 16) | e4m3_to_f16(a & 0xffu);
 }
 
 // ---------------------------------------------------------------------------

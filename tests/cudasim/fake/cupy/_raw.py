@@ -96,12 +96,15 @@ class RawModule:
         self.backend = backend
         self.name_expressions = None if name_expressions is None else tuple(name_expressions)
         self._built = {}  # name expressions given to the engine -> its module
+        # The architecture of the device current at construction, as NVRTC's -arch would fix it.
+        self.arch = int(_sim.COMPUTE_CAPABILITY) * 10
         _sim.modules.append(_sim.ModuleRecord(options, self.name_expressions, _digest(code), "RawModule"))
 
     def _build(self, names: tuple):
         mod = self._built.get(names)
         if mod is None:
-            mod = _hostbuild().build(self.code, list(names), sanitize=_sim.sanitize())
+            mod = _hostbuild().build(self.code, list(names), sanitize=_sim.sanitize(),
+                                     defines=(f"__CUDA_ARCH__={self.arch}",))
             self._built[names] = mod
         return mod
 

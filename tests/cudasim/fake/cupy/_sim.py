@@ -21,6 +21,9 @@ Configuration (environment, read when the stand-in is imported or at use):
   ``inorder``); :func:`set_schedule` / :func:`schedule` change it in-process.
   A launch uses the schedule in force when it is *issued*, not when it runs.
 * ``GPUQ_SIM_SANITIZE=1``: build kernels with ``sanitize=True`` (UBSan).
+* ``GPUQ_SIM_CC``: the compute capability every device reports (default ``90``);
+  kernels are built with ``__CUDA_ARCH__`` = 10 x it (``900``), so the paths of
+  that architecture run. :func:`compute_capability` changes it in-process.
 * ``CUPY_CUDA_ARRAY_INTERFACE_SYNC=0``: like CuPy, do not synchronise the
   producer's stream when importing a ``__cuda_array_interface__`` (v3).
 
@@ -64,8 +67,32 @@ def _env_devices() -> int:
 
 #: Number of simulated devices, fixed at import (CUDA's device count does not change either).
 DEVICE_COUNT = _env_devices()
-#: Compute capability every simulated device reports (``Device.compute_capability``).
-COMPUTE_CAPABILITY = "90"
+def _check_cc(cc) -> str:
+    if not (isinstance(cc, str) and cc.isdigit() and len(cc) in (2, 3) and int(cc) >= 50):
+        raise ValueError(f"compute capability must be a string of 2-3 digits >= 50 (as CuPy's '90'), got {cc!r}")
+    return cc
+
+
+#: Compute capability every simulated device reports (``Device.compute_capability``); a
+#: ``RawModule`` built while it holds is built with ``__CUDA_ARCH__`` = 10 x this.
+COMPUTE_CAPABILITY = _check_cc(os.environ.get("GPUQ_SIM_CC", "90"))
+
+
+def set_compute_capability(cc: str) -> str:
+    """Make every device report ``cc`` (modules made from now on build for it); returns the previous one."""
+    global COMPUTE_CAPABILITY
+    previous, COMPUTE_CAPABILITY = COMPUTE_CAPABILITY, _check_cc(cc)
+    return previous
+
+
+@contextlib.contextmanager
+def compute_capability(cc: str):
+    """Inside the block the devices report ``cc`` and new modules build with ``__CUDA_ARCH__`` = 10 x cc."""
+    previous = set_compute_capability(cc)
+    try:
+        yield cc
+    finally:
+        set_compute_capability(previous)
 
 
 def _check_schedule(name) -> str:

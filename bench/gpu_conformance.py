@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""The hardware conversions the kernels use, against the software paths they replace (issue 38).
+
+On the GPU every float32 bit pattern (``--log2-count``, default all 2**32) goes through each PTX
+form the kernels now emit and through the integer/float path the kernels used before, which the
+CPU execution (tests/cudasim) proves against the host backend bit for bit; a mismatch prints the
+form, the count and the first bit patterns, and the exit status is 1.
+
+* ``cvt.rni.sat.s8.f32`` / ``cvt.rni.sat.u8.f32``: the whole 32-bit register against
+  ``NaN ? 0 : clamp(cvt.rni.s32.f32(x))`` extended by the code's signedness.
+* ``cvt.rn.f16x2.e4m3x2`` (sm_89+): both halves, widened by ``cvt.f32.f16``, against the software
+  decode ``e4m3_to_f32_soft`` on every code pair but the NaN codes.
+* ``cvt.rn.satfinite.e4m3x2.f32`` / ``e5m2x2`` (sm_89+), ``d, a, b``: the low byte (``b = x``)
+  and the high byte (``a``, a second non-NaN float made from x's bits) against the software
+  saturating cast ``f32_to_fp8<FMT, true>``; a NaN x must give a NaN code of the format (the
+  kernels branch before the instruction, so this is reported, not relied on).
+
+    python3 bench/gpu_conformance.py                      # on the GPU: all 2**32, a few seconds
+    python3 bench/gpu_conformance.py --log2-count 16 --sim  # dry run on the CPU execution
+
+``--sim`` (no GPU) uses tests/cudasim's CuPy stand-in and builds for its compute capability
+(9.0), the same source; ``--log2-count`` patterns are then spread over the whole 32-bit range.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+FORMS = ("cvt.rni.sat.s8.f32", "cvt.rni.sat.u8.f32", "cvt.rn.satfinite.e4m3x2.f32",
+         "cvt.rn.satfinite.e5m2x2.f32", "e4m3x2 NaN in -> NaN code", "e5m2x2 NaN in -> NaN code",
+         "cvt.rn.f16x2.e4m3x2")
+
+# Pattern i of a launch is base + i * stride (mod 2**32). bad[f] counts form f's mismatches and
+# first[f] keeps the smallest mismatching pattern.
+_KERNEL = r"""
+namespace gpuq {
+__device__ __forceinline__ void conformance_miss(int form, unsigned p, unsigned long long* bad, unsigned* first) {
+    atomicAdd(bad + form, 1ULL);
+    atomicMin(first + form, p);
+}
+
+template <int FMT>
+__device__ __forceinline__ void fp8_conformance(float x, float partner, unsigned p, unsigned long long* bad,
+                                                unsigned* first) {
+#if __CUDA_ARCH__ >= 890
+    unsigned short d;
+    if constexpr (FMT == 0) {
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(partner), "f"(x));
+    } else {
+        asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(d) : "f"(partner), "f"(x));
+    }
+    const unsigned lo = d & 0xffu, hi = d >> 8;
+    if (hi != f32_to_fp8<FMT, true>(partner)) conformance_miss(2 + FMT, p, bad, first);
+    if (is_nan(x)) {
+        const bool nan_code = FMT == 0 ? (lo & 0x7fu) == 0x7fu : (lo & 0x7fu) > 0x7cu;
+        if (!nan_code) conformance_miss(4 + FMT, p, bad, first);
+    } else if (lo != f32_to_fp8<FMT, true>(x)) {
+        conformance_miss(2 + FMT, p, bad, first);
+    }
+#endif
+}
+}  // namespace gpuq
+
+extern "C" __global__ void gpuq_conformance(unsigned base, unsigned stride, unsigned n,
+                                            unsigned long long* bad, unsigned* first) {
+    using namespace gpuq;
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const unsigned p = base + i * stride;
+        const float x = __uint_as_float(p);
+        int s8, u8;
+        asm("cvt.rni.sat.s8.f32 %0, %1;" : "=r"(s8) : "f"(x));
+        asm("cvt.rni.sat.u8.f32 %0, %1;" : "=r"(u8) : "f"(x));
+        const int r = is_nan(x) ? 0 : rint_to_i32_sat(x);
+        if (s8 != min(max(r, -128), 127)) conformance_miss(0, p, bad, first);
+        if (u8 != min(max(r, 0), 255)) conformance_miss(1, p, bad, first);
+        // The high byte's input: x's bits with the halves swapped (every exponent again), not NaN.
+        float partner = __uint_as_float((p << 16) | (p >> 16));
+        if (is_nan(partner)) partner = 0.0f;
+        fp8_conformance<0>(x, partner, p, bad, first);
+        fp8_conformance<1>(x, partner, p, bad, first);
+#if __CUDA_ARCH__ >= 890
+        // A code pair from both halves of p (every pair 2**16 times over the full range, every pair
+        // once at --log2-count 16): both halves against the software decode; NaN codes (which the
+        // kernels branch on first) are left out.
+        const unsigned short pair = static_cast<unsigned short>(p ^ (p >> 16));
+        unsigned d;
+        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(d) : "h"(pair));
+        for (int half = 0; half < 2; ++half) {
+            const unsigned char c = static_cast<unsigned char>(pair >> (8 * half));
+            const unsigned short h = static_cast<unsigned short>(d >> (16 * half));
+            float f;
+            asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+            if ((c & 0x7fu) != 0x7fu && __float_as_uint(f) != __float_as_uint(e4m3_to_f32_soft(c)))
+                conformance_miss(6, p, bad, first);
+        }
+#endif
+    }
+}
+"""
+
+
+def source() -> str:
+    """formats.cu as the kernels compile it (contract.cuh and elementwise.cuh expanded) plus the check."""
+    from gpuq.backends.cuda import registry
+
+    return registry.source_text("formats.cu") + _KERNEL
+
+
+def run(cp, count: int, chunk: int = 1 << 28) -> dict:
+    """{form: (mismatches, first mismatching pattern or None)} over ``count`` patterns spread
+    evenly over the 32-bit range (all of them when count is 2**32)."""
+    import numpy as np
+    from gpuq.backends.cuda import registry
+
+    if not 1 <= count <= 1 << 32 or (1 << 32) % count:
+        raise ValueError(f"count must be a power of two in [1, 2**32], got {count}")
+    stride = (1 << 32) // count
+    kernel = cp.RawModule(code=source(), options=registry.OPTIONS).get_function("gpuq_conformance")
+    bad = cp.zeros(len(FORMS), np.uint64)
+    first = cp.full(len(FORMS), 0xFFFFFFFF, np.uint32)
+    for start in range(0, count, chunk):
+        n = min(chunk, count - start)
+        blocks = min((n + 255) // 256, 8192)
+        kernel((blocks,), (256,), (np.uint32((start * stride) & 0xFFFFFFFF), np.uint32(stride), np.uint32(n),
+                                    bad, first))
+    cp.cuda.Device().synchronize()
+    bad, first = cp.asnumpy(bad), cp.asnumpy(first)
+    return {f: (int(b), int(p) if b else None) for f, b, p in zip(FORMS, bad, first)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--log2-count", type=int, default=32, choices=range(33), metavar="K",
+                    help="check 2**K bit patterns spread over the 32-bit range (default 32: all)")
+    ap.add_argument("--sim", action="store_true", help="run on tests/cudasim's CPU execution (no GPU)")
+    args = ap.parse_args(argv)
+    if args.sim:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from cudasim import install
+
+        install.install()
+    import cupy as cp
+
+    cc = cp.cuda.Device().compute_capability
+    t0 = time.perf_counter()
+    count = 1 << args.log2_count
+    result = run(cp, count)
+    seconds = time.perf_counter() - t0
+    print(f"conformance: {count} float32 patterns, compute capability {cc}, {seconds:.1f}s")
+    failed = False
+    for form, (n, p) in result.items():
+        if form not in FORMS[:2] and int(cc) < 89:
+            print(f"  {form}: not on sm_{cc}")
+            continue
+        print(f"  {form}: {'ok' if n == 0 else f'{n} MISMATCHES, first 0x{p:08x}'}")
+        failed |= n != 0
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
