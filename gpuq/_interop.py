@@ -89,10 +89,11 @@ def _on(device_id: int, stream=None):
 
 
 def _fp8_names():
-    """The code dtypes torch and ml_dtypes have and NumPy/CuPy lack (the table's float8 rows)."""
+    """The code dtypes torch and ml_dtypes have and NumPy/CuPy lack (the table's float8 rows
+    whose torch dtype has their name: torch holds fp6 codes as uint8)."""
     from ._codetypes import CODE_TYPES
 
-    return tuple(row.torch for row in CODE_TYPES.values() if row.codec == "float8")
+    return tuple(row.torch for row in CODE_TYPES.values() if row.codec == "float8" and row.torch == row.name)
 
 
 _FP8_NAMES = _fp8_names()

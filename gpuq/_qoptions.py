@@ -48,7 +48,7 @@ def validate(x, axis, group_size, block_size, dtype, symmetric, eps, scale_dtype
         symmetric = code.zero_point == "none"  # no zero point: symmetric by nature (fp8)
     _check_symmetric(symmetric)
     if code.zero_point == "none" and not symmetric:
-        raise ValueError(f"symmetric must be True for {code.name} codes (fp8 has no zero point), "
+        raise ValueError(f"symmetric must be True for {code.name} codes (float codes have no zero point), "
                          f"got symmetric=False")
     scheme = Scheme.build(arr.shape, axis, group_size, block_size)
     sdt = _scale_dtype(scale_dtype)

@@ -291,7 +291,7 @@ def test_dtype_names():
         assert as_dtype(name, "dtype", FLOAT_DTYPES) == BF16
     assert BF16 in FLOAT_DTYPES and BF16 in list(FLOAT_DTYPES)
     assert is_bfloat16(BF16) and not is_bfloat16(np.dtype("V2")) and not is_bfloat16(np.dtype(np.float16))
-    with pytest.raises(ValueError, match="dtype must be one of int8, uint8, int4, uint4, float8_e4m3fn, float8_e5m2, got 'bf16'"):
+    with pytest.raises(ValueError, match="dtype must be one of int8, uint8, int4, uint4, float8_e4m3fn, float8_e5m2, float4_e2m1fn, float6_e2m3fn, float6_e3m2fn, got 'bf16'"):
         gpuq.quantize(np.ones(2, F32), 1.0, dtype="bf16")
     with pytest.raises(TypeError, match="got bfloat16"):
         gpuq.quantize(np.ones(2, F32), 1.0, dtype=BF16)

@@ -24,6 +24,14 @@ from .launch import StreamReaders, as_cupy, cupy_module, device_id
 _U8 = np.dtype(np.uint8)
 
 
+def _kernels_for(code) -> None:
+    """fp4 and fp6 codes are on the host only in this version: a TypeError saying so (not a
+    wrong result from fp8's kernels)."""
+    if code.codec == "float8" and code.bits < 8:
+        raise TypeError(f"{code.name} codes run on host (NumPy) arrays in this version of gpuq, "
+                        f"got a device array: copy it to the host (fp4/fp6 CUDA kernels are to come)")
+
+
 class CudaBackend:
     """Device arrays; see the module docstring and :mod:`gpuq.backends.protocol`."""
 
@@ -137,6 +145,7 @@ class CudaBackend:
 
     @staticmethod
     def quantize(code, src, scheme, scales, zps, out, saturate) -> None:
+        _kernels_for(code)
         if code.codec == "float8":
             formats.quantize_fp8(src, scheme, scales, out, code.name, saturate)
         elif code.storage == "packed":
@@ -146,6 +155,7 @@ class CudaBackend:
 
     @staticmethod
     def dequantize(code, src, scheme, scales, zps, out) -> None:
+        _kernels_for(code)
         if code.codec == "float8":
             formats.dequantize_fp8(src, scheme, scales, out, code.name)
         elif code.storage == "packed":
@@ -159,6 +169,7 @@ class CudaBackend:
 
     @staticmethod
     def choose_qparams(code, x, scheme, symmetric, eps, scale_dtype, method):
+        _kernels_for(code)
         if method == "mse":
             return mse.choose_qparams(x, scheme, code, symmetric, eps, scale_dtype)
         return qparams.choose_qparams(x, scheme, code.qmin, code.qmax, symmetric, eps, scale_dtype)
