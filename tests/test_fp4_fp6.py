@@ -4,7 +4,8 @@ casts of the quotient (NaN: the +0 code, gpuq's rule, where ml_dtypes gives 0x8/
 onnx.reference's opset-23 QuantizeLinear/DequantizeLinear for fp4 with block scales.
 
 Every half-way point of each grid and its float32 neighbours, saturation, +-0, NaN, +-Inf,
-subnormal scales; odd sizes, views, per-tensor/channel/group/block schemes; both host loops.
+subnormal scales; odd sizes, views, per-tensor/channel/group/block schemes; both host loops
+and the CUDA kernels (the ``backend`` fixture: on the CPU execution of the kernels here).
 """
 
 from __future__ import annotations
@@ -44,10 +45,13 @@ def _ref_bits(t, name):
     return bits
 
 
-def _bits(q, name):
-    """One code per byte (uint8) of a result: fp4 Codes unpacked, fp6 arrays viewed."""
+def _bits(q, name, backend=None):
+    """One code per byte (uint8, on the host) of a result: fp4 Codes unpacked, fp6 arrays
+    viewed; device results (Codes of bits, packed or not) brought back."""
     if isinstance(q, gpuq.Codes):
         u = gpuq.unpack(q)
+        if backend is not None and backend.name == "cuda":
+            return backend.get(u).view(np.uint8)
         assert u.dtype == _ml(name)
         return np.asarray(u).view(np.uint8)
     assert q.dtype == _ml(name)
@@ -59,71 +63,74 @@ def _repeat_groups(s, g, n, axis):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_every_tie_and_special_at_scale_one_and_subnormal_scales(host_loops, name):
+def test_every_tie_and_special_at_scale_one_and_subnormal_scales(backend, name):
     x = _grid_points(name)
+    q_of = lambda v, s: _bits(gpuq.quantize(backend.put(v), s, dtype=name), name, backend)
     for s in (1.0, 0.5, 2.0 ** -130, 3.0):  # 2**-130: a float32 subnormal scale
         s32 = np.float32(s)
         with np.errstate(over="ignore", invalid="ignore"):
             t = x / s32
-        got = _bits(gpuq.quantize(x, s, dtype=name), name)
-        np.testing.assert_array_equal(got, _ref_bits(t, name), err_msg=f"scale {s}")
-    got = _bits(gpuq.quantize(np.float32([-0.0, 0.0, np.nan, -np.nan, np.inf, -np.inf]), 1.0, dtype=name), name)
+        np.testing.assert_array_equal(q_of(x, s), _ref_bits(t, name), err_msg=f"scale {s}")
+    got = q_of(np.float32([-0.0, 0.0, np.nan, -np.nan, np.inf, -np.inf]), 1.0)
     m = SIGN[name] - 1  # the largest magnitude's code
     assert got.tolist() == [SIGN[name], 0, 0, 0, m, SIGN[name] | m]
 
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("n", [1, 17, 1025])
-def test_odd_sizes_and_float_inputs(host_loops, name, n):
+def test_odd_sizes_and_float_inputs(backend, name, n):
+    q_of = lambda v, s: _bits(gpuq.quantize(backend.put(v), s, dtype=name), name, backend)
     x = (RNG.standard_normal(n) * 5).astype(np.float32)
     s = np.float32(0.37)
-    ref = _ref_bits(x / s, name)
-    np.testing.assert_array_equal(_bits(gpuq.quantize(x, s, dtype=name), name), ref)
+    np.testing.assert_array_equal(q_of(x, s), _ref_bits(x / s, name))
     x64 = RNG.standard_normal(n) * 5
     ref64 = _ref_bits((x64 / 0.37).astype(np.float32), name)  # float64 quotient, then float32 once
-    np.testing.assert_array_equal(_bits(gpuq.quantize(x64, 0.37, dtype=name), name), ref64)
+    np.testing.assert_array_equal(q_of(x64, 0.37), ref64)
     for dt in ("float16", "bfloat16"):
         xh = x.astype(_ml(dt) if dt == "bfloat16" else np.float16)
         want = _ref_bits(xh.astype(np.float32) / s, name)
-        np.testing.assert_array_equal(_bits(gpuq.quantize(xh, s, dtype=name), name), want)
+        np.testing.assert_array_equal(q_of(xh, s), want)
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_schemes_and_views(host_loops, name):
+def test_schemes_and_views(backend, name):
+    def q_of(v, s, **kw):
+        return _bits(gpuq.quantize(backend.put(v), backend.put(s), dtype=name, **kw), name, backend).reshape(v.shape)
+
     x = (RNG.standard_normal((9, 70)) * 4).astype(np.float32)
     # groups of 32 along the last axis (MX's layout), ragged at 70
     s = RNG.uniform(0.05, 2, (9, 3)).astype(np.float32)
-    want = _ref_bits(x / _repeat_groups(s, 32, 70, 1), name).reshape(9, 70)
-    got = _bits(gpuq.quantize(x, s, axis=1, group_size=32, dtype=name), name)
-    np.testing.assert_array_equal(got.reshape(9, 70), want)
+    want = _ref_bits(x / _repeat_groups(s, 32, 70, 1), name)
+    np.testing.assert_array_equal(q_of(x, s, axis=1, group_size=32), want)
     # 2-D blocks, per-channel on axis 0, a transposed and a strided view
     sb = RNG.uniform(0.05, 2, (3, 5)).astype(np.float32)
     full = _repeat_groups(_repeat_groups(sb, 4, 9, 0), 16, 70, 1)
-    got = _bits(gpuq.quantize(x, sb, block_size=(4, 16), dtype=name), name)
-    np.testing.assert_array_equal(got.reshape(9, 70), _ref_bits(x / full, name).reshape(9, 70))
+    np.testing.assert_array_equal(q_of(x, sb, block_size=(4, 16)), _ref_bits(x / full, name))
     sc = RNG.uniform(0.05, 2, 9).astype(np.float32)
-    got = _bits(gpuq.quantize(x, sc, axis=0, dtype=name), name)
-    np.testing.assert_array_equal(got.reshape(9, 70), _ref_bits(x / sc[:, None], name).reshape(9, 70))
-    view = x.T[::3]
-    before = x.copy()
-    got = _bits(gpuq.quantize(view, 0.25, dtype=name), name)
-    np.testing.assert_array_equal(got.reshape(view.shape), _ref_bits(view / np.float32(0.25), name).reshape(view.shape))
-    np.testing.assert_array_equal(x, before)
+    np.testing.assert_array_equal(q_of(x, sc, axis=0), _ref_bits(x / sc[:, None], name))
+    xd = backend.put(x)
+    before = backend.get(xd).copy()
+    view = xd.T[::3]
+    got = _bits(gpuq.quantize(view, 0.25, dtype=name), name, backend).reshape(view.shape)
+    np.testing.assert_array_equal(got, _ref_bits(x.T[::3] / np.float32(0.25), name))
+    np.testing.assert_array_equal(backend.get(xd), before)
 
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("out", ["float32", "float64", "float16", "bfloat16"])
-def test_dequantize_one_product_rounded_once(host_loops, name, out):
+def test_dequantize_one_product_rounded_once(backend, name, out):
     codes = np.arange(2 * SIGN[name], dtype=np.uint8)  # every code
     x = np.tile(codes, 3)[:, None].repeat(5, 1)  # (3 * ncodes, 5)
     vals = x.view(_ml(name)).astype(np.float32)
     s = RNG.uniform(0.01, 3, 5).astype(np.float32)
     s[0] = np.float32(2.0 ** -140)  # subnormal scale
     if name == "float4_e2m1fn":
-        src = gpuq.pack(x.view(_ml(name)))
+        src = gpuq.pack(backend.put(x) if backend.name == "cuda" else x.view(_ml(name)), name)
+    elif backend.name == "cuda":  # CuPy has no fp6 dtype: a Codes of the bits
+        src = gpuq.Codes(backend.put(x), x.shape, name)
     else:
         src = x.view(_ml(name))
-    got = gpuq.dequantize(src, s, axis=1, dtype=out)
+    got = backend.get(gpuq.dequantize(src, backend.put(s), axis=1, dtype=out))
     ct = np.float64 if out == "float64" else np.float32
     want = (vals.astype(ct) * s.astype(ct)).astype(_ml(out) if out == "bfloat16" else out)
     assert got.dtype == want.dtype
@@ -224,10 +231,23 @@ def test_dask_refuses_packed_fp4_as_int4():
         gpuq.quantize(d, 1.0, dtype="float4_e2m1fn")
 
 
-def test_device_arrays_refused_until_the_kernels_come():
-    from gpuq._codetypes import CODE_TYPES
-    from gpuq.backends.cuda.backend import CudaBackend
-
-    for name in NAMES:
-        with pytest.raises(TypeError, match=f"{name} codes run on host"):
-            CudaBackend.quantize(CODE_TYPES[name], None, None, None, None, None, True)
+@pytest.mark.parametrize("name", NAMES)
+def test_device_choose_qparams_as_the_host(backend, name):
+    """The CUDA min/max parameters equal the host's (e2m3's divisor 7.5 and the MSE search are
+    host-only: a TypeError on the device); quantize_dynamic is choose_qparams then quantize."""
+    if backend.name != "cuda":
+        pytest.skip("the device path; the host's is test_choose_qparams_and_quantize_dynamic")
+    x = (RNG.standard_normal((5, 40)) * 3).astype(np.float32)
+    x[1, 3] = np.nan
+    if name == "float6_e2m3fn":
+        with pytest.raises(TypeError, match="choose_qparams with float6_e2m3fn codes runs on host"):
+            gpuq.choose_qparams(backend.put(x), axis=1, group_size=32, dtype=name)
+        return
+    with pytest.raises(TypeError, match=f"method='mse' with {name} codes runs on host"):
+        gpuq.choose_qparams(backend.put(x), axis=1, group_size=32, dtype=name, method="mse")
+    want, _ = gpuq.choose_qparams(x, axis=1, group_size=32, dtype=name)
+    q, s, z = gpuq.quantize_dynamic(backend.put(x), axis=1, group_size=32, dtype=name)
+    np.testing.assert_array_equal(backend.get(s), want)
+    assert z is None
+    np.testing.assert_array_equal(_bits(q, name, backend),
+                                  _bits(gpuq.quantize(x, want, axis=1, group_size=32, dtype=name), name))
