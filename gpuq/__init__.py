@@ -13,6 +13,7 @@ out").
 """
 
 from ._codes import Codes, pack, unpack
+from ._mx import e8m0_bytes, e8m0_scales
 from .api import dequantize, quantize
 from .backends.host.choice import get_host_kernels, set_host_kernels
 from .backends.host.threads import get_num_threads, set_num_threads
@@ -41,6 +42,8 @@ __all__ = [
     "Codes",
     "pack",
     "unpack",
+    "e8m0_bytes",
+    "e8m0_scales",
     "get_num_threads",
     "set_num_threads",
     "get_host_kernels",
