@@ -202,3 +202,15 @@ def test_even_equals_compressed_tensors(code, wdtype):
         np.testing.assert_array_equal(_fp6_packed(q.view(np.uint8)), out["weight_packed"].numpy())
     else:
         np.testing.assert_array_equal(q.view(np.uint8), out["weight"].view(torch.uint8).numpy())
+
+
+def test_dask_as_in_memory():
+    da = pytest.importorskip("dask.array")
+    x = (RNG.standard_normal((8, 96)) * 3).astype(np.float32)
+    for chunks, kw in (((4, 32), dict(axis=1, group_size=32)), ((3, 40), dict(axis=0))):
+        d = da.from_array(x, chunks=chunks)
+        q, s, z = gpuq.quantize_dynamic(d, dtype="float6_e3m2fn", scale_dtype=E8M0, scale_rule="rceil", **kw)
+        wq, ws, _ = gpuq.quantize_dynamic(x, dtype="float6_e3m2fn", scale_dtype=E8M0, scale_rule="rceil", **kw)
+        assert z is None
+        np.testing.assert_array_equal(s.compute(), ws)
+        np.testing.assert_array_equal(q.compute().view(np.uint8), wq.view(np.uint8))
