@@ -77,7 +77,7 @@ from __future__ import annotations
 
 import numpy as np  # noqa: F401 (the doctests use it)
 
-from . import _mx
+from . import _mx, _nvfp4
 from ._interop import callers_type
 from ._qoptions import EPS, METHODS, SCALE_DTYPES, check_options, scale_rule as _scale_rule, validate  # noqa: F401 (gpuq.qparams names them)
 from .api import quantize
@@ -87,7 +87,7 @@ __all__ = ["choose_qparams", "quantize_dynamic", "METHODS"]
 
 @callers_type
 def choose_qparams(x, *, axis=None, group_size=None, block_size=None, dtype="int8", symmetric=None,
-                   eps=None, scale_dtype="float32", method="minmax", scale_rule=None):
+                   eps=None, scale_dtype="float32", method="minmax", scale_rule=None, global_scale=None):
     """Scales and zero points that cover ``x``, block by block (see the module docstring).
 
     Parameters
@@ -122,6 +122,10 @@ def choose_qparams(x, *, axis=None, group_size=None, block_size=None, dtype="int
         With ``scale_dtype="float8_e8m0fnu"`` only: how ``2**k`` is chosen from each block's
         ``max|x|`` (:mod:`gpuq._mx`: OCP's floor, compressed-tensors' even, torchao's ceil,
         NVIDIA's rceil).
+    global_scale : float, optional
+        With ``scale_dtype="float8_e4m3fn"`` (NVFP4, float4_e2m1fn codes) only, and required there:
+        :func:`gpuq.global_scale`'s ``gs``; the scales are compressed-tensors' e4m3 block scales
+        ``s_b`` as float32 (:mod:`gpuq._nvfp4`); pass both to :func:`gpuq.quantize`.
     method : ``"minmax"`` (default) or ``"mse"``
         ``"minmax"``: each block's range is its min/max. ``"mse"``: the range, among 20
         shrunken ones, whose quantization error is smallest (see the module docstring); about
@@ -166,16 +170,15 @@ def choose_qparams(x, *, axis=None, group_size=None, block_size=None, dtype="int
     rule_given = scale_rule
     backend, arr, scheme, code, symmetric, eps_, sdt, method = validate(
         x, axis, group_size, block_size, dtype, symmetric, eps, scale_dtype, method)
-    rule = _scale_rule(rule_given, sdt, code, eps, method)
+    rule = _scale_rule(rule_given, sdt, code, eps, method, global_scale)
     if rule is not None:
-        lo, hi = backend.minmax(arr, scheme)
-        return _mx.mx_scales(lo, hi, code.name, rule), None
+        return _rule_scales(backend, arr, scheme, code, rule, global_scale), None
     return backend.choose_qparams(code, arr, scheme, symmetric, eps_, sdt, method)
 
 
 @callers_type
 def quantize_dynamic(x, *, axis=None, group_size=None, block_size=None, dtype="int8", symmetric=None,
-                     scale_dtype="float32", method="minmax", scale_rule=None):
+                     scale_dtype="float32", method="minmax", scale_rule=None, global_scale=None):
     """Codes, scales and zero points of ``x`` in one call.
 
     The same as :func:`choose_qparams` followed by :func:`gpuq.quantize`,
@@ -211,12 +214,11 @@ def quantize_dynamic(x, *, axis=None, group_size=None, block_size=None, dtype="i
     """
     backend, arr, scheme, code, symmetric, eps, sdt, method = validate(
         x, axis, group_size, block_size, dtype, symmetric, None, scale_dtype, method)
-    rule = _scale_rule(scale_rule, sdt, code, None, method)
-    if rule is not None:  # MX: the power-of-two scales, then quantize (no fused pass)
-        lo, hi = backend.minmax(arr, scheme)
-        scales = _mx.mx_scales(lo, hi, code.name, rule)
+    rule = _scale_rule(scale_rule, sdt, code, None, method, global_scale)
+    if rule is not None:  # MX or NVFP4: the scales by the rule, then quantize (no fused pass)
+        scales = _rule_scales(backend, arr, scheme, code, rule, global_scale)
         q = quantize(arr, scales, axis=axis, group_size=group_size, block_size=block_size, dtype=code.name,
-                     check_values=False)
+                     check_values=False, global_scale=global_scale)
         return q, scales, None
     if method == "minmax":
         fused = backend.quantize_dynamic(code, arr, scheme, symmetric, eps, sdt)  # one pass where the backend can
@@ -228,3 +230,14 @@ def quantize_dynamic(x, *, axis=None, group_size=None, block_size=None, dtype="i
     return q, scales, zps
 
 
+
+
+def _rule_scales(backend, arr, scheme, code, rule, global_scale):
+    """The scales of a scale rule from the backend's block min/max: MX's powers of two, or
+    NVFP4's e4m3 block scales (as float32)."""
+    from ._dtypes import dtype_name
+
+    lo, hi = backend.minmax(arr, scheme)
+    if rule == "nvfp4":
+        return _nvfp4.nvfp4_scales(lo, hi, _nvfp4.check_global_scale(global_scale), dtype_name(arr.dtype))
+    return _mx.mx_scales(lo, hi, code.name, rule)
