@@ -58,26 +58,37 @@ def _device_round_trip(fn):
 
 def mx_exponents(amax, code: str, rule: str):
     """``k`` (int32) of each float32 ``amax`` (finite, >= 0, NumPy) for element type ``code``
-    and ``rule``."""
-    mant, ex = np.frexp(amax)  # amax = mant * 2**ex, mant in [0.5, 1); 0 -> (0, 0)
-    e = ex.astype(np.int32) - 1
-    one_f = mant * np.float32(2)  # 1 + f, exact
-    emax = EMAX[code]
+    and ``rule``, read from amax's float32 bits (one pass each; no frexp)."""
+    bits = np.ascontiguousarray(amax, np.float32).view(np.int32)
+    mant = bits & np.int32(0x7FFFFF)  # f * 2**23
+    # e of amax = (1 + f) * 2**e; a subnormal amax reads as e = -127, which every rule clamps to
+    # -127 anyway (emax >= 2).
+    e = (bits >> 23) - np.int32(127)
+    emax = np.int32(EMAX[code])
     if rule == "floor":
         k = e - emax
-    elif rule == "even":
-        k = e + (one_f >= np.float32(2 - 2.0 ** -(EVEN_M[code] + 1))) - emax
+    elif rule == "even":  # f >= 1 - 2**-(m+1)
+        k = e + (mant >= np.int32(2**23 - 2 ** (22 - EVEN_M[code]))) - emax
     elif rule == "ceil":
-        k = e + (one_f > 1) - emax
+        k = e + (mant != 0) - emax
     else:  # rceil: ceil(log2) of the float32 quotient by the element's max
         from ._codetypes import CODE_TYPES
 
-        quot = (amax / np.float32(CODE_TYPES[code].qmax)).astype(np.float32)
-        mq, eq = np.frexp(quot)
-        # A quotient that underflows to 0 has log2 = -inf: the smallest scale.
-        k = np.where(quot == 0, np.int32(-127), eq.astype(np.int32) - 1 + (mq * np.float32(2) > 1))
-    k = np.clip(k, -127, 127).astype(np.int32)
-    return np.where(amax == 0, np.int32(-127), k).astype(np.int32)
+        quot = np.ascontiguousarray(amax / np.float32(CODE_TYPES[code].qmax), np.float32)
+        qbits = quot.view(np.int32)
+        k = (qbits >> 23) - np.int32(127) + ((qbits & np.int32(0x7FFFFF)) != 0)
+        sub = (qbits >> 23) == 0  # a subnormal quotient: its ceil(log2) can still be -126
+        if bool(sub.any()):
+            mq, eq = np.frexp(quot[sub])
+            # A quotient that underflows to 0 has log2 = -inf: the smallest scale.
+            k[sub] = np.where(quot[sub] == 0, np.int32(-127), eq.astype(np.int32) - 1 + (mq * np.float32(2) > 1))
+    k = np.clip(k, -127, 127).astype(np.int32, copy=False)
+    return np.where(bits == 0, np.int32(-127), k).astype(np.int32, copy=False)
+
+
+def _pow2(k):
+    """float32 ``2**k`` of int32 ``k`` in [-127, 127], built from its bits (2**-127 subnormal)."""
+    return np.where(k == -127, np.int32(0x400000), (k + np.int32(127)) << 23).astype(np.int32).view(np.float32)
 
 
 @_device_round_trip
@@ -90,7 +101,7 @@ def mx_scales(lo, hi, code: str, rule: str):
         raise ValueError("x must be finite (and within float32) to choose quantization parameters, "
                          "got +/-inf (no power-of-two scale covers it)")
     k = mx_exponents(amax, code, rule)
-    return np.asarray(np.ldexp(np.float32(1), k), np.float32)
+    return _pow2(k)
 
 
 @_device_round_trip

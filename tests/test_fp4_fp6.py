@@ -251,3 +251,24 @@ def test_device_choose_qparams_as_the_host(backend, name):
     assert z is None
     np.testing.assert_array_equal(_bits(q, name, backend),
                                   _bits(gpuq.quantize(x, want, axis=1, group_size=32, dtype=name), name))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_torch_tensors_on_the_cpu(name):
+    """torch has no fp6 or unpacked fp4: fp6 codes come back as uint8 tensors (one code per byte;
+    dequantize reads them through a gpuq.Codes naming the type), fp4 as a Codes of packed bytes."""
+    torch = pytest.importorskip("torch")
+    x = (RNG.standard_normal((5, 33)) * 4).astype(np.float32)
+    want = gpuq.quantize(x, 0.3, dtype=name)
+    q = gpuq.quantize(torch.from_numpy(x), 0.3, dtype=name)
+    if name == "float4_e2m1fn":
+        assert isinstance(q, gpuq.Codes) and isinstance(q.data, torch.Tensor)
+        np.testing.assert_array_equal(q.data.numpy(), want.data)
+        codes = q
+    else:
+        assert isinstance(q, torch.Tensor) and q.dtype == torch.uint8
+        np.testing.assert_array_equal(q.numpy(), want.view(np.uint8))
+        codes = gpuq.Codes(q, tuple(q.shape), name)
+    y = gpuq.dequantize(codes, 0.3)
+    assert isinstance(y, torch.Tensor)
+    np.testing.assert_array_equal(y.numpy(), gpuq.dequantize(want, 0.3))
