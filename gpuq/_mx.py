@@ -59,7 +59,7 @@ def _device_round_trip(fn):
 def mx_exponents(amax, code: str, rule: str):
     """``k`` (int32) of each float32 ``amax`` (finite, >= 0, NumPy) for element type ``code``
     and ``rule``, read from amax's float32 bits (one pass each; no frexp)."""
-    bits = np.ascontiguousarray(amax, np.float32).view(np.int32)
+    bits = np.asarray(amax, np.float32).view(np.int32)
     mant = bits & np.int32(0x7FFFFF)  # f * 2**23
     # e of amax = (1 + f) * 2**e; a subnormal amax reads as e = -127, which every rule clamps to
     # -127 anyway (emax >= 2).
@@ -74,7 +74,7 @@ def mx_exponents(amax, code: str, rule: str):
     else:  # rceil: ceil(log2) of the float32 quotient by the element's max
         from ._codetypes import CODE_TYPES
 
-        quot = np.ascontiguousarray(amax / np.float32(CODE_TYPES[code].qmax), np.float32)
+        quot = np.asarray(amax / np.float32(CODE_TYPES[code].qmax), np.float32)
         qbits = quot.view(np.int32)
         k = (qbits >> 23) - np.int32(127) + ((qbits & np.int32(0x7FFFFF)) != 0)
         sub = (qbits >> 23) == 0  # a subnormal quotient: its ceil(log2) can still be -126
