@@ -474,6 +474,23 @@ def fp8_of(v, s, f):
     return fp8_one(np.float32(v / s), f)
 
 
+@njit(inline="always")
+def e2m1_of(v, s):
+    """The e2m1 (fp4) code of ``v / s`` (the quotient as :func:`fp8_of` forms it): the count of
+    the grid's rounding thresholds the magnitude passes, ``>`` where the tie rounds down to the
+    even code and ``>=`` where it rounds up (0.25 -> 0, 0.75 -> 1, ..., 5 -> 4), so it rounds to
+    nearest even and saturates; NaN passes none and drops its sign (the +0 code). The same bits
+    as ``fp8_one`` with ``formats.fp8_consts("e2m1fn", True)``; seven compares vectorize where
+    the bit-field rounding did not (measured: fp4 quantize 4.9x int4's time before)."""
+    t = np.float32(v / s)
+    a = abs(t)
+    c = ((a > np.float32(0.25)) + (a >= np.float32(0.75)) + (a > np.float32(1.25)) + (a >= np.float32(1.75))
+         + (a > np.float32(2.5)) + (a >= np.float32(3.5)) + (a > np.float32(5.0)))
+    sign = (np.float32(t).view(np.uint32) >> np.uint32(28)) & np.uint32(8)
+    sign = sign if a == a else np.uint32(0)
+    return np.uint8(np.uint32(c) | sign)
+
+
 @njit(**_JIT)
 def quantize_fp8(x, table, out, run, scales, f):
     """fp8 bits of flat ``x / s`` into ``out`` (uint8); parameters as :func:`quantize`."""
@@ -658,7 +675,7 @@ def _unpack(packed, m, buf, s0, signed):
 @njit(inline="always")
 def _q4(x, table, packed, begin, geo, cons, scales, zps, qmin, qmax, f):
     """The int4 walk (:func:`quantize_int4`); with fp consts ``f`` (not None) the codes are
-    fp4's (:func:`fp8_of`), compiled apart (``f is None`` is pruned at compile time)."""
+    fp4's (:func:`e2m1_of`), compiled apart (``f is None`` is pruned at compile time)."""
     zero, lo, hi = to_compute(0, scales[0]), to_compute(qmin, scales[0]), to_compute(qmax, scales[0])
     n = x.size
     buf = np.empty(INT4_SUB, np.int8)
@@ -673,7 +690,7 @@ def _q4(x, table, packed, begin, geo, cons, scales, zps, qmin, qmax, f):
                 sc = scales[p:p + length]
                 if f is not None:
                     for j in range(length):
-                        bs[j] = np.int8(fp8_of(load(xs, j, table), sc[j], f))
+                        bs[j] = np.int8(e2m1_of(load(xs, j, table), sc[j]))
                 elif zps is None:
                     for j in range(length):
                         bs[j] = quantize_one(load(xs, j, table), sc[j], zero, lo, hi)
@@ -684,7 +701,7 @@ def _q4(x, table, packed, begin, geo, cons, scales, zps, qmin, qmax, f):
             elif f is not None:
                 s = scales[p]
                 for j in range(length):
-                    bs[j] = np.int8(fp8_of(load(xs, j, table), s, f))
+                    bs[j] = np.int8(e2m1_of(load(xs, j, table), s))
             else:
                 s, zp = scales[p], param(zps, p, zero)
                 for j in range(length):
