@@ -13,6 +13,8 @@ out").
 """
 
 from ._codes import Codes, pack, unpack
+from ._mx import e8m0_bytes, e8m0_scales
+from ._nvfp4 import global_scale
 from .api import dequantize, quantize
 from .backends.host.choice import get_host_kernels, set_host_kernels
 from .backends.host.threads import get_num_threads, set_num_threads
@@ -41,6 +43,9 @@ __all__ = [
     "Codes",
     "pack",
     "unpack",
+    "e8m0_bytes",
+    "e8m0_scales",
+    "global_scale",
     "get_num_threads",
     "set_num_threads",
     "get_host_kernels",

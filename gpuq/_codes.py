@@ -1,4 +1,4 @@
-"""Codes whose array type has no dtype for them: packed int4/uint4, and fp8 on CuPy.
+"""Codes whose array type has no dtype for them: packed int4/uint4/fp4, and fp8/fp6 on CuPy.
 
 NumPy and CuPy have no 4-bit integer, and CuPy (14.x) no float8 either. Such
 codes travel as a :class:`Codes`: the raw bytes in the caller's array type
@@ -9,7 +9,8 @@ plus the logical shape and the code dtype's name, so that
   bytes in ONNX's order over the C-order flattened tensor: element ``2k`` in
   the low nibble of byte ``k``, element ``2k + 1`` in the high nibble, an odd
   count padding the last high nibble with 0. int4 nibbles are two's complement.
-  The bytes are what ONNX's ``raw_data`` and safetensors files hold.
+  The bytes are what ONNX's ``raw_data`` and safetensors files hold. fp4 (``float4_e2m1fn``)
+  packs the same way, each nibble an e2m1 code (sign in bit 3).
 * fp8 on CuPy: ``data`` is a uint8 array of the fp8 bits in the logical shape
   (NumPy results are ml_dtypes fp8 arrays and torch results torch fp8 tensors
   instead: those libraries have the type).
@@ -179,8 +180,8 @@ def _ml_int4(name):
 def pack(codes, dtype=None) -> Codes:
     """Pack int8 (int4) or uint8 (uint4) codes two per byte into :class:`Codes`.
 
-    ``dtype``: "int4" or "uint4"; by default the type of an ml_dtypes int4/uint4
-    array (which ``pack`` also takes), else "int4". The values must lie in the
+    ``dtype``: "int4", "uint4" or "float4_e2m1fn" (uint8 e2m1 bits, 0..15); by default the type
+    of an ml_dtypes int4/uint4/float4_e2m1fn array (which ``pack`` also takes), else "int4". The values must lie in the
     code range ([-8, 7] or [0, 15]): ``ValueError`` otherwise. NumPy or CuPy
     arrays; the result's ``data`` is the same kind.
 
@@ -196,19 +197,22 @@ def pack(codes, dtype=None) -> Codes:
         dtype = row.name if row is not None and row.storage == "packed" else "int4"
     fmt = code_type(dtype) if isinstance(dtype, str) else None
     if fmt is None or fmt.storage != "packed":
-        raise ValueError(f"dtype must be 'int4' or 'uint4', got {dtype!r}")
-    want = np.int8 if fmt.signed else np.uint8
+        raise ValueError(f"dtype must be 'int4', 'uint4' or 'float4_e2m1fn', got {dtype!r}")
+    fp4 = fmt.codec == "float8"  # fp4's codes are the e2m1 bits, 0..15, as uint8
+    want = np.int8 if fmt.signed and not fp4 else np.uint8
     ml = _ml_int4(fmt.name)
     if ml is not None and getattr(codes, "dtype", None) == ml:  # (np.dtype(...) == None is float64)
-        codes = codes.astype(want)  # one nibble per byte, upper bits 0: widened, not viewed
+        # one nibble per byte, upper bits 0: widened (int4) or its bits (fp4), not viewed
+        codes = codes.view(np.uint8).copy() if fp4 else codes.astype(want)
     if getattr(codes, "dtype", None) != want:
         article = "an" if fmt.signed else "a"
         raise TypeError(f"codes must be {article} {np.dtype(want).name} array for {fmt.name}, "
                         f"got {type(codes).__qualname__} of dtype {getattr(codes, 'dtype', None)}")
     xp = _xp(codes)
     flat = xp.ascontiguousarray(codes).reshape(-1)
-    if flat.size and (int(flat.min()) < fmt.qmin or int(flat.max()) > fmt.qmax):
-        raise ValueError(f"codes must lie in [{fmt.qmin}, {fmt.qmax}] for {fmt.name}, "
+    lo, hi = (0, 15) if fp4 else (fmt.qmin, fmt.qmax)
+    if flat.size and (int(flat.min()) < lo or int(flat.max()) > hi):
+        raise ValueError(f"codes must lie in [{lo}, {hi}] for {fmt.name}, "
                          f"got values in [{int(flat.min())}, {int(flat.max())}]")
     nib = flat.view(xp.uint8) & 0x0F
     data = xp.zeros((flat.size + 1) // 2, xp.uint8)
@@ -221,7 +225,8 @@ def unpack(codes: Codes):
     """The codes of a :class:`Codes` one per element, in its logical shape.
 
     int4 gives int8, uint4 uint8 (a new array); fp8 gives the bits' array
-    reshaped, as an ml_dtypes fp8 array on the host.
+    reshaped, as an ml_dtypes fp8 array on the host; fp4 the e2m1 bits one per byte (a new
+    array: ml_dtypes' ``float4_e2m1fn`` on the host, uint8 on CuPy).
 
     >>> import numpy as np, gpuq
     >>> gpuq.unpack(gpuq.Codes(np.array([0xE1, 0x03], np.uint8), (3,), "int4"))
@@ -239,6 +244,8 @@ def unpack(codes: Codes):
     out[0::2] = data & 0x0F
     out[1::2] = data >> 4
     out = out[:n]
+    if fmt.codec == "float8":  # fp4: the e2m1 bits, one per byte (ml_dtypes' float4 on the host)
+        return (out.view(fp8_dtype(fmt.name)) if xp is np else out).reshape(codes.shape)
     if fmt.signed:  # sign-extend the nibble: (v ^ 8) - 8
         out = ((out ^ 8).astype(xp.int8) - 8).astype(xp.int8)
     return out.reshape(codes.shape)

@@ -4,13 +4,14 @@ A row says everything the layers above the backends need to know about a code dt
 none of them branches on a format's name or kind:
 
 * the codec: ``"affine"`` (``q = clamp(rint(x / s) + zp, qmin, qmax)``, the integer codes)
-  or ``"float8"`` (``q = fp8(x / s)``, rounded to nearest even); ``bits``, ``signed`` and
-  the range ``[qmin, qmax]`` (float8: +-max_finite);
+  or ``"float8"`` (``q = float(x / s)``, rounded to nearest even: the float codes, fp8 and the
+  always-saturating fp6 and fp4, whose layouts ``fp8`` names); ``bits``, ``signed`` and
+  the range ``[qmin, qmax]`` (float codes: +-max_finite, 7.5 for e2m3);
 * the zero-point rule: ``"int32"`` (any int32 zero point) or ``"none"`` (0 only: ONNX's fp8);
   the zero point of symmetric parameters (``symmetric_zp``: 0, 128 for uint8, 8 for uint4;
   None for float8, which has none) and the divisor of symmetric scales (``sym_divisor``:
-  ``max|x| / 127``, ``/ 7``, ``/ 448``, ``/ 57344``);
-* whether ``saturate=False`` applies (ONNX's attribute: float8 only);
+  ``max|x| / 127``, ``/ 7``, ``/ 448``, ``/ 57344``, ``/ 6``, ``/ 7.5``, ``/ 28``);
+* whether ``saturate=False`` applies (ONNX's attribute: fp8 only; fp6 and fp4 always saturate);
 * the storage: ``"element"`` (one code per element, in the caller's array type: NumPy's
   int8/uint8, ml_dtypes' fp8 dtypes on the host, torch's fp8 dtypes; CuPy has no fp8, so its
   fp8 results are :class:`gpuq.Codes` of the bits) or ``"packed"`` (two codes per byte over the
@@ -26,7 +27,7 @@ Adding a code dtype is a row here, one element operation in the kernels and the 
 >>> code_type("s4").qmax, code_type("f8_e5m2").fp8, code_type("u8").symmetric_zp
 (7, 'e5m2', 128)
 >>> [row.name for row in CODE_TYPES.values() if row.storage == "packed"]
-['int4', 'uint4']
+['int4', 'uint4', 'float4_e2m1fn']
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ class CodeType(NamedTuple):
     codec: str  # "affine" | "float8"
     bits: int
     signed: bool
-    qmin: int
-    qmax: int
+    qmin: float  # an int for the integer codes; 7.5 for float6_e2m3fn
+    qmax: float
     zero_point: str  # "int32" | "none"
     symmetric_zp: int | None
     saturate_option: bool
@@ -62,8 +63,8 @@ class CodeType(NamedTuple):
     onnx: str
 
     @property
-    def sym_divisor(self) -> int:
-        """``max|x|`` over this is the symmetric scale: 127, 7, 448 or 57344."""
+    def sym_divisor(self) -> float:
+        """``max|x|`` over this is the symmetric scale: 127, 7, 448, 57344, 6, 7.5 or 28."""
         return self.qmax if self.codec == "float8" else (self.qmax - self.qmin) // 2
 
     def host_array_dtype(self) -> np.dtype:
@@ -89,7 +90,7 @@ def _row(name, short, codec, bits, signed, qmin, qmax, storage, kernel_type, fp8
     float8 = codec == "float8"
     sym_zp = None if float8 else (0 if signed else (qmax - qmin + 1) // 2)
     return CodeType(name, short, codec, bits, signed, qmin, qmax, "none" if float8 else "int32", sym_zp,
-                    float8, storage, kernel_type, fp8, host_dtype, torch, safetensors, onnx)
+                    float8 and bits == 8, storage, kernel_type, fp8, host_dtype, torch, safetensors, onnx)
 
 
 #: Every code dtype, by name (DESIGN.md section 1; README's "Code dtypes" table).
@@ -106,6 +107,13 @@ CODE_TYPES = {row.name: row for row in (
          "float8_e4m3fn", "float8_e4m3fn", "F8_E4M3", "FLOAT8E4M3FN"),
     _row("float8_e5m2", "f8_e5m2", "float8", 8, True, -57344, 57344, "element", "unsigned char", "e5m2",
          "float8_e5m2", "float8_e5m2", "F8_E5M2", "FLOAT8E5M2"),
+    # fp4 and fp6 (OCP MX's element types): no Inf or NaN, always saturating; fp4 packs as int4.
+    _row("float4_e2m1fn", "f4_e2m1", "float8", 4, True, -6, 6, "packed", "unsigned char", "e2m1fn",
+         None, "uint8", "U8", "FLOAT4E2M1"),
+    _row("float6_e2m3fn", "f6_e2m3", "float8", 6, True, -7.5, 7.5, "element", "unsigned char", "e2m3fn",
+         "float6_e2m3fn", "uint8", "U8", "FLOAT6E2M3"),
+    _row("float6_e3m2fn", "f6_e3m2", "float8", 6, True, -28, 28, "element", "unsigned char", "e3m2fn",
+         "float6_e3m2fn", "uint8", "U8", "FLOAT6E3M2"),
 )}
 _BY_SHORT = {row.short: row for row in CODE_TYPES.values()}
 
@@ -144,7 +152,7 @@ def as_code_type(value, argname: str = "dtype") -> CodeType:
     >>> as_code_type("int16")
     Traceback (most recent call last):
     ...
-    ValueError: dtype must be one of int8, uint8, int4, uint4, float8_e4m3fn, float8_e5m2, got int16
+    ValueError: dtype must be one of int8, uint8, int4, uint4, float8_e4m3fn, float8_e5m2, float4_e2m1fn, float6_e2m3fn, float6_e3m2fn, got int16
     """
     row = code_type(value)
     if row is not None:
@@ -160,7 +168,7 @@ def as_code_type(value, argname: str = "dtype") -> CodeType:
 
 
 def fp8_dtype(name: str) -> np.dtype:
-    """NumPy's dtype of an fp8 code dtype (ml_dtypes', imported here on first need).
+    """NumPy's dtype of an fp8, fp6 or fp4 code dtype (ml_dtypes', imported here on first need).
 
     >>> fp8_dtype("float8_e4m3fn").itemsize             # doctest: +SKIP
     1

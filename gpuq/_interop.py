@@ -89,13 +89,23 @@ def _on(device_id: int, stream=None):
 
 
 def _fp8_names():
-    """The code dtypes torch and ml_dtypes have and NumPy/CuPy lack (the table's float8 rows)."""
+    """The code dtypes torch and ml_dtypes have and NumPy/CuPy lack (the table's float8 rows
+    whose torch dtype has their name: torch holds fp6 codes as uint8)."""
     from ._codetypes import CODE_TYPES
 
-    return tuple(row.torch for row in CODE_TYPES.values() if row.codec == "float8")
+    return tuple(row.torch for row in CODE_TYPES.values() if row.codec == "float8" and row.torch == row.name)
 
 
 _FP8_NAMES = _fp8_names()
+#: fp6: ml_dtypes has the type, torch not: its codes travel as uint8 (one code per byte).
+def _uint8_on_torch():
+    from ._codetypes import CODE_TYPES
+
+    return tuple(n for n, row in CODE_TYPES.items()
+                 if row.codec == "float8" and row.storage == "element" and row.torch == "uint8")
+
+
+_UINT8_ON_TORCH = _uint8_on_torch()
 
 
 def _torch_from_numpy(torch):
@@ -104,6 +114,8 @@ def _torch_from_numpy(torch):
             return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
         if arr.dtype.name in _FP8_NAMES:  # likewise fp8: torch's type of the same name
             return torch.from_numpy(arr.view(np.uint8)).view(getattr(torch, arr.dtype.name))
+        if arr.dtype.name in _UINT8_ON_TORCH:
+            return torch.from_numpy(arr.view(np.uint8))
         return torch.from_numpy(arr)
 
     return wrap

@@ -65,7 +65,7 @@ def check_saturate(saturate, code) -> None:
         raise TypeError(f"saturate must be True or False, got {saturate!r}")
     if not saturate and not code.saturate_option:
         name = code.name if code.codec != "affine" else "integer"
-        raise ValueError(f"saturate=False applies to fp8 codes only (ONNX), got it with {name} codes")
+        raise ValueError(f"saturate=False applies to fp8 codes only (ONNX; fp4 and fp6 always saturate), got it with {name} codes")
 
 
 def float_dtype(dtype, out, allowed, default):

@@ -25,7 +25,7 @@ METHODS = ("minmax", "mse")
 EPS = float(np.finfo(np.float32).tiny)
 #: The dtypes a scale may be rounded to (``scale_dtype``), with the default ``eps`` of each: the
 #: smallest normal float32 where the dtype holds it, float16's smallest positive value otherwise.
-SCALE_DTYPES = {"float32": EPS, "bfloat16": EPS, "float16": 2.0**-24}
+SCALE_DTYPES = {"float32": EPS, "bfloat16": EPS, "float16": 2.0**-24, "float8_e8m0fnu": EPS, "float8_e4m3fn": EPS}
 
 
 def validate(x, axis, group_size, block_size, dtype, symmetric, eps, scale_dtype, method):
@@ -48,7 +48,7 @@ def validate(x, axis, group_size, block_size, dtype, symmetric, eps, scale_dtype
         symmetric = code.zero_point == "none"  # no zero point: symmetric by nature (fp8)
     _check_symmetric(symmetric)
     if code.zero_point == "none" and not symmetric:
-        raise ValueError(f"symmetric must be True for {code.name} codes (fp8 has no zero point), "
+        raise ValueError(f"symmetric must be True for {code.name} codes (float codes have no zero point), "
                          f"got symmetric=False")
     scheme = Scheme.build(arr.shape, axis, group_size, block_size)
     sdt = _scale_dtype(scale_dtype)
@@ -71,6 +71,9 @@ def check_options(symmetric, eps, scale_dtype, method) -> tuple:
     if symmetric is not None:
         _check_symmetric(symmetric)
     sdt = _scale_dtype(scale_dtype)
+    if sdt in RULE_SCALE_DTYPES:  # the torch ops: not this version
+        raise ValueError(f"scale_dtype={sdt!r} (MX, NVFP4 scales) is not in the torch ops in this version: "
+                         f"call gpuq.choose_qparams or gpuq.quantize_dynamic on the tensor")
     eps = None if eps is None else _check_eps(eps, SCALE_DTYPES[sdt])
     return (None if symmetric is None else bool(symmetric)), eps, sdt, _method(method)
 
@@ -118,6 +121,58 @@ def _scale_dtype(value) -> str:
     if name not in SCALE_DTYPES:
         raise TypeError(f"scale_dtype must be one of {want}, got {name}")
     return name
+
+
+#: The scale dtypes of a scale rule (not a rounding of min/max's scale): OCP MX's power-of-two
+#: e8m0 scales (``scale_rule``: :data:`gpuq._mx.RULES`).
+#: NVFP4's e4m3 block scales (with ``global_scale``, :mod:`gpuq._nvfp4`).
+RULE_SCALE_DTYPES = ("float8_e8m0fnu", "float8_e4m3fn")
+
+
+def scale_rule(value, scale_dtype, code, eps, method, global_scale=None):
+    """``scale_rule`` checked against the other options: an MX rule name (default ``"even"``)
+    with ``scale_dtype="float8_e8m0fnu"``, ``"nvfp4"`` with ``"float8_e4m3fn"`` (which takes
+    ``global_scale``, fp4 codes only), else None (no rule is given).
+
+    >>> from gpuq._codetypes import CODE_TYPES
+    >>> scale_rule(None, "float8_e8m0fnu", CODE_TYPES["float4_e2m1fn"], None, "minmax")
+    'even'
+    >>> scale_rule("round", "float8_e8m0fnu", CODE_TYPES["float4_e2m1fn"], None, "minmax")
+    Traceback (most recent call last):
+    ...
+    ValueError: scale_rule must be one of 'floor', 'even', 'ceil', 'rceil' with scale_dtype='float8_e8m0fnu', got 'round'
+    """
+    from ._mx import DEFAULT_RULE, RULES
+
+    if (global_scale is not None) != (scale_dtype == "float8_e4m3fn"):
+        raise ValueError(f"global_scale goes with scale_dtype='float8_e4m3fn' (NVFP4) and it needs one, got "
+                         f"global_scale={'None' if global_scale is None else 'a value'} with "
+                         f"scale_dtype={scale_dtype!r}")
+    if scale_dtype == "float8_e4m3fn":
+        if code.name != "float4_e2m1fn" or value is not None or eps is not None or method != "minmax":
+            raise ValueError(f"scale_dtype='float8_e4m3fn' (NVFP4) takes float4_e2m1fn codes, method='minmax', "
+                             f"no eps and no scale_rule; got {code.name} codes, method={method!r}, eps={eps!r}, "
+                             f"scale_rule={value!r}")
+        return "nvfp4"
+    if scale_dtype not in RULE_SCALE_DTYPES:
+        if value is not None:
+            raise ValueError(f"scale_rule applies to scale_dtype='float8_e8m0fnu' (MX scales) only, got "
+                             f"scale_rule={value!r} with scale_dtype={scale_dtype!r}")
+        return None
+    if code.codec != "float8":
+        raise ValueError(f"scale_dtype='float8_e8m0fnu' (MX scales) applies to float codes (fp4, fp6, "
+                         f"fp8), got {code.name} codes")
+    if eps is not None:
+        raise ValueError(f"eps does not apply to scale_dtype='float8_e8m0fnu' (a zero block gets 2**-127), "
+                         f"got eps={eps!r}")
+    if method != "minmax":
+        raise ValueError(f"method={method!r} with scale_dtype='float8_e8m0fnu' is not supported (MX scales "
+                         f"come from each block's max)")
+    rule = DEFAULT_RULE if value is None else value
+    if rule not in RULES:
+        raise ValueError(f"scale_rule must be one of {', '.join(map(repr, RULES))} with "
+                         f"scale_dtype='float8_e8m0fnu', got {value!r}")
+    return rule
 
 
 #: oneDNN's short names ("f16" is NumPy's 16-byte float: the short name wins here).

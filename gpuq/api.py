@@ -52,7 +52,7 @@ __all__ = ["quantize", "dequantize"]
 
 @callers_type
 def quantize(src, scales, zps=None, *, axis=None, group_size=None, block_size=None, dtype=None,
-             out=None, check_values=True, saturate=True):
+             out=None, check_values=True, saturate=True, global_scale=None):
     """Quantize floats to codes: ``q = clamp(rint(src / s) + zp, qmin, qmax)``, or fp8(src / s).
 
     One IEEE division in float32 (float64 for float64 ``src``; float16 and
@@ -84,6 +84,8 @@ def quantize(src, scales, zps=None, *, axis=None, group_size=None, block_size=No
         when ``out`` is given.
         int4/uint4: ranges [-8, 7] and [0, 15], the result a :class:`gpuq.Codes`
         of packed bytes (two codes per byte, ONNX's order).
+        fp4/fp6 (``float4_e2m1fn``, ``float6_e2m3fn``, ``float6_e3m2fn``): the same, always
+        saturating, NaN -> the +0 code (README, "Code dtypes").
         fp8: ``fp8(src / s)`` rounded to nearest even (float64 ``src``: its
         quotient via float32), no zero point (``zps`` None or zeros), NaN
         stays NaN; an ml_dtypes fp8 array for NumPy ``src``, a torch fp8
@@ -98,6 +100,9 @@ def quantize(src, scales, zps=None, *, axis=None, group_size=None, block_size=No
         fp8 only (ONNX's attribute): True (default) maps values beyond the
         largest finite code, +/-Inf included, to it; False gives ml_dtypes' and
         ONNX's non-saturating cast (e4m3fn: NaN, e5m2: +/-Inf).
+    global_scale : float, optional
+        NVFP4 (float4_e2m1fn codes only): ``scales`` are e4m3 block scales ``s_b`` and each
+        block uses ``float32(s_b / global_scale)`` (:func:`gpuq.global_scale`).
 
     Examples
     --------
@@ -118,7 +123,8 @@ def quantize(src, scales, zps=None, *, axis=None, group_size=None, block_size=No
     code = quantize_code(dtype, out)
     check_saturate(saturate, code)
     scheme = Scheme.build(x.shape, axis, group_size, block_size)
-    s = scales_param(scales, scheme, compute_dtype(fdtype), backend, check_values=check_values)
+    s = _nvfp4_scales(scales_param(scales, scheme, compute_dtype(fdtype), backend, check_values=check_values),
+                      global_scale, code)
     z = zps_param(zps, code, scheme, backend, check_values=check_values)
     target = codes_out(out, code, x.shape, backend)
     if target is None:
@@ -137,7 +143,7 @@ def quantize(src, scales, zps=None, *, axis=None, group_size=None, block_size=No
 
 @callers_type
 def dequantize(src, scales, zps=None, *, axis=None, group_size=None, block_size=None, dtype=None,
-               out=None, check_values=True):
+               out=None, check_values=True, global_scale=None):
     """Dequantize int8/uint8 codes: ``y = (q - zp) * s``.
 
     ``q - zp`` in integer arithmetic (any int32 zp), converted once to the
@@ -169,7 +175,8 @@ def dequantize(src, scales, zps=None, *, axis=None, group_size=None, block_size=
     backend, code, data, shape = source_codes(src)
     fdtype = float_dtype(dtype, out, FLOAT_DTYPES, np.float32)
     scheme = Scheme.build(shape, axis, group_size, block_size)
-    s = scales_param(scales, scheme, compute_dtype(fdtype), backend, check_values=check_values)
+    s = _nvfp4_scales(scales_param(scales, scheme, compute_dtype(fdtype), backend, check_values=check_values),
+                      global_scale, code)
     z = zps_param(zps, code, scheme, backend, check_values=check_values)
     target, copy_to = floats_out(out, fdtype, shape, backend)
     if out is not None:
@@ -181,3 +188,14 @@ def dequantize(src, scales, zps=None, *, axis=None, group_size=None, block_size=
     if copy_to is not None:
         np.copyto(copy_to, target)
     return out if out is not None else target
+
+
+def _nvfp4_scales(s, global_scale, code):
+    """NVFP4's block scale ``float32(s_b / gs)`` where ``global_scale`` is given (fp4 only)."""
+    if global_scale is None:
+        return s
+    from . import _nvfp4
+
+    if code.name != "float4_e2m1fn":
+        raise ValueError(f"global_scale applies to float4_e2m1fn codes (NVFP4) only, got {code.name} codes")
+    return _nvfp4.block_scales(s, _nvfp4.check_global_scale(global_scale)).astype(s.dtype)

@@ -77,8 +77,9 @@ from __future__ import annotations
 
 import numpy as np  # noqa: F401 (the doctests use it)
 
+from . import _mx, _nvfp4
 from ._interop import callers_type
-from ._qoptions import EPS, METHODS, SCALE_DTYPES, check_options, validate  # noqa: F401 (gpuq.qparams names them)
+from ._qoptions import EPS, METHODS, SCALE_DTYPES, check_options, scale_rule as _scale_rule, validate  # noqa: F401 (gpuq.qparams names them)
 from .api import quantize
 
 __all__ = ["choose_qparams", "quantize_dynamic", "METHODS"]
@@ -86,7 +87,7 @@ __all__ = ["choose_qparams", "quantize_dynamic", "METHODS"]
 
 @callers_type
 def choose_qparams(x, *, axis=None, group_size=None, block_size=None, dtype="int8", symmetric=None,
-                   eps=None, scale_dtype="float32", method="minmax"):
+                   eps=None, scale_dtype="float32", method="minmax", scale_rule=None, global_scale=None):
     """Scales and zero points that cover ``x``, block by block (see the module docstring).
 
     Parameters
@@ -110,10 +111,21 @@ def choose_qparams(x, *, axis=None, group_size=None, block_size=None, dtype="int
     eps : float, optional
         Smallest scale, finite and > 0 in float32; default: smallest normal float32
         (float16's smallest positive value, ``2**-24``, with ``scale_dtype="float16"``).
-    scale_dtype : ``"float32"`` (default), ``"bfloat16"`` or ``"float16"``
+    scale_dtype : ``"float32"`` (default), ``"bfloat16"``, ``"float16"`` or ``"float8_e8m0fnu"``
         The dtype the scales will be stored in: each scale is rounded to nearest
         even in it before the zero point is derived (see the module docstring);
         returned as float32. A scale that rounds to 0 or overflows it is a ``ValueError``.
+        ``"float8_e8m0fnu"``: OCP MX's power-of-two scales by ``scale_rule``, for float codes
+        (fp4, fp6, fp8), returned as float32 holding exactly ``2**k`` (:mod:`gpuq._mx`;
+        :func:`gpuq.e8m0_bytes` gives the stored bytes); ``eps`` and ``method="mse"`` do not apply.
+    scale_rule : ``"floor"``, ``"even"`` (default), ``"ceil"`` or ``"rceil"``
+        With ``scale_dtype="float8_e8m0fnu"`` only: how ``2**k`` is chosen from each block's
+        ``max|x|`` (:mod:`gpuq._mx`: OCP's floor, compressed-tensors' even, torchao's ceil,
+        NVIDIA's rceil).
+    global_scale : float, optional
+        With ``scale_dtype="float8_e4m3fn"`` (NVFP4, float4_e2m1fn codes) only, and required there:
+        :func:`gpuq.global_scale`'s ``gs``; the scales are compressed-tensors' e4m3 block scales
+        ``s_b`` as float32 (:mod:`gpuq._nvfp4`); pass both to :func:`gpuq.quantize`.
     method : ``"minmax"`` (default) or ``"mse"``
         ``"minmax"``: each block's range is its min/max. ``"mse"``: the range, among 20
         shrunken ones, whose quantization error is smallest (see the module docstring); about
@@ -147,15 +159,26 @@ def choose_qparams(x, *, axis=None, group_size=None, block_size=None, dtype="int
     >>> err = lambda s: float(((gpuq.dequantize(gpuq.quantize(w, s, dtype="int4"), s) - w) ** 2).sum())
     >>> round(float(s1 / s0), 4), round(err(s0), 2), round(err(s1), 2)   # candidate 12: the range * 0.88
     (0.88, 3.11, 2.72)
+
+    MX scales (a power of two per block of 32; compressed-tensors' ``even`` rule by default):
+
+    >>> gpuq.choose_qparams(np.float32([[7.0, 1.0], [1.5, 0.0]]), axis=1, group_size=32,
+    ...                     dtype="float4_e2m1fn", scale_dtype="float8_e8m0fnu")
+    (array([[2.  ],
+           [0.25]], dtype=float32), None)
     """
-    backend, arr, scheme, code, symmetric, eps, sdt, method = validate(
+    rule_given = scale_rule
+    backend, arr, scheme, code, symmetric, eps_, sdt, method = validate(
         x, axis, group_size, block_size, dtype, symmetric, eps, scale_dtype, method)
-    return backend.choose_qparams(code, arr, scheme, symmetric, eps, sdt, method)
+    rule = _scale_rule(rule_given, sdt, code, eps, method, global_scale)
+    if rule is not None:
+        return _rule_scales(backend, arr, scheme, code, rule, global_scale), None
+    return backend.choose_qparams(code, arr, scheme, symmetric, eps_, sdt, method)
 
 
 @callers_type
 def quantize_dynamic(x, *, axis=None, group_size=None, block_size=None, dtype="int8", symmetric=None,
-                     scale_dtype="float32", method="minmax"):
+                     scale_dtype="float32", method="minmax", scale_rule=None, global_scale=None):
     """Codes, scales and zero points of ``x`` in one call.
 
     The same as :func:`choose_qparams` followed by :func:`gpuq.quantize`,
@@ -165,7 +188,7 @@ def quantize_dynamic(x, *, axis=None, group_size=None, block_size=None, dtype="i
 
     Parameters
     ----------
-    x, axis, group_size, dtype, symmetric, scale_dtype, method
+    x, axis, group_size, dtype, symmetric, scale_dtype, method, scale_rule
         As in :func:`choose_qparams` (``eps`` is the default one). ``method="mse"`` is
         :func:`choose_qparams` with it, then :func:`gpuq.quantize` (no fused pass).
 
@@ -191,6 +214,12 @@ def quantize_dynamic(x, *, axis=None, group_size=None, block_size=None, dtype="i
     """
     backend, arr, scheme, code, symmetric, eps, sdt, method = validate(
         x, axis, group_size, block_size, dtype, symmetric, None, scale_dtype, method)
+    rule = _scale_rule(scale_rule, sdt, code, None, method, global_scale)
+    if rule is not None:  # MX or NVFP4: the scales by the rule, then quantize (no fused pass)
+        scales = _rule_scales(backend, arr, scheme, code, rule, global_scale)
+        q = quantize(arr, scales, axis=axis, group_size=group_size, block_size=block_size, dtype=code.name,
+                     check_values=False, global_scale=global_scale)
+        return q, scales, None
     if method == "minmax":
         fused = backend.quantize_dynamic(code, arr, scheme, symmetric, eps, sdt)  # one pass where the backend can
         if fused is not None:
@@ -201,3 +230,14 @@ def quantize_dynamic(x, *, axis=None, group_size=None, block_size=None, dtype="i
     return q, scales, zps
 
 
+
+
+def _rule_scales(backend, arr, scheme, code, rule, global_scale):
+    """The scales of a scale rule from the backend's block min/max: MX's powers of two, or
+    NVFP4's e4m3 block scales (as float32)."""
+    from ._dtypes import dtype_name
+
+    lo, hi = backend.minmax(arr, scheme)
+    if rule == "nvfp4":
+        return _nvfp4.nvfp4_scales(lo, hi, _nvfp4.check_global_scale(global_scale), dtype_name(arr.dtype))
+    return _mx.mx_scales(lo, hi, code.name, rule)

@@ -1,5 +1,6 @@
-// The code formats beyond int8/uint8 (../shared/DESIGN.md section 1): fp8 (e4m3fn, e5m2)
-// and packed int4/uint4, quantize and dequantize, every scheme in one launch.
+// The code formats beyond int8/uint8 (../shared/DESIGN.md section 1): fp8 (e4m3fn, e5m2),
+// packed int4/uint4, fp6 and packed fp4 (at the end), quantize and dequantize, every scheme in
+// one launch.
 //
 //   fp8:   q = fp8(x / s)          round to nearest even; saturating or ONNX's
 //                                  non-saturating cast; NaN -> NaN; float64: the float64
@@ -433,6 +434,132 @@ dequantize_int4(const unsigned char* __restrict__ q, TOut* __restrict__ y, const
                 const long long* __restrict__ dims) {
     DequantizeInt4Op<SIGNED, TOut, TS, HAS_ZP> op{{scales, zps, TS(0), 0}};
     if constexpr (MAP == kMapValue) op.assign(scale_from_bits<TS>(m0), static_cast<int>(m1));
+    for_each_unpacked_unit<typename MapOf<MAP>::type, TOut>(q, y, n, vec, m0, m1, m2, dims, op);
+}
+
+// ---------------------------------------------------------------------------
+// fp4 (e2m1, packed as int4) and fp6 (e2m3, e3m2, one code per byte): OCP MX's element
+// types. No Inf or NaN: always saturating (+/-Inf gives +/-max), NaN gives the +0 code,
+// -0.0 the -0 code. The conversion is f32_to_fp8's integer operations with these layouts
+// (sm_90 has no fp4/fp6 cvt; gpuq/backends/host/formats.py states the same algorithm).
+// MFMT 0 = e2m1, 1 = e2m3, 2 = e3m2 (gpuq/backends/cuda/registry.py MINI_FMT).
+
+template <int MFMT> struct Mini;
+template <> struct Mini<0> {  // e2m1: max 6, smallest normal 1, subnormal step 0.5
+    static constexpr int bits = 4, mbits = 1, bias = 1;
+    static constexpr unsigned min_normal = 0x3f800000u, max_bits = 0x40c00000u, max_code = 0x7u;
+    static constexpr float sub_scale = 2.0f;
+};
+template <> struct Mini<1> {  // e2m3: max 7.5, smallest normal 1, subnormal step 0.125
+    static constexpr int bits = 6, mbits = 3, bias = 1;
+    static constexpr unsigned min_normal = 0x3f800000u, max_bits = 0x40f00000u, max_code = 0x1fu;
+    static constexpr float sub_scale = 8.0f;
+};
+template <> struct Mini<2> {  // e3m2: max 28, smallest normal 0.25, subnormal step 0.0625
+    static constexpr int bits = 6, mbits = 2, bias = 3;
+    static constexpr unsigned min_normal = 0x3e800000u, max_bits = 0x41e00000u, max_code = 0x1fu;
+    static constexpr float sub_scale = 16.0f;
+};
+
+// float32 -> fp4/fp6 bits, round to nearest even, saturating; NaN -> 0.
+template <int MFMT>
+__device__ __forceinline__ unsigned char f32_to_mini(float t) {
+    using F = Mini<MFMT>;
+    constexpr int shift = 23 - F::mbits;
+    const unsigned u = __float_as_uint(t);
+    const unsigned a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return 0;
+    unsigned r;
+    if (a > F::max_bits) {
+        r = F::max_code;
+    } else if (a >= F::min_normal) {
+        r = ((a + (1u << (shift - 1)) - 1u + ((a >> shift) & 1u)) >> shift) - ((127u - F::bias) << F::mbits);
+    } else {
+        r = static_cast<unsigned>(rint_to_i32_sat(mul_rn(__uint_as_float(a), F::sub_scale)));
+    }
+    return static_cast<unsigned char>(r | ((u >> (32 - F::bits)) & (1u << (F::bits - 1))));
+}
+
+// fp4/fp6 bits -> float32, exactly (the bits above the code's are not read).
+template <int MFMT>
+__device__ __forceinline__ float mini_to_f32(unsigned b) {
+    using F = Mini<MFMT>;
+    constexpr unsigned top = 1u << (F::bits - 1);
+    const unsigned sign = (b & top) ? 0x80000000u : 0u;
+    const unsigned e = (b & (top - 1u)) >> F::mbits;
+    const unsigned m = b & ((1u << F::mbits) - 1u);
+    if (e != 0) return __uint_as_float(sign | ((e + 127u - F::bias) << 23) | (m << (23 - F::mbits)));
+    float v;
+    to_compute_rn(static_cast<long long>(m), v);
+    v = mul_rn(v, 1.0f / F::sub_scale);
+    return __uint_as_float(__float_as_uint(v) | sign);
+}
+
+template <typename TIn, int MFMT, typename TS>
+struct QuantizeMiniOp : ParamCursor<TS, false> {
+    using ParamCursor<TS, false>::s;
+    __device__ unsigned char operator()(TIn x) const {
+        const TS w = widen<TS>(x);
+        if (is_nan(w)) return 0;
+        return f32_to_mini<MFMT>(to_f32_rn(div_rn(w, s)));
+    }
+};
+
+template <int MFMT, typename TOut, typename TS>
+struct DequantizeMiniOp : ParamCursor<TS, false> {
+    using ParamCursor<TS, false>::s;
+    __device__ TOut operator()(unsigned q) const {
+        TS w;
+        widen_fp8_to(mini_to_f32<MFMT>(q), w);
+        return narrow_rn<TOut>(mul_rn(w, s));
+    }
+};
+
+// fp6: one code per byte, the fp8 kernels' traversal and arguments (no saturate flag).
+template <int MAP, typename TS, bool QUANT, typename TIn, typename TOut, typename Op>
+__device__ __forceinline__ void fp6_units(const TIn* __restrict__ in, TOut* __restrict__ out, Op op, long long n,
+                                          long long head, int vec, long long m0, long long m1, long long m2,
+                                          const long long* __restrict__ dims) {
+    if constexpr (MAP == kMapValue) op.assign(scale_from_bits<TS>(m0), 0);
+    for_each_unit<typename MapOf<MAP>::type, TIn, TOut, QUANT>(in, out, n, head, vec, m0, m1, m2, dims, op);
+}
+
+template <typename TIn, int MFMT, typename TS, int MAP>
+__global__ void __launch_bounds__(256)
+quantize_fp6(const TIn* __restrict__ x, unsigned char* __restrict__ q, const TS* __restrict__ scales,
+             const int* __restrict__ zps, long long n, long long head, int vec, long long m0, long long m1,
+             long long m2, const long long* __restrict__ dims) {
+    fp6_units<MAP, TS, true>(x, q, QuantizeMiniOp<TIn, MFMT, TS>{{scales, zps, TS(0), 0}}, n, head, vec, m0, m1,
+                             m2, dims);
+}
+
+template <int MFMT, typename TOut, typename TS, int MAP>
+__global__ void __launch_bounds__(256)
+dequantize_fp6(const unsigned char* __restrict__ q, TOut* __restrict__ y, const TS* __restrict__ scales,
+               const int* __restrict__ zps, long long n, long long head, int vec, long long m0, long long m1,
+               long long m2, const long long* __restrict__ dims) {
+    fp6_units<MAP, TS, false>(q, y, DequantizeMiniOp<MFMT, TOut, TS>{{scales, zps, TS(0), 0}}, n, head, vec, m0,
+                              m1, m2, dims);
+}
+
+// fp4: packed as int4, the int4 kernels' traversal and arguments (zps unused).
+template <typename TIn, typename TS, int MAP>
+__global__ void __launch_bounds__(256)
+quantize_fp4(const TIn* __restrict__ x, unsigned char* __restrict__ q, const TS* __restrict__ scales,
+             const int* __restrict__ zps, long long n, int vec, long long m0, long long m1, long long m2,
+             const long long* __restrict__ dims) {
+    QuantizeMiniOp<TIn, 0, TS> op{{scales, zps, TS(0), 0}};
+    if constexpr (MAP == kMapValue) op.assign(scale_from_bits<TS>(m0), 0);
+    for_each_packed_unit<typename MapOf<MAP>::type, TIn>(x, q, n, vec, m0, m1, m2, dims, op);
+}
+
+template <typename TOut, typename TS, int MAP>
+__global__ void __launch_bounds__(256)
+dequantize_fp4(const unsigned char* __restrict__ q, TOut* __restrict__ y, const TS* __restrict__ scales,
+               const int* __restrict__ zps, long long n, int vec, long long m0, long long m1, long long m2,
+               const long long* __restrict__ dims) {
+    DequantizeMiniOp<0, TOut, TS> op{{scales, zps, TS(0), 0}};
+    if constexpr (MAP == kMapValue) op.assign(scale_from_bits<TS>(m0), 0);
     for_each_unpacked_unit<typename MapOf<MAP>::type, TOut>(q, y, n, vec, m0, m1, m2, dims, op);
 }
 

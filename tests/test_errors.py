@@ -108,17 +108,17 @@ def test_float_src_to_dequantize(backend):
 
 
 def test_unknown_dtype_names(backend):
-    _raises(backend, ValueError, r"dtype must be one of int8, uint8, int4, uint4, float8_e4m3fn, float8_e5m2, got unknown name 'int3'",
+    _raises(backend, ValueError, r"dtype must be one of int8, uint8, int4, uint4, float8_e4m3fn, float8_e5m2, float4_e2m1fn, float6_e2m3fn, float6_e3m2fn, got unknown name 'int3'",
             gpuq.quantize, X, 1.0, dtype="int3")
-    _raises(backend, ValueError, r"dtype must be one of int8, uint8, int4, uint4, float8_e4m3fn, float8_e5m2, got int32", gpuq.quantize, X, 1.0,
+    _raises(backend, ValueError, r"dtype must be one of int8, uint8, int4, uint4, float8_e4m3fn, float8_e5m2, float4_e2m1fn, float6_e2m3fn, float6_e3m2fn, got int32", gpuq.quantize, X, 1.0,
             dtype="s32")
-    _raises(backend, TypeError, r"dtype must be one of int8, uint8, int4, uint4, float8_e4m3fn, float8_e5m2, got int16", gpuq.quantize, X, 1.0,
+    _raises(backend, TypeError, r"dtype must be one of int8, uint8, int4, uint4, float8_e4m3fn, float8_e5m2, float4_e2m1fn, float6_e2m3fn, float6_e3m2fn, got int16", gpuq.quantize, X, 1.0,
             dtype=np.int16)
     _raises(backend, ValueError,
             r"dtype must be one of float16, float32, float64, bfloat16, got unknown name 'bf8'",
             gpuq.dequantize, Q, 1.0, dtype="bf8")
     # bfloat16 is a float name, not a code name (refused before ml_dtypes would be imported)
-    _raises(backend, ValueError, r"dtype must be one of int8, uint8, int4, uint4, float8_e4m3fn, float8_e5m2, got 'bf16'", gpuq.quantize, X, 1.0,
+    _raises(backend, ValueError, r"dtype must be one of int8, uint8, int4, uint4, float8_e4m3fn, float8_e5m2, float4_e2m1fn, float6_e2m3fn, float6_e3m2fn, got 'bf16'", gpuq.quantize, X, 1.0,
             dtype="bf16")
 
 

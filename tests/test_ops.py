@@ -103,7 +103,7 @@ def test_static_op_validates_at_construction():
         gpuq.Quantize(scales=[1.0, 2.0], zps=[1], qtype="per_channel")
     with pytest.raises(TypeError, match=r"zps must be integers"):
         gpuq.Quantize(scales=[1.0], zps=[0.5])
-    with pytest.raises(ValueError, match=r"dtype must be one of int8, uint8, int4, uint4, float8_e4m3fn, float8_e5m2, got unknown name 'int7'"):
+    with pytest.raises(ValueError, match=r"dtype must be one of int8, uint8, int4, uint4, float8_e4m3fn, float8_e5m2, float4_e2m1fn, float6_e2m3fn, float6_e3m2fn, got unknown name 'int7'"):
         gpuq.Quantize(scales=[1.0], dtype="int7")
     with pytest.raises(TypeError, match=r"axis must be an integer"):
         gpuq.DynamicQuantize(qtype="per_channel", axis="1")

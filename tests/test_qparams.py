@@ -384,7 +384,7 @@ def test_input_not_modified(backend):
 @pytest.mark.parametrize("call,exc,match", [
     (lambda x: gpuq.choose_qparams(x.astype(np.int32)), TypeError, "x must be float16, float32, float64 or bfloat16, got int32"),
     (lambda x: gpuq.choose_qparams({1.0, 2.0}), TypeError, "x must be a NumPy array or a CUDA array"),
-    (lambda x: gpuq.choose_qparams(x, dtype="int3"), ValueError, "dtype must be one of int8, uint8, int4, uint4, float8_e4m3fn, float8_e5m2, got unknown name 'int3'"),
+    (lambda x: gpuq.choose_qparams(x, dtype="int3"), ValueError, "dtype must be one of int8, uint8, int4, uint4, float8_e4m3fn, float8_e5m2, float4_e2m1fn, float6_e2m3fn, float6_e3m2fn, got unknown name 'int3'"),
     (lambda x: gpuq.choose_qparams(x, dtype="float8_e4m3fn", symmetric=False), ValueError, "symmetric must be True for float8_e4m3fn"),
     (lambda x: gpuq.choose_qparams(x, axis=2), ValueError, r"axis must be in \[-2, 1\] for rank 2, got 2"),
     (lambda x: gpuq.choose_qparams(x, group_size=4), ValueError, "group_size=4 needs a single integer axis"),

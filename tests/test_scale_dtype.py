@@ -231,10 +231,10 @@ def test_host_message_says_which_block():
 
 
 @pytest.mark.parametrize("value,exc,text", [
-    ("float64", ValueError, "scale_dtype must be one of float32, bfloat16, float16, got 'float64'"),
+    ("float64", ValueError, "scale_dtype must be one of float32, bfloat16, float16, float8_e8m0fnu, float8_e4m3fn, got 'float64'"),
     ("half", ValueError, "got 'half'"),
-    (np.float64, TypeError, "scale_dtype must be one of float32, bfloat16, float16, got float64"),
-    (None, TypeError, "scale_dtype must be a dtype or dtype name, one of float32, bfloat16, float16; got None"),
+    (np.float64, TypeError, "scale_dtype must be one of float32, bfloat16, float16, float8_e8m0fnu, float8_e4m3fn, got float64"),
+    (None, TypeError, "scale_dtype must be a dtype or dtype name, one of float32, bfloat16, float16, float8_e8m0fnu, float8_e4m3fn; got None"),
     (3, TypeError, "got 3"),
 ])
 def test_bad_scale_dtype(value, exc, text):

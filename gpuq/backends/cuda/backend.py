@@ -24,6 +24,15 @@ from .launch import StreamReaders, as_cupy, cupy_module, device_id
 _U8 = np.dtype(np.uint8)
 
 
+def _no_device_search(code, method) -> None:
+    """fp4/fp6 on the device: quantize, dequantize and min/max parameters have kernels; the MSE
+    search and e2m3's min/max (a divisor of 7.5 the parameter kernel does not take) do not yet."""
+    if code.codec == "float8" and code.bits < 8 and (method == "mse" or code.qmax != int(code.qmax)):
+        what = "method='mse'" if method == "mse" else "choose_qparams"
+        raise TypeError(f"{what} with {code.name} codes runs on host (NumPy) arrays in this version "
+                        f"of gpuq, got a device array: copy it to the host")
+
+
 class CudaBackend:
     """Device arrays; see the module docstring and :mod:`gpuq.backends.protocol`."""
 
@@ -137,7 +146,9 @@ class CudaBackend:
 
     @staticmethod
     def quantize(code, src, scheme, scales, zps, out, saturate) -> None:
-        if code.codec == "float8":
+        if code.codec == "float8" and code.bits < 8:
+            formats.quantize_mini(src, scheme, scales, out, code.name)
+        elif code.codec == "float8":
             formats.quantize_fp8(src, scheme, scales, out, code.name, saturate)
         elif code.storage == "packed":
             formats.quantize_int4(src, scheme, scales, zps, out, code.signed)
@@ -146,7 +157,9 @@ class CudaBackend:
 
     @staticmethod
     def dequantize(code, src, scheme, scales, zps, out) -> None:
-        if code.codec == "float8":
+        if code.codec == "float8" and code.bits < 8:
+            formats.dequantize_mini(src, scheme, scales, out, code.name)
+        elif code.codec == "float8":
             formats.dequantize_fp8(src, scheme, scales, out, code.name)
         elif code.storage == "packed":
             formats.dequantize_int4(src, scheme, scales, zps, out, code.signed)
@@ -159,6 +172,7 @@ class CudaBackend:
 
     @staticmethod
     def choose_qparams(code, x, scheme, symmetric, eps, scale_dtype, method):
+        _no_device_search(code, method)
         if method == "mse":
             return mse.choose_qparams(x, scheme, code, symmetric, eps, scale_dtype)
         return qparams.choose_qparams(x, scheme, code.qmin, code.qmax, symmetric, eps, scale_dtype)

@@ -1,4 +1,4 @@
-"""fp8 and packed int4/uint4 on the GPU: launches of kernels/formats.cu.
+"""fp8, packed int4/uint4, fp6 and packed fp4 on the GPU: launches of kernels/formats.cu.
 
 Called by :class:`gpuq.backends.cuda.backend.CudaBackend` for the rows of these codes.
 Parameters, index maps, streams and devices follow the int8 kernels
@@ -113,3 +113,43 @@ def dequantize_int4(packed, scheme, scales, zps, out, signed) -> None:
                      packed, y, y, packed, scheme, scales, zps)
         if y is not out:
             out[...] = y
+
+
+def quantize_mini(src, scheme, scales, out, code) -> None:
+    """fp6 bits (uint8, src's shape) or packed fp4 bytes (1-D, ceil(n/2)) of device ``src``:
+    fp6 runs fp8's launch, fp4 int4's (no zero points)."""
+    if registry.MINI_FMT[code] == 0:
+        cupy = cupy_module()
+        with src.device:
+            x = src if src.flags.c_contiguous else cupy.ascontiguousarray(src)
+            group = registry.formats_group("quantize", x.dtype, code)
+            _launch_int4(lambda z, m: registry.quantize_mini_name(x.dtype, code, m), group,
+                         x, out, x, out, scheme, scales, None)
+        return
+    group = registry.formats_group("quantize", src.dtype, code)
+
+    def launch(x, y):
+        _launch_elementwise(lambda m: registry.quantize_mini_name(x.dtype, code, m), group,
+                            x, y, x, y, scheme, scales)
+
+    _contiguous(src, out, launch)
+
+
+def dequantize_mini(codes, scheme, scales, out, code) -> None:
+    """``out = value(q) * s`` for fp6 bits (out's shape) or packed fp4 bytes ``codes``."""
+    group = registry.formats_group("dequantize", out.dtype, code)
+    if registry.MINI_FMT[code] == 0:
+        cupy = cupy_module()
+        with out.device:
+            y = out if out.flags.c_contiguous else cupy.empty(out.shape, out.dtype)
+            _launch_int4(lambda z, m: registry.dequantize_mini_name(code, y.dtype, m), group,
+                         codes, y, y, codes, scheme, scales, None)
+            if y is not out:
+                out[...] = y
+        return
+
+    def launch(q, y):
+        _launch_elementwise(lambda m: registry.dequantize_mini_name(code, y.dtype, m), group,
+                            q, y, y, q, scheme, scales)
+
+    _contiguous(codes, out, launch)

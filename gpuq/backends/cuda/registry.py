@@ -46,8 +46,9 @@ MAX_DIMS = MAX_MAP_DIMS
 
 #: The code dtypes of quantize.cu/dequantize.cu (one affine code per element); formats.cu has the rest.
 _QUANT_DTYPES = tuple(n for n, row in CODE_TYPES.items() if row.codec == "affine" and row.storage == "element")
-_FORMAT_CODES = (tuple(n for n, row in CODE_TYPES.items() if row.codec == "float8")
-                 + tuple(n for n, row in CODE_TYPES.items() if row.storage == "packed"))
+_FORMAT_CODES = (tuple(n for n, row in CODE_TYPES.items() if row.codec == "float8" and row.bits == 8)
+                 + tuple(n for n, row in CODE_TYPES.items() if row.storage == "packed" and row.codec == "affine")
+                 + tuple(n for n, row in CODE_TYPES.items() if row.codec == "float8" and row.bits < 8))
 #: The float dtypes by name: every instantiation is listed whether or not ml_dtypes
 #: (bfloat16's NumPy dtype) is installed here.
 _FLOATS = FLOAT_DTYPES.names
@@ -197,7 +198,7 @@ def qparams_names() -> list:
     return names
 
 
-# --- formats.cu: fp8 and packed int4 (gpuq.backends.cuda.formats launches these) ------------------
+# --- formats.cu: fp8, packed int4, fp6 and packed fp4 (gpuq.backends.cuda.formats launches these) --
 
 #: The kernels' FMT template argument of each fp8 code dtype (kernels/formats.cu, Fp8<FMT>).
 FP8_FMT = {"float8_e4m3fn": 0, "float8_e5m2": 1}
@@ -218,6 +219,29 @@ def dequantize_fp8_name(code: str, out_dtype, map_name: str) -> str:
             f"{_c(compute_dtype(out_dtype))}, {MAPS[map_name]}>")
 
 
+#: The kernels' MFMT template argument of each fp4/fp6 code dtype (kernels/formats.cu, Mini<MFMT>).
+MINI_FMT = {"float4_e2m1fn": 0, "float6_e2m3fn": 1, "float6_e3m2fn": 2}
+
+
+def quantize_mini_name(src_dtype, code: str, map_name: str) -> str:
+    """The name expression of one fp6 or fp4 quantize kernel.
+
+    >>> quantize_mini_name("float32", "float6_e3m2fn", "group"), quantize_mini_name("float32", "float4_e2m1fn", "tensor")
+    ('gpuq::quantize_fp6<float, 2, float, 2>', 'gpuq::quantize_fp4<float, float, 0>')
+    """
+    ct = _c(compute_dtype(src_dtype))
+    if MINI_FMT[code] == 0:
+        return f"gpuq::quantize_fp4<{_c(src_dtype)}, {ct}, {MAPS[map_name]}>"
+    return f"gpuq::quantize_fp6<{_c(src_dtype)}, {MINI_FMT[code]}, {ct}, {MAPS[map_name]}>"
+
+
+def dequantize_mini_name(code: str, out_dtype, map_name: str) -> str:
+    ct = _c(compute_dtype(out_dtype))
+    if MINI_FMT[code] == 0:
+        return f"gpuq::dequantize_fp4<{_c(out_dtype)}, {ct}, {MAPS[map_name]}>"
+    return f"gpuq::dequantize_fp6<{MINI_FMT[code]}, {_c(out_dtype)}, {ct}, {MAPS[map_name]}>"
+
+
 def quantize_int4_name(src_dtype, signed: bool, has_zp: bool, map_name: str) -> str:
     return (f"gpuq::quantize_int4<{_c(src_dtype)}, {_flag(signed)}, {_c(compute_dtype(src_dtype))}, "
             f"{_flag(has_zp)}, {MAPS[map_name]}>")
@@ -231,8 +255,12 @@ def dequantize_int4_name(signed: bool, out_dtype, has_zp: bool, map_name: str) -
 @functools.cache
 def formats_group(kind: str, float_dtype, code: str) -> tuple:
     """The names compiled together for one (float dtype, code dtype) pair of ``kind``
-    (``"quantize"``/``"dequantize"``): the maps (x zp for int4)."""
+    (``"quantize"``/``"dequantize"``): the maps (x zp for int4; fp4 has no zero points)."""
     fdt = dtype_name(float_dtype)
+    if code in MINI_FMT:
+        if kind == "quantize":
+            return tuple(quantize_mini_name(fdt, code, m) for m in MAPS)
+        return tuple(dequantize_mini_name(code, fdt, m) for m in MAPS)
     if code in FP8_FMT:
         if kind == "quantize":
             return tuple(quantize_fp8_name(fdt, code, m) for m in MAPS)
@@ -247,7 +275,7 @@ def formats_names() -> list:
     """Every name expression of ``formats.cu``.
 
     >>> len(formats_names())
-    240
+    360
     """
     return [n for group in _formats_groups() for n in group]
 
@@ -296,7 +324,7 @@ def compile_units() -> list:
     as it asks for them (the same groups, the same order): what a warm-up compiles ahead.
 
     >>> len(compile_units()), compile_units()[0][0]
-    (50, 'quantize.cu')
+    (74, 'quantize.cu')
     """
     units = [("quantize.cu", quantize_group(f, q)) for f in _FLOATS for q in _QUANT_DTYPES]
     units += [("dequantize.cu", dequantize_group(q, f)) for q in _QUANT_DTYPES for f in _FLOATS]

@@ -112,7 +112,9 @@ class NumpyBackend:
     @staticmethod
     def quantize(code, src, scheme, scales, zps, out, saturate) -> None:
         src = _native(src)
-        if code.codec == "float8":
+        if code.codec == "float8" and code.storage == "packed":  # fp4
+            formats.quantize_fp4(src, scheme, scales, out)
+        elif code.codec == "float8":
             formats.quantize_fp8(src, scheme, scales, out.view(_U8), code.fp8, saturate)
         elif code.storage == "packed":
             formats.quantize_int4(src, scheme, scales, zps, out, code.signed)
@@ -121,7 +123,9 @@ class NumpyBackend:
 
     @staticmethod
     def dequantize(code, src, scheme, scales, zps, out) -> None:
-        if code.codec == "float8":
+        if code.codec == "float8" and code.storage == "packed":  # fp4
+            formats.dequantize_fp4(src, scheme, scales, out)
+        elif code.codec == "float8":
             formats.dequantize_fp8(src.view(_U8), scheme, scales, out, code.fp8)
         elif code.storage == "packed":
             formats.dequantize_int4(src, scheme, scales, zps, out, code.signed)

@@ -61,7 +61,20 @@ _FP8 = {
     "e4m3fn": (3, 7, 0x3C800000, 0x43E00000, 0x7E, 0x43E80000, 0x7F, False, 0x7F),
     # e5m2: 61440 = halfway between 57344 and 65536 (Inf) rounds to Inf (even mantissa).
     "e5m2": (2, 15, 0x38800000, 0x47600000, 0x7B, 0x47700000, 0x7C, True, 0x7E),
+    # fp4 and fp6 have no Inf or NaN and always saturate (the overflow entries are never used);
+    # NaN gives the +0 code, sign cleared (gpuq's NaN -> 0 rule of the integer codes).
+    "e2m1fn": (1, 1, 0x3F800000, 0x40C00000, 0x07, 0x40C00000, 0x07, False, 0x00),
+    "e2m3fn": (3, 1, 0x3F800000, 0x40F00000, 0x1F, 0x40F00000, 0x1F, False, 0x00),
+    "e3m2fn": (2, 3, 0x3E800000, 0x41E00000, 0x1F, 0x41E00000, 0x1F, False, 0x00),
 }
+
+#: The code width of each layout: the sign is its top bit.
+_BITS = {"e4m3fn": 8, "e5m2": 8, "e2m1fn": 4, "e2m3fn": 6, "e3m2fn": 6}
+
+
+def _nan_keeps_sign(fmt: str) -> bool:
+    """fp8's NaN codes keep the sign (ml_dtypes'); fp4/fp6 NaN is the +0 code."""
+    return _BITS[fmt] == 8
 
 
 def fp8_bits(t, fmt: str, saturate: bool, out, scratch=None) -> None:
@@ -70,6 +83,8 @@ def fp8_bits(t, fmt: str, saturate: bool, out, scratch=None) -> None:
     >>> b = np.empty(4, np.uint8)
     >>> fp8_bits(np.array([1.0, 464.0, 1e9, np.nan], np.float32), "e4m3fn", True, b); b.tolist()
     [56, 126, 126, 127]
+    >>> fp8_bits(np.array([-0.0, 0.75, -7.0, -np.nan], np.float32), "e2m1fn", True, b); b.tolist()
+    [8, 2, 15, 0]
     """
     mbits, bias, min_normal, max_bits, max_code, over, over_code, inclusive, nan_code = _FP8[fmt]
     shift = 23 - mbits
@@ -100,9 +115,13 @@ def fp8_bits(t, fmt: str, saturate: bool, out, scratch=None) -> None:
         np.copyto(r, max_code, where=a > max_bits)
     else:
         np.copyto(r, over_code, where=(a >= over) if inclusive else (a > over))
-    np.copyto(r, nan_code, where=a > 0x7F800000)
-    np.right_shift(u, 24, out=a)
-    np.bitwise_and(a, 0x80, out=a)
+    nan = a > 0x7F800000
+    np.copyto(r, nan_code, where=nan)
+    bits = _BITS[fmt]
+    np.right_shift(u, 32 - bits, out=a)
+    np.bitwise_and(a, 1 << (bits - 1), out=a)
+    if not _nan_keeps_sign(fmt):
+        np.copyto(a, 0, where=nan)
     np.bitwise_or(r, a, out=r)
     np.copyto(out, r, casting="unsafe")
 
@@ -116,20 +135,25 @@ def fp8_table(fmt: str, ct) -> np.ndarray:
 
     >>> fp8_table("e4m3fn", np.dtype(np.float32))[[0x38, 0x7e, 0x01]].tolist()
     [1.0, 448.0, 0.001953125]
+    >>> fp8_table("e2m1fn", np.dtype(np.float32))[[0x1, 0x7, 0xF, 0x8]].tolist()
+    [0.5, 6.0, -6.0, -0.0]
     """
-    mbits, bias = _FP8[fmt][0], _FP8[fmt][1]
-    b = np.arange(256)
-    sign = np.where(b & 0x80, -1.0, 1.0)
-    e = (b >> mbits) & ((0x80 >> mbits) - 1)
+    mbits, bias, bits = _FP8[fmt][0], _FP8[fmt][1], _BITS[fmt]
+    b = np.arange(256) & ((1 << bits) - 1)  # fp4/fp6: the bits above the code's are not read
+    top = 1 << (bits - 1)
+    sign = np.where(b & top, -1.0, 1.0)
+    e = (b >> mbits) & ((top >> mbits) - 1)
     m = b & ((1 << mbits) - 1)
     mag = np.where(e == 0, m * 2.0 ** (1 - bias - mbits), (1 + m / 2.0**mbits) * 2.0 ** (e - bias))
     vals = sign * mag
-    emax = (0x80 >> mbits) - 1
+    emax = (top >> mbits) - 1
     if fmt == "e4m3fn":
         nan = (b & 0x7F) == 0x7F
-    else:
+    elif fmt == "e5m2":
         nan = (e == emax) & (m != 0)
         vals = np.where((e == emax) & (m == 0), sign * np.inf, vals)
+    else:  # fp4/fp6: every pattern is a number
+        nan = np.zeros(b.shape, bool)
     vals = np.where(nan, np.copysign(np.nan, sign), vals)  # the default NaN with that sign
     table = vals.astype(ct)
     table.setflags(write=False)
@@ -168,8 +192,10 @@ def fp8_consts(fmt: str, saturate: bool) -> tuple:
         limit, code = max_bits, max_code
     else:
         limit, code = (over - 1 if inclusive else over), over_code
+    bits = _BITS[fmt]
     return (u(shift), u((1 << (shift - 1)) - 1), u((127 - bias) << mbits), u(min_normal),
-            np.float32(2.0 ** (bias - 1 + mbits)), u(limit), u(code), u(nan_code))
+            np.float32(2.0 ** (bias - 1 + mbits)), u(limit), u(code), u(nan_code),
+            u(32 - bits), u(1 << (bits - 1)), u(0xFF if _nan_keeps_sign(fmt) else 0))
 
 
 def _quantize_fp8_block_compiled(xb, ob, params, scratch, *, kernels, fmt, saturate):
@@ -417,6 +443,64 @@ def dequantize_int4(packed, scheme, scales, zps, out, signed) -> None:
 
     run_blocks([_FlatChunks(out.size)], chunk)
     if target is not out:
+        np.copyto(out, target)
+
+
+# --- fp4 on flat chunks (packed as int4) -----------------------------------------------------------
+
+def quantize_fp4(src, scheme, scales, packed) -> None:
+    """Packed fp4 (e2m1) codes of host ``src`` into ``packed`` (1-D uint8, ceil(n/2)): each code
+    as fp8's (the quotient, float64's rounded to float32 once, then :func:`fp8_bits`), packed
+    as int4 is."""
+    read = _flat_reader(src)
+    compiled = _int4_kernel_args(src, scheme, None, scales.dtype)
+    if compiled is not None:
+        kernels, m = compiled
+        s, f = scales.reshape(-1), fp8_consts("e2m1fn", True)
+
+        def kchunk(a, b, _, scratch):
+            x, table = affine.kernel_input(read(a, b))
+            kernels.quantize_fp4(x, table, packed[a // 2:(b + 1) // 2], a, *m, s, f)
+
+        run_blocks([_FlatChunks(src.size)], kchunk)
+        return
+
+    def chunk(a, b, _, scratch):
+        codes = scratch.buffer("codes4", _U8, b - a)
+        _quantize_fp8_block(read(a, b), codes, _gathered([scales], scheme, a, b), scratch,
+                            fmt="e2m1fn", saturate=True)
+        _pack_into(codes, packed[a // 2:(b + 1) // 2])
+
+    run_blocks([_FlatChunks(src.size)], chunk)
+
+
+def dequantize_fp4(packed, scheme, scales, out) -> None:
+    """``out = e2m1(q) * s`` for the packed fp4 codes ``packed`` (out's shape)."""
+    ct = scales.dtype
+    values = fp8_table("e2m1fn", ct)
+    compiled = _int4_kernel_args(out, scheme, None, ct)
+
+    def fill(flat_out):
+        if compiled is not None:  # the int4 walk with e2m1's value table
+            kernels, m = compiled
+            s, kout = scales.reshape(-1), affine.kernel_output(flat_out)
+
+            def chunk(a, b, _, scratch):
+                kernels.dequantize_fp4(packed[a // 2:(b + 1) // 2], kout[a:b], a, *m, values, s)
+        else:
+            def chunk(a, b, _, scratch):
+                codes = scratch.buffer("codes4", _I8, b - a)
+                _unpack_into(packed[a // 2:], b - a, False, codes)
+                _dequantize_fp8_block(codes.view(_U8), flat_out[a:b], _gathered([scales], scheme, a, b),
+                                      scratch, fmt="e2m1fn", ct=ct)
+
+        run_blocks([_FlatChunks(out.size)], chunk)
+
+    if out.flags.c_contiguous:
+        fill(out.reshape(-1))
+    else:  # written flat, then copied into the caller's strided out
+        target = np.empty(out.shape, out.dtype)
+        fill(target.reshape(-1))
         np.copyto(out, target)
 
 

@@ -444,12 +444,14 @@ def fp8_one(t, f):
     one element, the same bit operations (that docstring says why they round correctly).
 
     ``f`` is ``formats.fp8_consts``: ``(shift, half - 1, rebase, min_normal, sub_mul,
-    limit, limit_code, nan_code)``, uint32 except ``sub_mul`` (float32); magnitudes
-    above ``limit`` give ``limit_code`` (``max_bits`` and ``max_code`` saturating, else the
-    overflow threshold, minus 1 where it is inclusive). Every branch is a select, and
-    there is no runtime flag: the loop vectorizes.
+    limit, limit_code, nan_code, sign_shift, sign_bit, nan_sign)``, uint32 except ``sub_mul``
+    (float32); magnitudes above ``limit`` give ``limit_code`` (``max_bits`` and ``max_code``
+    saturating, else the overflow threshold, minus 1 where it is inclusive); the sign goes to
+    ``sign_bit`` (0x80, or 0x20 and 0x8 for fp6 and fp4), masked by ``nan_sign`` for NaN (fp4
+    and fp6 NaN is the +0 code). Every branch is a select, and there is no runtime flag: the
+    loop vectorizes.
     """
-    shift, half_m1, rebase, min_normal, sub_mul, limit, limit_code, nan_code = f
+    shift, half_m1, rebase, min_normal, sub_mul, limit, limit_code, nan_code, sshift, sbit, nan_sign = f
     u = np.float32(t).view(np.uint32)
     a = u & np.uint32(0x7FFFFFFF)
     r = ((a + ((a >> shift) & np.uint32(1)) + half_m1) >> shift) - rebase
@@ -458,8 +460,11 @@ def fp8_one(t, f):
     sub = np.uint32(np.int32(np.rint(v)))
     r = sub if a < min_normal else r
     r = limit_code if a > limit else r
-    r = nan_code if a > np.uint32(0x7F800000) else r
-    return np.uint8(r | ((u >> np.uint32(24)) & np.uint32(0x80)))
+    nan = a > np.uint32(0x7F800000)
+    r = nan_code if nan else r
+    sign = (u >> sshift) & sbit
+    sign = sign & nan_sign if nan else sign
+    return np.uint8(r | sign)
 
 
 @njit(inline="always")
@@ -467,6 +472,23 @@ def fp8_of(v, s, f):
     """fp8 bits of ``v / s``: one division in the compute type, a float64 quotient rounded to
     float32 once first (as ``formats._quantize_fp8_block``)."""
     return fp8_one(np.float32(v / s), f)
+
+
+@njit(inline="always")
+def e2m1_of(v, s):
+    """The e2m1 (fp4) code of ``v / s`` (the quotient as :func:`fp8_of` forms it): the count of
+    the grid's rounding thresholds the magnitude passes, ``>`` where the tie rounds down to the
+    even code and ``>=`` where it rounds up (0.25 -> 0, 0.75 -> 1, ..., 5 -> 4), so it rounds to
+    nearest even and saturates; NaN passes none and drops its sign (the +0 code). The same bits
+    as ``fp8_one`` with ``formats.fp8_consts("e2m1fn", True)``; seven compares vectorize where
+    the bit-field rounding did not (measured: fp4 quantize 4.9x int4's time before)."""
+    t = np.float32(v / s)
+    a = abs(t)
+    c = ((a > np.float32(0.25)) + (a >= np.float32(0.75)) + (a > np.float32(1.25)) + (a >= np.float32(1.75))
+         + (a > np.float32(2.5)) + (a >= np.float32(3.5)) + (a > np.float32(5.0)))
+    sign = (np.float32(t).view(np.uint32) >> np.uint32(28)) & np.uint32(8)
+    sign = sign if a == a else np.uint32(0)
+    return np.uint8(np.uint32(c) | sign)
 
 
 @njit(**_JIT)
@@ -651,7 +673,9 @@ def _unpack(packed, m, buf, s0, signed):
 
 
 @njit(inline="always")
-def _q4(x, table, packed, begin, geo, cons, scales, zps, qmin, qmax):
+def _q4(x, table, packed, begin, geo, cons, scales, zps, qmin, qmax, f):
+    """The int4 walk (:func:`quantize_int4`); with fp consts ``f`` (not None) the codes are
+    fp4's (:func:`e2m1_of`), compiled apart (``f is None`` is pruned at compile time)."""
     zero, lo, hi = to_compute(0, scales[0]), to_compute(qmin, scales[0]), to_compute(qmax, scales[0])
     n = x.size
     buf = np.empty(INT4_SUB, np.int8)
@@ -664,13 +688,20 @@ def _q4(x, table, packed, begin, geo, cons, scales, zps, qmin, qmax):
             xs, bs = x[s0 + k:s0 + k + length], buf[k:k + length]
             if cons:
                 sc = scales[p:p + length]
-                if zps is None:
+                if f is not None:
+                    for j in range(length):
+                        bs[j] = np.int8(e2m1_of(load(xs, j, table), sc[j]))
+                elif zps is None:
                     for j in range(length):
                         bs[j] = quantize_one(load(xs, j, table), sc[j], zero, lo, hi)
                 else:
                     zc = zps[p:p + length]
                     for j in range(length):
                         bs[j] = quantize_one(load(xs, j, table), sc[j], zc[j], lo, hi)
+            elif f is not None:
+                s = scales[p]
+                for j in range(length):
+                    bs[j] = np.int8(e2m1_of(load(xs, j, table), s))
             else:
                 s, zp = scales[p], param(zps, p, zero)
                 for j in range(length):
@@ -680,7 +711,9 @@ def _q4(x, table, packed, begin, geo, cons, scales, zps, qmin, qmax):
 
 
 @njit(inline="always")
-def _dq4(packed, out, begin, geo, cons, signed, scales, zps):
+def _dq4(packed, out, begin, geo, cons, signed, scales, zps, values):
+    """The int4 walk (:func:`dequantize_int4`); with a value table ``values`` (not None) the
+    codes are fp4's, ``values[code] * s``, compiled apart."""
     zero = to_compute(0, scales[0])
     n = out.size
     buf = np.empty(INT4_SUB, np.int8)
@@ -694,7 +727,10 @@ def _dq4(packed, out, begin, geo, cons, signed, scales, zps):
             os_, bs = out[s0 + k:s0 + k + length], buf[k:k + length]
             if cons:
                 sc = scales[p:p + length]
-                if zps is None:
+                if values is not None:
+                    for j in range(length):
+                        store(os_, j, values[bs[j]] * sc[j])
+                elif zps is None:
                     for j in range(length):
                         store(os_, j, to_compute(bs[j], zero) * sc[j])
                 else:
@@ -703,7 +739,10 @@ def _dq4(packed, out, begin, geo, cons, signed, scales, zps):
                         store(os_, j, (to_compute(bs[j], zero) - zc[j]) * sc[j])
             else:
                 s = scales[p]
-                if zps is None:
+                if values is not None:
+                    for j in range(length):
+                        store(os_, j, values[bs[j]] * s)
+                elif zps is None:
                     for j in range(length):
                         store(os_, j, to_compute(bs[j], zero) * s)
                 else:
@@ -728,9 +767,9 @@ def quantize_int4(x, table, packed, begin, T, C, gs, G, P, R, rb, cons, scales, 
     """
     geo = _geometry(T, C, gs, G, P, R, rb)
     if cons:
-        _q4(x, table, packed, begin, geo, True, scales, zps, qmin, qmax)
+        _q4(x, table, packed, begin, geo, True, scales, zps, qmin, qmax, None)
     else:
-        _q4(x, table, packed, begin, geo, False, scales, zps, qmin, qmax)
+        _q4(x, table, packed, begin, geo, False, scales, zps, qmin, qmax, None)
 
 
 @njit(**_JIT)
@@ -740,6 +779,28 @@ def dequantize_int4(packed, out, begin, T, C, gs, G, P, R, rb, cons, signed, sca
     as :func:`quantize_int4`."""
     geo = _geometry(T, C, gs, G, P, R, rb)
     if cons:
-        _dq4(packed, out, begin, geo, True, signed, scales, zps)
+        _dq4(packed, out, begin, geo, True, signed, scales, zps, None)
     else:
-        _dq4(packed, out, begin, geo, False, signed, scales, zps)
+        _dq4(packed, out, begin, geo, False, signed, scales, zps, None)
+
+
+@njit(**_JIT)
+def quantize_fp4(x, table, packed, begin, T, C, gs, G, P, R, rb, cons, scales, f):
+    """Packed fp4 (e2m1) codes of flat ``x`` into ``packed``: :func:`quantize_int4`'s walk and
+    packing, each code :func:`fp8_of` with ``formats.fp8_consts("e2m1fn", True)``."""
+    geo = _geometry(T, C, gs, G, P, R, rb)
+    if cons:
+        _q4(x, table, packed, begin, geo, True, scales, None, 0, 0, f)
+    else:
+        _q4(x, table, packed, begin, geo, False, scales, None, 0, 0, f)
+
+
+@njit(**_JIT)
+def dequantize_fp4(packed, out, begin, T, C, gs, G, P, R, rb, cons, values, scales):
+    """``values[q] * s`` of packed fp4 codes into flat ``out`` (``values``: ``formats.fp8_table``
+    of e2m1 in the compute type); parameters as :func:`dequantize_int4`."""
+    geo = _geometry(T, C, gs, G, P, R, rb)
+    if cons:
+        _dq4(packed, out, begin, geo, True, False, scales, None, values)
+    else:
+        _dq4(packed, out, begin, geo, False, False, scales, None, values)
