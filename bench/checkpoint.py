@@ -20,8 +20,7 @@ compressed-tensors, it reports in one run:
 * ``ratio_to_copy``: that time over a warm copy of ``model.safetensors`` (the file is
   copied once to warm the page cache, then timed);
 * ``peak_rss_mib``: the peak RSS of the command's process tree (the sum over the process
-  and its descendants, polled every 10 ms, or the kernel's ``ru_maxrss`` of the largest
-  process where that is higher);
+  and its descendants, polled every 10 ms);
 * ``in_memory_s``: the same Linear weights, already in memory as bfloat16, through
   ``gpuq.choose_qparams(..., scale_dtype="bfloat16")`` and ``gpuq.quantize``: the kernels'
   share of the command's work;
@@ -167,10 +166,11 @@ def run_measured(argv: list, env: dict | None = None) -> dict:
         t0 = time.perf_counter()
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err)
         peak = 0
-        # Polling the tree every 10 ms sees the sum over worker processes, which the
-        # kernel's ru_maxrss (the largest single process) does not.
+        # Polling the tree every 10 ms sees the sum over worker processes. The kernel's
+        # ru_maxrss is no use here: a child started by vfork inherits this process's own
+        # high-water mark (the in-memory step's gigabytes) until its exec.
         while True:
-            pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+            pid, status, _ = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
             peak = max(peak, _tree_rss(proc.pid))
@@ -179,7 +179,6 @@ def run_measured(argv: list, env: dict | None = None) -> dict:
         proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
-        peak = max(peak, ru.ru_maxrss * 1024)
         return {"wall_s": wall, "peak_rss_mib": peak / MIB, "rc": proc.returncode,
                 "stdout": out.read().decode(errors="replace"),
                 "stderr": err.read().decode(errors="replace")}
