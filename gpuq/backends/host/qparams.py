@@ -376,9 +376,11 @@ def finalize(lo, hi, qmin, qmax, symmetric, eps, scale_dtype="float32", strict=T
     _check_finite(lo32, hi32, lo, hi)
     eps = np.float32(eps)
     if symmetric:
-        # Half the code range: 127 for 8-bit codes, 7 for 4-bit, max_finite for fp8 (+-max).
+        # Half the code range: 127 for 8-bit codes, 7 for 4-bit, max_finite for fp8 (+-max);
+        # symmetric == 2 (scale_rule="full"): the whole range, 127.5 and 7.5.
         amax = np.fmax(np.fmax(hi32, -lo32), np.float32(0))
-        scales = np.asarray(np.maximum(amax / np.float32((qmax - qmin) // 2), eps), _F32)
+        half = np.float32((qmax - qmin) / 2 if symmetric == 2 else (qmax - qmin) // 2)
+        scales = np.asarray(np.maximum(amax / half, eps), _F32)
         scales = round_scales(scales, scale_dtype, strict)
         zps = None if qmin < 0 else np.full(scales.shape, (qmax + 1) // 2, np.int32)
         return scales, zps
