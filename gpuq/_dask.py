@@ -441,7 +441,8 @@ def _qparams(public, name, x, a):
     # gpuq's own argument checks, with the in-memory messages, on a stand-in of x's dtype and
     # shape (zero strides): nothing is computed, so no parameter of a stand-in's data can fail.
     validate(np.broadcast_to(np.zeros((), x.dtype), x.shape), a["axis"], a["group_size"], a["block_size"],
-             a["dtype"], a["symmetric"], a.get("eps"), a["scale_dtype"], a["method"])
+             a["dtype"], a["symmetric"], a.get("eps"), a["scale_dtype"], a["method"],
+             a.get("scale_rule"))
     code = as_code_type(a["dtype"])
     symmetric = code.zero_point == "none" if a["symmetric"] is None else bool(a["symmetric"])
     no_zps = code.zero_point == "none" or (symmetric and code.symmetric_zp == 0)

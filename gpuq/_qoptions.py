@@ -26,13 +26,21 @@ EPS = float(np.finfo(np.float32).tiny)
 #: The dtypes a scale may be rounded to (``scale_dtype``), with the default ``eps`` of each: the
 #: smallest normal float32 where the dtype holds it, float16's smallest positive value otherwise.
 SCALE_DTYPES = {"float32": EPS, "bfloat16": EPS, "float16": 2.0**-24, "float8_e8m0fnu": EPS, "float8_e4m3fn": EPS}
+#: ``scale_rule`` values (None: the default rule). ``"full"``: symmetric integer codes use their
+#: whole range, ``scale = max|x| / ((qmax - qmin) / 2)`` (int4: / 7.5, int8: / 127.5), as torchao,
+#: compressed-tensors and GPTQ do; the others are the MX power-of-two rules of
+#: ``scale_dtype="float8_e8m0fnu"`` (:func:`scale_rule` checks those against the scale dtype).
+SCALE_RULES = ("full", "floor", "even", "ceil", "rceil")
+#: How ``validate`` hands the full-range rule to the backends: as ``symmetric``, 2 (the
+#: kernels' ``int symmetric``: 0 asymmetric, 1 max|x| / ((qmax - qmin) // 2), 2 full range).
+FULL_RANGE = 2
 
 
-def validate(x, axis, group_size, block_size, dtype, symmetric, eps, scale_dtype, method):
+def validate(x, axis, group_size, block_size, dtype, symmetric, eps, scale_dtype, method, scale_rule=None):
     """The arguments of :func:`choose_qparams` / :func:`quantize_dynamic` checked and normalised,
     without reading ``x``'s data (a zero-strided stand-in of its dtype and shape serves:
     the Dask and torch paths check so): ``(backend, array, scheme, code, symmetric, eps,
-    scale dtype name, method)``.
+    scale dtype name, method)``; ``symmetric`` is :data:`FULL_RANGE` under ``scale_rule="full"``.
 
     >>> stand_in = np.broadcast_to(np.zeros((), np.float32), (6, 8))   # no data: zero strides
     >>> _, _, scheme, code, symmetric, eps, sdt, method = validate(
@@ -50,16 +58,49 @@ def validate(x, axis, group_size, block_size, dtype, symmetric, eps, scale_dtype
     if code.zero_point == "none" and not symmetric:
         raise ValueError(f"symmetric must be True for {code.name} codes (float codes have no zero point), "
                          f"got symmetric=False")
+    mode = symmetric_mode(scale_rule, code, symmetric)
     scheme = Scheme.build(arr.shape, axis, group_size, block_size)
     sdt = _scale_dtype(scale_dtype)
     eps = _check_eps(eps, SCALE_DTYPES[sdt])
-    return backend, arr, scheme, code, bool(symmetric), eps, sdt, _method(method)
+    return backend, arr, scheme, code, mode, eps, sdt, _method(method)
 
 
-def check_options(symmetric, eps, scale_dtype, method) -> tuple:
+def symmetric_mode(scale_rule, code, symmetric):
+    """``scale_rule`` checked against the code type and ``symmetric``: ``bool(symmetric)``, or
+    :data:`FULL_RANGE` for ``"full"``, which only symmetric integer codes take.
+
+    >>> from gpuq._codetypes import code_type
+    >>> symmetric_mode("full", code_type("int4"), True), symmetric_mode(None, code_type("int4"), True)
+    (2, True)
+    >>> symmetric_mode("full", code_type("uint8"), False)
+    Traceback (most recent call last):
+    ...
+    ValueError: scale_rule='full' is for symmetric integer codes, got dtype=uint8 with symmetric=False
+    """
+    if scale_rule is None:
+        return bool(symmetric)
+    _check_scale_rule(scale_rule)
+    if scale_rule != "full":  # an MX rule: checked with the scale dtype by scale_rule()
+        return bool(symmetric)
+    if code.codec != "affine" or not symmetric:
+        raise ValueError(f"scale_rule={scale_rule!r} is for symmetric integer codes, got dtype={code.name} "
+                         f"with symmetric={bool(symmetric)}")
+    return FULL_RANGE
+
+
+def _check_scale_rule(value) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"scale_rule must be None or a string, one of {', '.join(map(repr, SCALE_RULES))}; "
+                        f"got {value!r}")
+    if value not in SCALE_RULES:
+        raise ValueError(f"scale_rule must be None or one of {', '.join(map(repr, SCALE_RULES))}, got {value!r}")
+
+
+def check_options(symmetric, eps, scale_dtype, method, scale_rule=None) -> tuple:
     """The options of :func:`choose_qparams` and :func:`quantize_dynamic` that are no arrays,
     checked as those calls check them (for callers that hand them on, such as the torch ops):
-    ``(symmetric, eps, scale dtype name, method)``, ``symmetric`` and ``eps`` None where given so.
+    ``(symmetric, eps, scale dtype name, method)``, ``symmetric`` and ``eps`` None where given so
+    (``scale_rule`` is checked by its values here, against the code type by :func:`validate`).
 
     >>> check_options(None, 1e-3, "bf16", "mse")
     (None, 0.0010000000474974513, 'bfloat16', 'mse')
@@ -70,6 +111,8 @@ def check_options(symmetric, eps, scale_dtype, method) -> tuple:
     """
     if symmetric is not None:
         _check_symmetric(symmetric)
+    if scale_rule is not None:
+        _check_scale_rule(scale_rule)
     sdt = _scale_dtype(scale_dtype)
     if sdt in RULE_SCALE_DTYPES:  # the torch ops: not this version
         raise ValueError(f"scale_dtype={sdt!r} (MX, NVFP4 scales) is not in the torch ops in this version: "
@@ -155,7 +198,7 @@ def scale_rule(value, scale_dtype, code, eps, method, global_scale=None):
                              f"scale_rule={value!r}")
         return "nvfp4"
     if scale_dtype not in RULE_SCALE_DTYPES:
-        if value is not None:
+        if value is not None and value != "full":  # "full" is the integer codes' rule (symmetric_mode)
             raise ValueError(f"scale_rule applies to scale_dtype='float8_e8m0fnu' (MX scales) only, got "
                              f"scale_rule={value!r} with scale_dtype={scale_dtype!r}")
         return None

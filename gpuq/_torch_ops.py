@@ -57,10 +57,10 @@ SCHEMAS = {
                   "str dtype=\"float32\", bool check_values=True, int[]? block_size=None) -> Tensor",
     "choose_qparams": "(Tensor x, *, int[]? axis=None, int? group_size=None, str dtype=\"int8\", "
                       "bool? symmetric=None, float? eps=None, int[]? block_size=None, "
-                      "str scale_dtype=\"float32\", str method=\"minmax\") -> Tensor[]",
+                      "str scale_dtype=\"float32\", str method=\"minmax\", str? scale_rule=None) -> Tensor[]",
     "quantize_dynamic": "(Tensor x, *, int[]? axis=None, int? group_size=None, "
                         "str dtype=\"int8\", bool? symmetric=None, int[]? block_size=None, "
-                        "str scale_dtype=\"float32\", str method=\"minmax\") -> Tensor[]",
+                        "str scale_dtype=\"float32\", str method=\"minmax\", str? scale_rule=None) -> Tensor[]",
 }
 
 
@@ -221,31 +221,31 @@ def _check_packed(src, packed, shape):
 # -- choose_qparams and quantize_dynamic -------------------------------------------------------
 
 def _choose_qparams(x, *, axis=None, group_size=None, dtype="int8", symmetric=None, eps=None, block_size=None,
-                    scale_dtype="float32", method="minmax"):
+                    scale_dtype="float32", method="minmax", scale_rule=None):
     return _present(qparams.choose_qparams(x, axis=eager_axis(axis), group_size=group_size,
                                            block_size=block_size, dtype=dtype, symmetric=symmetric, eps=eps,
-                                           scale_dtype=scale_dtype, method=method))
+                                           scale_dtype=scale_dtype, method=method, scale_rule=scale_rule))
 
 
 def _choose_qparams_fake(x, *, axis=None, group_size=None, dtype="int8", symmetric=None, eps=None,
-                         block_size=None, scale_dtype="float32", method="minmax"):
+                         block_size=None, scale_dtype="float32", method="minmax", scale_rule=None):
     _, s, with_zps = _qparams_meta(x, axis, group_size, block_size, dtype, symmetric, eps, scale_dtype,
-                                   method)
+                                   method, scale_rule)
     return _params_like(x, s, with_zps)
 
 
 def _quantize_dynamic(x, *, axis=None, group_size=None, dtype="int8", symmetric=None, block_size=None,
-                      scale_dtype="float32", method="minmax"):
+                      scale_dtype="float32", method="minmax", scale_rule=None):
     q, scales, zps = qparams.quantize_dynamic(x, axis=eager_axis(axis), group_size=group_size,
                                               block_size=block_size, dtype=dtype, symmetric=symmetric,
-                                              scale_dtype=scale_dtype, method=method)
+                                              scale_dtype=scale_dtype, method=method, scale_rule=scale_rule)
     return _present((q.data if isinstance(q, Codes) else q, scales, zps))
 
 
 def _quantize_dynamic_fake(x, *, axis=None, group_size=None, dtype="int8", symmetric=None, block_size=None,
-                           scale_dtype="float32", method="minmax"):
+                           scale_dtype="float32", method="minmax", scale_rule=None):
     code, s, with_zps = _qparams_meta(x, axis, group_size, block_size, dtype, symmetric, None, scale_dtype,
-                                      method)
+                                      method, scale_rule)
     return [_codes_like(x, code), *_params_like(x, s, with_zps)]
 
 
@@ -254,11 +254,11 @@ def _present(results):
     return [r for r in results if r is not None]
 
 
-def _qparams_meta(x, axis, group_size, block_size, dtype, symmetric, eps, scale_dtype, method):
+def _qparams_meta(x, axis, group_size, block_size, dtype, symmetric, eps, scale_dtype, method, scale_rule=None):
     """``(code, scheme, with_zps)`` of a choose_qparams/quantize_dynamic call, its arguments
     checked by the eager call's own validation on a NumPy stand-in of x (its dtype and shape)."""
     _, _, _, code, symmetric, *_ = validate(_stand_in(x), eager_axis(axis), group_size, block_size,
-                                                     dtype, symmetric, eps, scale_dtype, method)
+                                                     dtype, symmetric, eps, scale_dtype, method, scale_rule)
     # Zero points are None where they are all 0 by the formula: symmetric codes centred on 0.
     with_zps = not symmetric or bool(code.symmetric_zp)
     return code, scheme(x.shape, eager_axis(axis), group_size, block_size), with_zps

@@ -24,6 +24,12 @@ bfloat16 widened exactly, float64 min/max rounded to float32 once):
   ONNX DynamicQuantizeLinear.
 * symmetric: ``scale = max(|lo|, |hi|) / 127``; zero points are ``None``
   for int8 and 128 for uint8.
+* symmetric with ``scale_rule="full"`` (integer codes only): the codes' whole range,
+  ``scale = max(|lo|, |hi|) / ((qmax - qmin) / 2)``, ``/ 127.5`` for 8-bit codes and
+  ``/ 7.5`` for 4-bit, so the block's most negative number may reach ``qmin`` (-128, -8) and its
+  largest positive one is clamped to ``qmax``: the rule of torchao's ``choose_qparams_affine``
+  (``MappingType.SYMMETRIC``), compressed-tensors' ``calculate_qparams`` and GPTQ, whose float32
+  scales it equals bit for bit. Codes are still ``x / scale`` by exact division.
 * ``scale = max(scale, eps)`` (``eps`` defaults to the smallest normal
   float32), so an all-zero or empty block gets ``scale = eps``, never 0, Inf
   or NaN. (ONNX uses scale 1/255 for an all-zero input; the codes agree.)
@@ -51,7 +57,8 @@ zero point). Candidate ``i`` for ``i = 0 .. 19`` takes the factor
 ``p_i = float32((100 - i) / 100)`` (``i = 0`` is min/max) and the range
 ``(p_i * lo, p_i * hi)``, each end a float32 product, and turns it into a
 scale and zero point by exactly the rule above (the zero-range rule, ``eps``
-and ``scale_dtype``'s rounding included). Its error is the sum over the
+and ``scale_dtype``'s rounding included; under ``scale_rule="full"`` that rule's
+divisor, so candidate 0 is the full-range scale). Its error is the sum over the
 block's numbers (NaN skipped), in the block's C order, of ``d * d`` in
 float64, ``d = float64(x) - float64(y)``, where ``y = dequantize(quantize(x))``
 with that candidate by the contract's formulas in the compute type (float64
@@ -131,6 +138,11 @@ def choose_qparams(x, *, axis=None, group_size=None, block_size=None, dtype="int
         shrunken ones, whose quantization error is smallest (see the module docstring); about
         20 fake-quantization passes over ``x`` (a CUDA kernel on the GPU, a compiled loop on
         the host with numba). Never a larger error per block than ``"minmax"``.
+    scale_rule : None (default) or ``"full"``
+        ``"full"``: symmetric integer codes use their whole range, ``scale = max|x| / 7.5``
+        (int4; ``/ 127.5`` int8, uint codes by their range) as torchao, compressed-tensors
+        and GPTQ do (see the module docstring); a ``ValueError`` with fp8 codes or
+        ``symmetric=False``. None: ``max|x| / 7`` (``/ 127``).
 
     Returns
     -------
@@ -166,10 +178,16 @@ def choose_qparams(x, *, axis=None, group_size=None, block_size=None, dtype="int
     ...                     dtype="float4_e2m1fn", scale_dtype="float8_e8m0fnu")
     (array([[2.  ],
            [0.25]], dtype=float32), None)
+
+    The full-range rule: -7.5 reaches the code -8, 7.5 is clamped to 7:
+
+    >>> s, _ = gpuq.choose_qparams(np.float32([-7.5, 3.0]), dtype="int4", symmetric=True, scale_rule="full")
+    >>> s, gpuq.unpack(gpuq.quantize(np.float32([-7.5, 3.0, 7.5]), s, dtype="int4"))
+    (array(1., dtype=float32), array([-8,  3,  7], dtype=int8))
     """
     rule_given = scale_rule
     backend, arr, scheme, code, symmetric, eps_, sdt, method = validate(
-        x, axis, group_size, block_size, dtype, symmetric, eps, scale_dtype, method)
+        x, axis, group_size, block_size, dtype, symmetric, eps, scale_dtype, method, scale_rule)
     rule = _scale_rule(rule_given, sdt, code, eps, method, global_scale)
     if rule is not None:
         return _rule_scales(backend, arr, scheme, code, rule, global_scale), None
@@ -213,7 +231,7 @@ def quantize_dynamic(x, *, axis=None, group_size=None, block_size=None, dtype="i
     array([0.2742857, 2.742857 ], dtype=float32)
     """
     backend, arr, scheme, code, symmetric, eps, sdt, method = validate(
-        x, axis, group_size, block_size, dtype, symmetric, None, scale_dtype, method)
+        x, axis, group_size, block_size, dtype, symmetric, None, scale_dtype, method, scale_rule)
     rule = _scale_rule(scale_rule, sdt, code, None, method, global_scale)
     if rule is not None:  # MX or NVFP4: the scales by the rule, then quantize (no fused pass)
         scales = _rule_scales(backend, arr, scheme, code, rule, global_scale)

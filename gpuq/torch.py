@@ -218,21 +218,22 @@ def _dequantize(src, scales, zps=None, *, axis=None, group_size=None, block_size
 
 
 def _choose_qparams(x, *, axis=None, group_size=None, block_size=None, dtype="int8", symmetric=None, eps=None,
-                    scale_dtype="float32", method="minmax"):
+                    scale_dtype="float32", method="minmax", scale_rule=None):
     # checked here as the eager call checks them: the schema's bool?/float? would take 1 or True
-    symmetric, eps, scale_dtype, method = check_options(symmetric, eps, scale_dtype, method)
+    symmetric, eps, scale_dtype, method = check_options(symmetric, eps, scale_dtype, method, scale_rule)
     scales, *zps = torch.ops.gpuq.choose_qparams(x, dtype=_dtype_name(dtype, as_code_type), symmetric=symmetric,
                                                  eps=eps, scale_dtype=scale_dtype, method=method,
+                                                 scale_rule=scale_rule,
                                                  **_granularity(x, axis, group_size, block_size))
     return scales, (zps[0] if zps else None)
 
 
 def _quantize_dynamic(x, *, axis=None, group_size=None, block_size=None, dtype="int8", symmetric=None,
-                      scale_dtype="float32", method="minmax"):
+                      scale_dtype="float32", method="minmax", scale_rule=None):
     dtype = _dtype_name(dtype, as_code_type)
-    symmetric, _, scale_dtype, method = check_options(symmetric, None, scale_dtype, method)
+    symmetric, _, scale_dtype, method = check_options(symmetric, None, scale_dtype, method, scale_rule)
     q, scales, *zps = torch.ops.gpuq.quantize_dynamic(x, dtype=dtype, symmetric=symmetric, scale_dtype=scale_dtype,
-                                                      method=method, **_granularity(x, axis, group_size, block_size))
+                                                      method=method, scale_rule=scale_rule, **_granularity(x, axis, group_size, block_size))
     return _as_codes(q, x, dtype), scales, (zps[0] if zps else None)
 
 

@@ -76,7 +76,7 @@ mse_search(const T* __restrict__ x, int nd, const long long* __restrict__ dims, 
     for (long long s = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; s < slots;
          s += warps) {
         const QParams q = finalize_one(mul_rn(p, float_of(lo[s])), mul_rn(p, float_of(hi[s])), qmin, qmax,
-                                       symmetric != 0, eps, scale_fmt);
+                                       symmetric, eps, scale_fmt);
         if (lane == 0) flag_failures(q, flag);  // min/max's own failures: the call raises
         const bool valid = !q.range;
         TC sc;

@@ -10,6 +10,8 @@
 //                zp = clamp(qmin - rint(lo' / scale), qmin, qmax)
 //   symmetric:   scale = max(max(|lo|, |hi|) / ((qmax - qmin) / 2), eps): / 127 for 8-bit
 //                codes, / 7 for 4-bit, / max_finite for fp8; zp = 0 (signed) or (qmax + 1) / 2
+//   full range:  (symmetric == 2, scale_rule="full", integer codes) the same with
+//                / ((qmax - qmin) / 2) exactly: / 127.5 for 8-bit codes, / 7.5 for 4-bit
 //
 // With a scale dtype (scale_fmt 1 bfloat16, 2 float16; 0 float32 leaves it), the scale
 // is rounded to nearest even in it before the zero point is derived from it
@@ -331,14 +333,17 @@ __device__ __forceinline__ bool scale_out_of_range(float s) {
     return b == 0u || b == kBitsPosInf;  // a rounded positive scale: +0 or +inf
 }
 
-__device__ __forceinline__ QParams finalize_one(float lo, float hi, int qmin, int qmax, bool symmetric, float eps,
+__device__ __forceinline__ QParams finalize_one(float lo, float hi, int qmin, int qmax, int symmetric, float eps,
                                                 int fmt) {
     QParams q;
     q.inf = __float_as_uint(lo) == kBitsNegInf || __float_as_uint(hi) == kBitsPosInf;
     if (symmetric) {
         const float amax = max_keep(max_keep(hi, neg(lo)), 0.0f);
-        // Half the code range: 127 (8-bit codes), 7 (4-bit), max_finite (fp8: qmin = -qmax).
-        q.scale = round_scale(max_keep(div_rn(amax, static_cast<float>((qmax - qmin) / 2)), eps), fmt);
+        // Half the code range: 127 (8-bit codes), 7 (4-bit), max_finite (fp8: qmin = -qmax);
+        // symmetric == 2 (scale_rule="full"): the whole range, 127.5 and 7.5 (exact in float32).
+        const float half = symmetric == 2 ? 0.5f * static_cast<float>(qmax - qmin)
+                                          : static_cast<float>((qmax - qmin) / 2);
+        q.scale = round_scale(max_keep(div_rn(amax, half), eps), fmt);
         q.range = scale_out_of_range(q.scale);
         q.zp = qmin < 0 ? 0 : (qmax + 1) / 2;
         return q;
@@ -379,7 +384,7 @@ finalize(const unsigned* __restrict__ lo, const unsigned* __restrict__ hi, long 
     const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
     for (long long p = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; p < slots; p += stride) {
         const QParams q =
-            finalize_one(float_of(lo[p]), float_of(hi[p]), qmin, qmax, symmetric != 0, eps, scale_fmt);
+            finalize_one(float_of(lo[p]), float_of(hi[p]), qmin, qmax, symmetric, eps, scale_fmt);
         scales[p] = q.scale;
         if (zps) zps[p] = q.zp;
         flag_failures(q, flag);
@@ -414,7 +419,7 @@ dynamic_quantize_segments(const T* __restrict__ x, TQ* __restrict__ q, long long
         accumulate(acc, x, begin, len, lane, lanes);
         float l = acc.lo32(), h = acc.hi32();
         team_minmax<WARP>(l, h);
-        const QParams qp = finalize_one(l, h, CodeRange<TQ>::lo, CodeRange<TQ>::hi, symmetric != 0, eps, scale_fmt);
+        const QParams qp = finalize_one(l, h, CodeRange<TQ>::lo, CodeRange<TQ>::hi, symmetric, eps, scale_fmt);
         if (lane == 0) {
             scales[s] = qp.scale;
             if (zps) zps[s] = qp.zp;

@@ -272,3 +272,43 @@ def test_kernel_resources_names_every_registered_kernel():
     assert len(names) == sum(len(f()) for f in registry.SOURCES.values())
     assert any(n.startswith("quantize bf16>s8 ") for n in names)
     assert not any("gpuq_bf16" in n or "__half" in n or "signed char" in n for n in names)
+
+
+def test_checkpoint_bench_tiny(tmp_path, capsys):
+    """bench/checkpoint.py at a tiny size: the folder is a Llama checkpoint, every figure is there."""
+    import ml_dtypes
+    from safetensors.numpy import load_file
+
+    from bench import checkpoint as ck
+
+    folder = tmp_path / "model"
+    out_json = tmp_path / "figures.json"
+    assert ck.main(["--scale", "64", "--layers", "1", "--scheme", "fp8", "--top", "5", "--no-warmup",
+                    "--dir", str(folder), "--tmp", str(tmp_path), "--json", str(out_json)]) == 0
+    with open(folder / "config.json") as f:
+        cfg = json.load(f)
+    assert (cfg["model_type"], cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"],
+            cfg["num_hidden_layers"], cfg["dtype"]) == ("llama", 128, 128, 500, 1, "bfloat16")
+    tensors = load_file(str(folder / "model.safetensors"))
+    assert {k: v.shape for k, v in tensors.items()} == ck.layout(ck.dims(64), 1)
+    assert all(v.dtype == ml_dtypes.bfloat16 for v in tensors.values())
+    with open(out_json) as f:
+        res = json.load(f)
+    assert list(res["schemes"]) == ["fp8"]
+    row = res["schemes"]["fp8"]
+    assert row["wall_s"] > 0 and row["in_memory_s"] > 0 and row["peak_rss_mib"] > 10
+    assert row["ratio_to_copy"] == pytest.approx(row["wall_s"] / res["warm_copy_s"])
+    # The profile is pstats' table of the command itself, with the header and 5 rows.
+    lines = row["profile"].splitlines()
+    assert lines[0].split()[:4] == ["ncalls", "tottime", "percall", "cumtime"] and len(lines) >= 6
+    assert "gpuq" in row["profile"]
+    assert "peak RSS" in capsys.readouterr().out
+    # The outputs and the copy are gone: only the folder and the JSON remain.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["figures.json", "model"]
+
+
+def test_checkpoint_bench_dims_refuse_bad_scale():
+    from bench import checkpoint as ck
+
+    with pytest.raises(ValueError, match="--scale"):
+        ck.dims(0)

@@ -202,10 +202,12 @@ def _opcheck_cases():
         ("quantize_dynamic", (xb,), dict(axis=[1], group_size=4, dtype="int4", symmetric=True)),
         ("quantize_dynamic", (x,), dict(dtype="float8_e4m3fn")),
         ("quantize_dynamic", (xb,), dict(block_size=[2, 4], dtype="uint8")),
+        ("choose_qparams", (xb,), dict(axis=[1], group_size=4, dtype="int4", symmetric=True, scale_rule="full")),
+        ("quantize_dynamic", (grad,), dict(axis=[0], dtype="uint8", symmetric=True, scale_rule="full")),
     ]
 
 
-@pytest.mark.parametrize("i", range(14))
+@pytest.mark.parametrize("i", range(16))
 def test_opcheck(i):
     name, args, kwargs = _opcheck_cases()[i]
     utils = torch.library._OPCHECK_DEFAULT_UTILS

@@ -391,8 +391,10 @@ def finalize_one(lo, hi, qmin, qmax, symmetric, eps, fmt):
         return eps, np.int32(0), False
     if symmetric:
         amax = fmax_keep(fmax_keep(hi, -lo), zero)
-        scale = round_scale(max(amax / np.float32(127), eps), fmt)
-        return scale, np.int32(0 if qmin < 0 else 128), scale != zero and scale != np.inf
+        # Half the code range: (qmax - qmin) // 2; symmetric == 2 (scale_rule="full"): / 2 exactly.
+        half = np.float32((qmax - qmin) / 2) if symmetric == 2 else np.float32((qmax - qmin) // 2)
+        scale = round_scale(max(amax / half, eps), fmt)
+        return scale, np.int32(0 if qmin < 0 else (qmax + 1) // 2), scale != zero and scale != np.inf
     lo0, hi0 = fmin_keep(lo, zero), fmax_keep(hi, zero)
     span = hi0 - lo0
     if span == np.inf:  # hi - lo overflows float32: the same quotient via float64, rounded once

@@ -377,10 +377,13 @@ def finalize(lo, hi, qmin, qmax, symmetric, eps, scale_dtype="float32", strict=T
     eps = np.float32(eps)
     if symmetric:
         # Half the code range: 127 for 8-bit codes, 7 for 4-bit, max_finite for the float codes
-        # (+-max: 448, 6, 7.5, ...; the table's sym_divisor).
+        # (+-max: 448, 6, 7.5, ...); symmetric == 2 (scale_rule="full"): the whole range, 127.5 and 7.5.
         amax = np.fmax(np.fmax(hi32, -lo32), np.float32(0))
-        divisor = qmax if qmin == -qmax else (qmax - qmin) // 2
-        scales = np.asarray(np.maximum(amax / np.float32(divisor), eps), _F32)
+        if symmetric == 2:
+            half = (qmax - qmin) / 2
+        else:
+            half = qmax if qmin == -qmax else (qmax - qmin) // 2
+        scales = np.asarray(np.maximum(amax / np.float32(half), eps), _F32)
         scales = round_scales(scales, scale_dtype, strict)
         zps = None if qmin < 0 else np.full(scales.shape, (qmax + 1) // 2, np.int32)
         return scales, zps

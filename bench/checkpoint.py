@@ -1,0 +1,302 @@
+"""The checkpoint command against the machine: wall time, a warm copy, peak RSS, a profile.
+
+Run from the repository root (no GPU needed)::
+
+    python bench/checkpoint.py                    # ~2.95 GB bf16 Llama folder (hidden 4096, 6 layers)
+    python bench/checkpoint.py --scale 16         # a small folder for a quick run
+    python bench/checkpoint.py --scheme int4      # one scheme only (int4 g128 or fp8)
+    python bench/checkpoint.py --json out.json    # the figures as JSON too
+
+It writes, once (cached in ``--dir``), a bfloat16 Llama-shaped model folder made with
+NumPy: ``config.json`` with the fields of transformers' ``LlamaConfig`` and one
+``model.safetensors`` written by the safetensors library (embedding, 6 decoder layers of
+4 attention and 3 MLP matrices plus two norms, a final norm, ``lm_head``; Gaussian
+weights of std 0.02). Then, for int4 groups of 128 and fp8 e4m3 per channel, both in
+compressed-tensors, it reports in one run:
+
+* ``wall_s``: ``python -m gpuq quantize DIR -o OUT --format compressed-tensors ...`` as a
+  user runs it, interpreter start included (so it keeps working whatever the package
+  layout behind the command);
+* ``ratio_to_copy``: that time over a warm copy of ``model.safetensors`` (the file is
+  copied once to warm the page cache, then timed);
+* ``peak_rss_mib``: the peak RSS of the command's process tree (the sum over the process
+  and its descendants, polled every 10 ms);
+* ``in_memory_s``: the same Linear weights, already in memory as bfloat16, through
+  ``gpuq.choose_qparams(..., scale_dtype="bfloat16")`` and ``gpuq.quantize``: the kernels'
+  share of the command's work;
+* a cProfile table of the command (a second run under ``python -m cProfile``), sorted by
+  cumulative time, top ``--top`` rows (rows contain one another).
+
+The load of the machine (``os.getloadavg``) is printed before each scheme: on a shared
+machine the figures are only as good as the quiet they were taken in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import pstats
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MIB = 2**20
+
+#: The full-size folder: Llama-2-7B's widths with 6 layers, ~2.95 GB in bfloat16.
+FULL = {"hidden": 4096, "intermediate": 11008, "vocab": 32000}
+
+#: scheme -> the command's options (compressed-tensors) and the in-memory equivalent.
+SCHEMES = {
+    "int4": {"argv": ["--dtype", "int4", "--group-size", "128"],
+             "qparams": {"axis": 1, "group_size": 128, "dtype": "int4", "symmetric": True}},
+    "fp8": {"argv": ["--dtype", "float8_e4m3fn"],
+            "qparams": {"axis": 0, "dtype": "float8_e4m3fn"}},
+}
+
+
+def dims(scale: float) -> dict:
+    """Widths of the folder at ``1/scale`` of the full size (multiples of 128 for the groups).
+
+    >>> dims(1)
+    {'hidden': 4096, 'intermediate': 11008, 'vocab': 32000}
+    >>> dims(32)
+    {'hidden': 128, 'intermediate': 384, 'vocab': 1000}
+    """
+    if not scale > 0:
+        raise ValueError(f"--scale: expected a number > 0, got {scale!r}")
+    w = {k: max(128, 128 * round(FULL[k] / scale / 128)) for k in ("hidden", "intermediate")}
+    w["vocab"] = max(128, round(FULL["vocab"] / scale))
+    return w
+
+
+def layout(d: dict, layers: int) -> dict:
+    """Tensor name -> shape of a Llama checkpoint (transformers' names).
+
+    >>> t = layout(dims(1), 6)
+    >>> len(t), t["model.layers.0.mlp.down_proj.weight"]
+    (57, (4096, 11008))
+    """
+    h, m, v = d["hidden"], d["intermediate"], d["vocab"]
+    t = {"model.embed_tokens.weight": (v, h)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        for n in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            t[p + f"self_attn.{n}.weight"] = (h, h)
+        t[p + "mlp.gate_proj.weight"] = (m, h)
+        t[p + "mlp.up_proj.weight"] = (m, h)
+        t[p + "mlp.down_proj.weight"] = (h, m)
+        t[p + "input_layernorm.weight"] = (h,)
+        t[p + "post_attention_layernorm.weight"] = (h,)
+    t["model.norm.weight"] = (h,)
+    t["lm_head.weight"] = (v, h)
+    return t
+
+
+def config(d: dict, layers: int) -> dict:
+    """``config.json`` with the fields transformers' ``LlamaConfig`` writes."""
+    heads = max(1, d["hidden"] // 128)
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": d["hidden"], "intermediate_size": d["intermediate"],
+        "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": heads,
+        "head_dim": d["hidden"] // heads, "vocab_size": d["vocab"], "hidden_act": "silu",
+        "max_position_embeddings": 4096, "initializer_range": 0.02, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0, "rope_scaling": None, "attention_bias": False,
+        "attention_dropout": 0.0, "mlp_bias": False, "pretraining_tp": 1, "use_cache": True,
+        "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
+        "dtype": "bfloat16", "transformers_version": "5.24.0",
+    }
+
+
+def make_folder(path: str, scale: float, layers: int, seed: int = 0) -> str:
+    """Write the bf16 model folder at ``path`` unless its config already matches; return it."""
+    import ml_dtypes
+    from safetensors.numpy import save_file
+
+    d = dims(scale)
+    cfg = config(d, layers)
+    cfg_path = os.path.join(path, "config.json")
+    if os.path.exists(cfg_path) and os.path.exists(os.path.join(path, "model.safetensors")):
+        with open(cfg_path) as f:
+            if json.load(f) == cfg:
+                return path
+    os.makedirs(path, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    tensors = {}
+    for name, shape in layout(d, layers).items():
+        if len(shape) == 1:  # norms: ones, as transformers initialises them
+            tensors[name] = np.ones(shape, ml_dtypes.bfloat16)
+        else:
+            w = rng.standard_normal(shape, dtype=np.float32)
+            w *= np.float32(0.02)
+            tensors[name] = w.astype(ml_dtypes.bfloat16)
+            del w
+    save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f, indent=2)
+    return path
+
+
+def _tree_rss(pid: int) -> int:
+    """Summed RSS in bytes of ``pid`` and its descendants (0 once gone)."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/statm") as f:
+                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{tid}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+def run_measured(argv: list, env: dict | None = None) -> dict:
+    """Run ``argv``; its wall time, the peak RSS of its process tree and its exit status."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err)
+        peak = 0
+        # Polling the tree every 10 ms sees the sum over worker processes. The kernel's
+        # ru_maxrss is no use here: a child started by vfork inherits this process's own
+        # high-water mark (the in-memory step's gigabytes) until its exec.
+        while True:
+            pid, status, _ = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            peak = max(peak, _tree_rss(proc.pid))
+            time.sleep(0.01)
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        return {"wall_s": wall, "peak_rss_mib": peak / MIB, "rc": proc.returncode,
+                "stdout": out.read().decode(errors="replace"),
+                "stderr": err.read().decode(errors="replace")}
+
+
+def warm_copy(src: str, tmp: str) -> float:
+    """Seconds of a copy of ``src`` with the page cache warm (a first copy warms it)."""
+    dst = os.path.join(tmp, "copy.safetensors")
+    shutil.copyfile(src, dst)
+    os.remove(dst)
+    t0 = time.perf_counter()
+    shutil.copyfile(src, dst)
+    t = time.perf_counter() - t0
+    os.remove(dst)
+    return t
+
+
+def command(folder: str, out: str, scheme: str) -> list:
+    """The command line a user types for ``scheme`` (``python -m gpuq quantize ...``)."""
+    return [sys.executable, "-m", "gpuq", "quantize", folder, "-o", out, "--format",
+            "compressed-tensors", *SCHEMES[scheme]["argv"], "--device", "cpu", "-q"]
+
+
+def in_memory(folder: str, scheme: str) -> float:
+    """Seconds of choose_qparams + quantize over the folder's Linear weights, loaded in memory."""
+    import gpuq
+    from safetensors.numpy import load_file
+
+    weights = {k: v for k, v in load_file(os.path.join(folder, "model.safetensors")).items()
+               if k.endswith("_proj.weight")}
+    kw = SCHEMES[scheme]["qparams"]
+    # One small call first: the numba compilation is not the weights' time.
+    w0 = next(iter(weights.values()))[:2, :128]
+    s, z = gpuq.choose_qparams(w0, scale_dtype="bfloat16", **kw)
+    t0 = time.perf_counter()
+    for w in weights.values():
+        s, z = gpuq.choose_qparams(w, scale_dtype="bfloat16", **kw)
+        gpuq.quantize(w, s, z, axis=kw["axis"], group_size=kw.get("group_size"), dtype=kw["dtype"])
+    return time.perf_counter() - t0
+
+
+def profile(folder: str, out: str, scheme: str, tmp: str, top: int) -> str:
+    """The command under cProfile: its ``top`` rows by cumulative time, as pstats prints them."""
+    prof = os.path.join(tmp, f"{scheme}.prof")
+    argv = command(folder, out, scheme)
+    argv[1:1] = ["-m", "cProfile", "-o", prof]
+    res = subprocess.run(argv, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"profiled run failed ({res.returncode}): {res.stderr[-2000:]}")
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(top)
+    text = buf.getvalue()
+    # Keep the table from its header on: the lines above it are pstats' preamble.
+    i = text.find("ncalls")
+    return text[i:].rstrip() if i >= 0 else text.rstrip()
+
+
+def run(args) -> dict:
+    folder = make_folder(args.dir or os.path.join(tempfile.gettempdir(),
+                                                  f"gpuq-bench-llama-s{args.scale:g}-l{args.layers}"),
+                         args.scale, args.layers)
+    src = os.path.join(folder, "model.safetensors")
+    size = os.path.getsize(src)
+    result = {"folder": folder, "bytes": size, "dims": dims(args.scale), "layers": args.layers,
+              "cpus": os.cpu_count(), "schemes": {}}
+    print(f"folder: {folder} ({size / 1e9:.3f} GB, {dims(args.scale)}, {args.layers} layers)")
+    with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
+        copy_s = warm_copy(src, tmp)
+        result["warm_copy_s"] = copy_s
+        print(f"warm copy: {copy_s:.3f} s ({size / copy_s / 1e9:.2f} GB/s)")
+        for scheme in args.scheme:
+            load = os.getloadavg()
+            out = os.path.join(tmp, f"out-{scheme}")
+            if args.warmup:
+                # A first run fills numba's on-disk cache: a user's later runs do not compile.
+                warm = make_folder(os.path.join(tmp, "warmup"), 32, 1)
+                subprocess.run(command(warm, out, scheme), check=True, capture_output=True)
+                shutil.rmtree(out)
+            m = run_measured(command(folder, out, scheme))
+            if m["rc"] != 0:
+                raise RuntimeError(f"{scheme}: the command failed ({m['rc']}): {m['stderr'][-2000:]}")
+            shutil.rmtree(out)
+            mem_s = in_memory(folder, scheme)
+            table = profile(folder, out, scheme, tmp, args.top) if args.top > 0 else ""
+            shutil.rmtree(out, ignore_errors=True)
+            row = {"wall_s": m["wall_s"], "ratio_to_copy": m["wall_s"] / copy_s,
+                   "peak_rss_mib": m["peak_rss_mib"], "in_memory_s": mem_s,
+                   "load_before": list(load), "profile": table}
+            result["schemes"][scheme] = row
+            print(f"\n== {scheme} (compressed-tensors), load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+            print(f"command wall: {m['wall_s']:.2f} s = {row['ratio_to_copy']:.1f}x the warm copy; "
+                  f"peak RSS {m['peak_rss_mib']:.0f} MiB; gpuq.quantize in memory {mem_s:.2f} s")
+            if table:
+                print(f"profile (cumulative, top {args.top}):\n{table}")
+    return result
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--scale", type=float, default=1.0,
+                   help="widths divided by this (1: the ~3 GB folder; 16 or 32 for a quick run)")
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--scheme", action="append", choices=sorted(SCHEMES),
+                   help="repeatable; default: int4 and fp8")
+    p.add_argument("--top", type=int, default=25, help="profile rows (0: no profile run)")
+    p.add_argument("--no-warmup", dest="warmup", action="store_false",
+                   help="skip the untimed first run of each scheme on a tiny folder")
+    p.add_argument("--dir", help="the model folder (made there if missing or different)")
+    p.add_argument("--tmp", help="where the outputs and the copy go (default: the system's)")
+    p.add_argument("--json", help="write the figures to this file too")
+    args = p.parse_args(argv)
+    args.scheme = args.scheme or ["int4", "fp8"]
+    result = run(args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
