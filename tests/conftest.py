@@ -30,7 +30,10 @@ REQUIRE_GPU = os.environ.get("GPUQ_REQUIRE_GPU", "") not in ("", "0")
 
 # The CPU execution's own package (its tests are tests/test_cudasim_*.py) and the planted-bug
 # runner are tools, not test modules: --doctest-modules must not import them a second time.
-collect_ignore = ["cudasim", "planted_bugs.py", "_background.py"]
+collect_ignore = ["cudasim", "planted_bugs.py", "_background.py",
+                  # offline fixture scripts: they import torchao, which the project never installs
+                  # (run by hand in a throwaway environment; their fixtures are committed)
+                  "mx_fixtures/make_fixtures.py", "data/full_range/make_fixtures.py"]
 
 
 def pytest_configure(config):
