@@ -108,6 +108,12 @@ def _cases() -> dict:
                         "quantize", f, i8, zp, m, code=code)
                     cases[registry.dequantize_int4_name(code == "int4", f, zp, m)] = Case(
                         "dequantize", f, i8, zp, m, code=code)
+    # formats.cu's fp6 (a byte per code) and packed fp4: no zero points, always saturating.
+    for f in FLOAT_DTYPES:
+        for m in registry.MAPS:
+            for code in registry.MINI_FMT:
+                cases[registry.quantize_mini_name(f, code, m)] = Case("quantize", f, i8, False, m, code=code)
+                cases[registry.dequantize_mini_name(code, f, m)] = Case("dequantize", f, i8, False, m, code=code)
     # mse.cu: the MSE search, ragged 2-D blocks of a 3-D tensor (the block walk's odometer), the
     # grid capped so that each warp searches several blocks in turn.
     for f in FLOAT_DTYPES:
@@ -231,12 +237,13 @@ def cp_asnumpy(a):
 
 
 def _formats(cp, case, shape, s, z, s_dev, z_dev, kw, rng, seed):
-    """fp8 / int4 cases: host and device calls with dtype=<code>, compared as stored bytes."""
+    """fp8 / int4 / fp6 / fp4 cases: host and device calls with dtype=<code>, compared as stored bytes."""
     fp8 = case.code in registry.FP8_FMT
+    fp6 = case.code in ("float6_e2m3fn", "float6_e3m2fn")
     if case.op == "quantize":
         x = _data(shape, case.fdtype, seed)
         x.reshape(-1)[-3:] = x.reshape(-1)[:3]  # the tail unit holds specials too
-        zs = (None, None) if fp8 else (z, z_dev)
+        zs = (None, None) if fp8 or case.code in registry.MINI_FMT else (z, z_dev)
         pairs = []
         for extra in ([dict(saturate=True), dict(saturate=False)] if fp8 else [{}]):
             host = gpuq.quantize(x, s, zs[0], dtype=case.code, **kw, **extra)
@@ -253,7 +260,18 @@ def _formats(cp, case, shape, s, z, s_dev, z_dev, kw, rng, seed):
         src_d = gpuq.Codes(_offset_view(cp, bits.reshape(shape)), shape, case.code)
         host = gpuq.dequantize(src_h, s, dtype=case.fdtype, **kw)
         dev = gpuq.dequantize(src_d, s_dev, dtype=case.fdtype, **kw)
-    else:
+    elif fp6:
+        import ml_dtypes
+
+        bits = rng.integers(0, 64, n).astype(np.uint8)
+        bits[:3] = (0x1F, 0x3F, 0x20)  # the largest of both signs, -0
+        src_h = bits.reshape(shape).view(getattr(ml_dtypes, case.code))
+        src_d = gpuq.Codes(_offset_view(cp, bits.reshape(shape)), shape, case.code)
+        host = gpuq.dequantize(src_h, s, dtype=case.fdtype, **kw)
+        dev = gpuq.dequantize(src_d, s_dev, dtype=case.fdtype, **kw)
+    else:  # packed int4 / uint4 (with zero points) and fp4 (none)
+        if case.code in registry.MINI_FMT:
+            z, z_dev = None, None
         packed = rng.integers(0, 256, (n + 1) // 2).astype(np.uint8)
         if n % 2:
             packed[-1] &= 0x0F  # the padding nibble is 0
