@@ -58,16 +58,18 @@ def validate(x, axis, group_size, block_size, dtype, symmetric, eps, scale_dtype
     if code.zero_point == "none" and not symmetric:
         raise ValueError(f"symmetric must be True for {code.name} codes (float codes have no zero point), "
                          f"got symmetric=False")
-    mode = symmetric_mode(scale_rule, code, symmetric)
-    scheme = Scheme.build(arr.shape, axis, group_size, block_size)
     sdt = _scale_dtype(scale_dtype)
+    mode = symmetric_mode(scale_rule, code, symmetric, sdt)
+    scheme = Scheme.build(arr.shape, axis, group_size, block_size)
     eps = _check_eps(eps, SCALE_DTYPES[sdt])
     return backend, arr, scheme, code, mode, eps, sdt, _method(method)
 
 
-def symmetric_mode(scale_rule, code, symmetric):
+def symmetric_mode(scale_rule, code, symmetric, scale_dtype="float32"):
     """``scale_rule`` checked against the code type and ``symmetric``: ``bool(symmetric)``, or
-    :data:`FULL_RANGE` for ``"full"``, which only symmetric integer codes take.
+    :data:`FULL_RANGE` for ``"full"``, which only symmetric integer codes take (with MX scales,
+    ``scale_dtype="float8_e8m0fnu"``, the rule names are checked by :func:`scale_rule`, whose
+    message lists the MX rules).
 
     >>> from gpuq._codetypes import code_type
     >>> symmetric_mode("full", code_type("int4"), True), symmetric_mode(None, code_type("int4"), True)
@@ -77,7 +79,7 @@ def symmetric_mode(scale_rule, code, symmetric):
     ...
     ValueError: scale_rule='full' is for symmetric integer codes, got dtype=uint8 with symmetric=False
     """
-    if scale_rule is None:
+    if scale_rule is None or (scale_dtype == "float8_e8m0fnu" and scale_rule != "full"):
         return bool(symmetric)
     _check_scale_rule(scale_rule)
     if scale_rule != "full":  # an MX rule: checked with the scale dtype by scale_rule()
