@@ -67,6 +67,16 @@ class CodeType(NamedTuple):
         """``max|x|`` over this is the symmetric scale: 127, 7, 448, 57344, 6, 7.5 or 28."""
         return self.qmax if self.codec == "float8" else (self.qmax - self.qmin) // 2
 
+    @property
+    def takes_global_scale(self) -> bool:
+        """NVFP4's element type (e2m1): its e4m3 block scales sit under a float32 global scale."""
+        return self.name == "float4_e2m1fn"
+
+    @property
+    def torch_native(self) -> bool:
+        """torch has this code dtype (fp6 codes travel as uint8 tensors, one code per byte)."""
+        return self.torch == self.name
+
     def host_array_dtype(self) -> np.dtype:
         """The NumPy dtype of one code per element on the host (ml_dtypes' for fp8, imported
         here); packed codes have none (their bytes are uint8)."""

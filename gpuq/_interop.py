@@ -93,7 +93,7 @@ def _fp8_names():
     whose torch dtype has their name: torch holds fp6 codes as uint8)."""
     from ._codetypes import CODE_TYPES
 
-    return tuple(row.torch for row in CODE_TYPES.values() if row.codec == "float8" and row.torch == row.name)
+    return tuple(row.torch for row in CODE_TYPES.values() if row.codec == "float8" and row.torch_native)
 
 
 _FP8_NAMES = _fp8_names()
@@ -102,7 +102,7 @@ def _uint8_on_torch():
     from ._codetypes import CODE_TYPES
 
     return tuple(n for n, row in CODE_TYPES.items()
-                 if row.codec == "float8" and row.storage == "element" and row.torch == "uint8")
+                 if row.codec == "float8" and row.storage == "element" and not row.torch_native)
 
 
 _UINT8_ON_TORCH = _uint8_on_torch()

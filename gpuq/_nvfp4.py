@@ -70,7 +70,7 @@ def global_scale(x=None, *, amax=None, float_dtype=None, dtype="float4_e2m1fn"):
     from ._dtypes import FLOAT_DTYPES, dtype_name, native
 
     code = as_code_type(dtype)
-    if code.name != "float4_e2m1fn":
+    if not code.takes_global_scale:
         raise ValueError(f"dtype must be float4_e2m1fn (NVFP4's element type), got {code.name}")
     if (x is None) == (amax is None):
         raise TypeError("global_scale takes x, or amax= with float_dtype=: exactly one of x and amax")

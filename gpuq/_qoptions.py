@@ -79,7 +79,7 @@ def symmetric_mode(scale_rule, code, symmetric, scale_dtype="float32"):
     ...
     ValueError: scale_rule='full' is for symmetric integer codes, got dtype=uint8 with symmetric=False
     """
-    if scale_rule is None or (scale_dtype == "float8_e8m0fnu" and scale_rule != "full"):
+    if scale_rule is None or (scale_dtype == MX_SCALE_DTYPE and scale_rule != "full"):
         return bool(symmetric)
     _check_scale_rule(scale_rule)
     if scale_rule != "full":  # an MX rule: checked with the scale dtype by scale_rule()
@@ -172,6 +172,7 @@ def _scale_dtype(value) -> str:
 #: e8m0 scales (``scale_rule``: :data:`gpuq._mx.RULES`).
 #: NVFP4's e4m3 block scales (with ``global_scale``, :mod:`gpuq._nvfp4`).
 RULE_SCALE_DTYPES = ("float8_e8m0fnu", "float8_e4m3fn")
+MX_SCALE_DTYPE, NVFP4_SCALE_DTYPE = RULE_SCALE_DTYPES
 
 
 def scale_rule(value, scale_dtype, code, eps, method, global_scale=None):
@@ -189,12 +190,12 @@ def scale_rule(value, scale_dtype, code, eps, method, global_scale=None):
     """
     from ._mx import DEFAULT_RULE, RULES
 
-    if (global_scale is not None) != (scale_dtype == "float8_e4m3fn"):
+    if (global_scale is not None) != (scale_dtype == NVFP4_SCALE_DTYPE):
         raise ValueError(f"global_scale goes with scale_dtype='float8_e4m3fn' (NVFP4) and it needs one, got "
                          f"global_scale={'None' if global_scale is None else 'a value'} with "
                          f"scale_dtype={scale_dtype!r}")
-    if scale_dtype == "float8_e4m3fn":
-        if code.name != "float4_e2m1fn" or value is not None or eps is not None or method != "minmax":
+    if scale_dtype == NVFP4_SCALE_DTYPE:
+        if not code.takes_global_scale or value is not None or eps is not None or method != "minmax":
             raise ValueError(f"scale_dtype='float8_e4m3fn' (NVFP4) takes float4_e2m1fn codes, method='minmax', "
                              f"no eps and no scale_rule; got {code.name} codes, method={method!r}, eps={eps!r}, "
                              f"scale_rule={value!r}")

@@ -196,6 +196,6 @@ def _nvfp4_scales(s, global_scale, code):
         return s
     from . import _nvfp4
 
-    if code.name != "float4_e2m1fn":
+    if not code.takes_global_scale:
         raise ValueError(f"global_scale applies to float4_e2m1fn codes (NVFP4) only, got {code.name} codes")
     return _nvfp4.block_scales(s, _nvfp4.check_global_scale(global_scale)).astype(s.dtype)

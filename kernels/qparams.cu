@@ -340,9 +340,12 @@ __device__ __forceinline__ QParams finalize_one(float lo, float hi, int qmin, in
     if (symmetric) {
         const float amax = max_keep(max_keep(hi, neg(lo)), 0.0f);
         // Half the code range: 127 (8-bit codes), 7 (4-bit), max_finite (fp8: qmin = -qmax);
-        // symmetric == 2 (scale_rule="full"): the whole range, 127.5 and 7.5 (exact in float32).
-        const float half = symmetric == 2 ? 0.5f * static_cast<float>(qmax - qmin)
-                                          : static_cast<float>((qmax - qmin) / 2);
+        // symmetric == 2 (scale_rule="full"): the whole range, 127.5 and 7.5 (exact in float32;
+        // halved by its exponent field: a float product or conversion from double would become
+        // .ftz under -ftz=true, and the range is a normal float32 >= 15).
+        const float half = symmetric == 2
+            ? __uint_as_float(__float_as_uint(static_cast<float>(qmax - qmin)) - 0x00800000u)
+            : static_cast<float>((qmax - qmin) / 2);
         q.scale = round_scale(max_keep(div_rn(amax, half), eps), fmt);
         q.range = scale_out_of_range(q.scale);
         q.zp = qmin < 0 ? 0 : (qmax + 1) / 2;

@@ -284,7 +284,7 @@ def test_sanitize_switch_reaches_the_engine(cp, monkeypatch):
 
     seen = []
 
-    def spy(source, names, *, sanitize=False):
+    def spy(source, names, *, sanitize=False, defines=()):
         seen.append((tuple(names), sanitize))
         raise hostbuild.BuildError("spy: nothing built")
 
