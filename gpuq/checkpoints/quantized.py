@@ -524,6 +524,10 @@ def check_file(ckpt) -> dict:
                    else "which has no zero points")
             raise bad(f"tensor {name!r}: the file has {name + '.zps'!r}, but the gpuq metadata "
                       f"says {_describe(scheme)}, {why}")
+        if "scale_dtype" in scheme and not has_global_scale(scheme) and name + ".global_scale" in names:
+            raise bad(f"tensor {name!r}: the file has {name + '.global_scale'!r}, but the gpuq metadata "
+                      f"says {_describe(scheme)} with scale_dtype {scheme['scale_dtype']}, which has no "
+                      f"global scale")
         schemes[name] = scheme
     companions = companion_names(schemes)
     for name in schemes:
