@@ -359,3 +359,25 @@ def test_sharded_nvfp4_lists_the_global_scales(tmp_path, capsys):
     assert run("dequantize", tmp_path / "q", "-o", tmp_path / "d", "--device", "cpu", "-q") == 0
     wm = json.loads((tmp_path / "d" / "model.safetensors.index.json").read_text())["weight_map"]
     assert sorted(wm) == ["l0.weight", "l1.weight"]
+
+
+@pytest.mark.parametrize("flags", [["--dtype", "float4_e2m1fn"], ["--dtype", "float6_e3m2fn", "--scale-rule", "ceil"],
+                                   ["--dtype", "float4_e2m1fn", "--scales", "nvfp4"]])
+def test_device_cuda_writes_the_host_bytes(tmp_path, capsys, flags):
+    """--device cuda (a GPU, or the CPU execution of the kernels: tests/cudasim) writes and reads
+    back the same bytes as --device cpu: codes brought back packed (fp4) or as fp6 bits."""
+    from conftest import _cuda_skip_reason
+
+    reason = _cuda_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    src = tmp_path / "src.safetensors"
+    write_checkpoint(str(src), "safetensors", source_tensors("safetensors"), None)
+    got = {}
+    for device in ("cpu", "cuda"):
+        q, d = tmp_path / f"q-{device}.safetensors", tmp_path / f"d-{device}.safetensors"
+        assert run("quantize", src, "-o", q, "--min-size", "16", "--device", device, "-q", *flags) == 0, \
+            capsys.readouterr().err
+        assert run("dequantize", q, "-o", d, "--device", device, "-q") == 0, capsys.readouterr().err
+        got[device] = (q.read_bytes(), d.read_bytes())
+    assert got["cpu"] == got["cuda"]
