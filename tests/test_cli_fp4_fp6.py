@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -381,3 +382,46 @@ def test_device_cuda_writes_the_host_bytes(tmp_path, capsys, flags):
         assert run("dequantize", q, "-o", d, "--device", device, "-q") == 0, capsys.readouterr().err
         got[device] = (q.read_bytes(), d.read_bytes())
     assert got["cpu"] == got["cuda"]
+
+
+V5 = Path(__file__).resolve().parent / "data" / "format_v5"
+V5_VARIANTS = {"mxfp4": ["--dtype", "float4_e2m1fn"], "nvfp4": ["--dtype", "float4_e2m1fn", "--scales", "nvfp4"],
+               "mxfp6_e3m2_ceil_g8": ["--dtype", "float6_e3m2fn", "--scale-rule", "ceil", "--group-size", "8"]}
+
+
+def naive_v5(tensors, name, scheme):
+    """float32 ``code * scale`` from a version-5 file's stored bytes (groups along the last dim)."""
+    shape = tuple(scheme["shape"]) if "shape" in scheme else tensors[name].shape
+    assert scheme["axis"] == len(shape) - 1
+    codes = decode(tensors[name], scheme["dtype"], shape)
+    st = tensors[name + ".scales"]
+    if scheme["scale_dtype"] == "float8_e8m0fnu":
+        s = np.ldexp(np.float32(1), st.astype(np.int32) - 127).astype(np.float32)
+    elif scheme["scale_dtype"] == "float8_e4m3fn":
+        s = (st.view(ml_dtypes.float8_e4m3fn).astype(np.float32) / tensors[name + ".global_scale"][0])
+    else:
+        s = st
+    return (codes * repeat(s.astype(np.float32), shape, scheme["group_size"])).astype(np.float32)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("variant", list(V5_VARIANTS))
+def test_version_5_fixture_reads_and_writes_the_same(tmp_path, capsys, fmt, variant):
+    q, meta, _ = read(V5 / f"{variant}.{fmt}")
+    assert meta["format_version"] == 5
+    old_f32, _, _ = read(V5 / f"{variant}.f32.{fmt}")
+    source, _, _ = read(V5 / f"source.{fmt}")
+    out = tmp_path / f"out.{fmt}"
+    assert run("dequantize", V5 / f"{variant}.{fmt}", "-o", out, "--dtype", "float32", "--device", "cpu",
+               "-q") == 0, capsys.readouterr().err
+    back, _, _ = read(out)
+    assert set(back) == set(source)
+    for name, scheme in meta["tensors"].items():
+        want = naive_v5(q, name, scheme)
+        assert same_bits(back[name], want) and same_bits(old_f32[name], want), name
+    for name in set(source) - set(meta["tensors"]):
+        assert same_bits(back[name], source[name])
+    again = tmp_path / f"again.{fmt}"
+    assert run("quantize", V5 / f"source.{fmt}", "-o", again, "--min-size", "64", "--device", "cpu", "-q",
+               *V5_VARIANTS[variant]) == 0
+    assert again.read_bytes() == (V5 / f"{variant}.{fmt}").read_bytes()

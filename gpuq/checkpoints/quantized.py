@@ -6,7 +6,8 @@ For each quantized tensor ``NAME``:
 entry               contents
 ==================  ================================================================
 ``NAME``            the codes (see "Code storage" below)
-``NAME.scales``     float32 scales, shaped as :func:`gpuq.quantize` takes them
+``NAME.scales``     float32 scales (version 5: see "Scales" below), shaped as
+                    :func:`gpuq.quantize` takes them
                     (per-tensor ``()`` in an .npz and ``(1,)`` in a .safetensors
                     file, as version 1 wrote them; per-channel ``(shape[k],)``;
                     multi-axis ``shape`` projected onto the axes; per-group
@@ -16,6 +17,8 @@ entry               contents
                     symmetric int8/int4 (zero point 0, the library's
                     ``zps=None``) and for fp8 (which has no zero point), present
                     otherwise
+``NAME.global_      float32, shape ``(1,)``: NVFP4's global scale (version 5,
+scale``             ``"scale_dtype": "float8_e4m3fn"`` only)
 ==================  ================================================================
 
 plus the gpuq metadata (safetensors metadata key ``"gpuq"``, .npz member
@@ -40,6 +43,9 @@ int8, uint8        I8 / U8, the tensor's shape              int8 / uint8, the te
 int4, uint4        U8, 1-D, ``ceil(n / 2)`` bytes           uint8, the same
 float8_e4m3fn      F8_E4M3, the tensor's shape              uint8 (the fp8 bits), the shape
 float8_e5m2        F8_E5M2, the tensor's shape              uint8 (the fp8 bits), the shape
+float4_e2m1fn      U8, 1-D, ``ceil(n / 2)`` bytes           uint8, the same
+float6_e2m3fn,     U8, the tensor's shape (one code a      uint8, the same
+float6_e3m2fn      byte, the 6-bit pattern)
 =================  ======================================  ====================================
 
 * int4/uint4 are packed two per byte in ONNX's order over the C-order
@@ -50,12 +56,32 @@ float8_e5m2        F8_E5M2, the tensor's shape              uint8 (the fp8 bits)
   lost the tensor's shape, so the scheme records it (``"shape"``, required for
   int4/uint4 and refused elsewhere). Their zero points lie in the code range
   ([-8, 7] / [0, 15]) and the padding nibble is 0, both checked on reading.
+* float4_e2m1fn packs as int4 (the same nibble order, ``"shape"`` and ``"packing"``
+  recorded, the padding nibble 0); fp6 has no safetensors type: one byte a code, whose top
+  two bits are 0 (checked on reading).
 * fp8 is stored in safetensors' own float8 types (``F8_E4M3`` is
   float8_e4m3fn, as torch and the safetensors library read it), so any
   safetensors reader loads the codes as fp8; NumPy's .npy has no fp8 type (an
   ml_dtypes array saves as raw ``V1`` bytes, its type lost), so an .npz holds
   the uint8 bits and the dtype comes from the metadata. fp8 schemes are always
   ``"symmetric": true`` and have no zero points.
+
+Scales (version 5). A scheme of fp4/fp6 codes, or of fp8 codes with MX scales, has two more
+keys, the arguments :func:`gpuq.choose_qparams` took: ``"scale_dtype"`` and ``"scale_rule"``.
+
+=====================  ==================  ======================================================
+``scale_dtype``        ``scale_rule``      ``NAME.scales``
+=====================  ==================  ======================================================
+``float32``            null                float32 (fp4/fp6 with ``--scales float32``)
+``float8_e8m0fnu``     floor, even, ceil,  U8 e8m0 bytes ``k + 127`` of the scales ``2**k``
+                       rceil               (:func:`gpuq.e8m0_bytes`), in both formats
+``float8_e4m3fn``      null                NVFP4 (float4_e2m1fn only): the e4m3 block scales,
+                                           F8_E4M3 in .safetensors, their uint8 bits in .npz,
+                                           and ``NAME.global_scale``
+=====================  ==================  ======================================================
+
+The full-range rule of integer codes (``gpuq quantize --scale-rule full``, the int4 default) is
+not recorded: it chooses ordinary float32 scales, read as any other (:func:`recorded_scheme`).
 
 Versions. Version 1 (every gpuq before the int4/fp8 codes) knows int8/uint8
 only, with exactly the keys dtype, symmetric, axis, group_size, source_dtype.
@@ -64,13 +90,14 @@ list of axes (the multi-axis scheme: the default for tensors of rank >= 3),
 with the same keys. Version 4 adds block scales: ``"block_size"``, one entry
 per dimension of the tensor (``axis`` and ``group_size`` null; ``--block
 128x128`` records ``[128, 128]``, ``[1, 128, 128]`` for a rank-3 tensor), the
-scales of shape ``ceil(shape / block_size)``. A file is written in the lowest version that holds it
+scales of shape ``ceil(shape / block_size)``. Version 5 adds fp4/fp6 codes and the scale keys
+above (MX and NVFP4 scales). A file is written in the lowest version that holds it
 (:func:`version_for`): int8/uint8 output with one axis per tensor stays
 version 1, the same bytes as before, so a gpuq from before version 2 still
 reads it; a file with any int4/fp8 tensor is version 2, and one with any
 multi-axis tensor version 3 (an older gpuq refuses such files with "upgrade
-gpuq" instead of misreading them), one with any block scheme version 4. This
-gpuq reads all four.
+gpuq" instead of misreading them), one with any block scheme version 4, one with
+fp4/fp6 codes or MX/NVFP4 scales version 5. This gpuq reads all five.
 
 Nothing in a file is trusted: :func:`check_file` holds each quantized tensor
 and its companions to the metadata (code dtype and the version that allows
@@ -78,9 +105,9 @@ it, the storage dtype and shape, the packed length, scales and zero-point
 dtypes and shapes for the recorded scheme, presence or absence of the zero
 points) and refuses a format version it does not know, before any output is
 written; :func:`check_values` checks what needs the data (int4 zero points in
-range, the padding nibble) as each tensor is read, before it is used (the
+range, the padding nibble, fp6 bytes below 64) as each tensor is read, before it is used (the
 output is atomic: an error leaves no file). ``tests/data/format_v1/`` and
-``tests/data/format_v2/`` and ``tests/data/format_v3/`` hold files written by each
+``tests/data/format_v2/`` ... ``tests/data/format_v5/`` hold files written by each
 version; every later gpuq must read them with the same values.
 """
 
