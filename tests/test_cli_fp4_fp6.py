@@ -425,3 +425,35 @@ def test_version_5_fixture_reads_and_writes_the_same(tmp_path, capsys, fmt, vari
     assert run("quantize", V5 / f"source.{fmt}", "-o", again, "--min-size", "64", "--device", "cpu", "-q",
                *V5_VARIANTS[variant]) == 0
     assert again.read_bytes() == (V5 / f"{variant}.{fmt}").read_bytes()
+
+
+def test_compare_refuses_the_mse_search_of_mx_columns(tmp_path, capsys):
+    """--calibrate mse has no MX/NVFP4 column: refused before IN is read (IN does not exist)."""
+    assert run("compare", tmp_path / "missing.safetensors", "--scheme", "int4", "--scheme",
+               "float4_e2m1fn:nvfp4", "--calibrate", "minmax", "--calibrate", "mse", "--device", "cpu") == 2
+    err = capsys.readouterr().err
+    assert "--scheme 'float4_e2m1fn:nvfp4' with --calibrate mse: MX and NVFP4 scales come from each" in err
+
+
+@pytest.mark.parametrize("scales", ["mx", "nvfp4"])
+def test_nan_and_inf_follow_the_contract(tmp_path, capsys, scales):
+    """--nonfinite warn: the scales (and NVFP4's global scale) come from the finite values, NaN
+    gives the +0 code and +-Inf +-max (0x7 / 0xF for fp4); the warning says so."""
+    x = np.linspace(-3, 3, 64, dtype=np.float32).reshape(2, 32)
+    x[0, 1], x[0, 2], x[1, 5] = np.nan, np.inf, -np.inf
+    write_checkpoint(str(tmp_path / "s.safetensors"), "safetensors", {"w": x}, None)
+    assert run("quantize", tmp_path / "s.safetensors", "-o", tmp_path / "q.safetensors", "--dtype",
+               "float4_e2m1fn", "--scales", scales, "--min-size", "1", "--device", "cpu", "-q") == 0
+    err = capsys.readouterr().err
+    assert "1 NaN" in err and "(NaN -> 0, +-Inf -> +-max)" in err
+    t, meta, _ = read(tmp_path / "q.safetensors")
+    codes = unpack_nibbles(t["w"], 64, False).reshape(2, 32)
+    assert (codes[0, 1], codes[0, 2], codes[1, 5]) == (0x0, 0x7, 0xF)
+    finite = np.where(np.isfinite(x), x, np.float32(0))
+    if scales == "nvfp4":
+        assert t["w.global_scale"][0] == gpuq.global_scale(finite)
+    s, _ = gpuq.choose_qparams(finite, axis=-1, group_size=32 if scales == "mx" else 16, dtype="float4_e2m1fn",
+                               **({"scale_dtype": "float8_e8m0fnu"} if scales == "mx" else
+                                  {"scale_dtype": "float8_e4m3fn", "global_scale": gpuq.global_scale(finite)}))
+    stored = gpuq.e8m0_scales(t["w.scales"]) if scales == "mx" else t["w.scales"].astype(np.float32)
+    assert same_bits(stored, np.asarray(s))

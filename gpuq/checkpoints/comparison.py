@@ -146,6 +146,11 @@ def run_compare(in_path, scheme_texts, *, include=(), exclude=(), min_size, devi
     plans = [parse_scheme(t) for t, _ in pairs]
     columns = [t for t, _ in pairs]
     methods = [m for _, m in pairs]
+    for plan, text, method in zip(plans, columns, methods):
+        if plan.scales != "float32" and method != "minmax":  # before IN is read
+            raise CliError(f"--scheme {text!r} with --calibrate {method}: MX and NVFP4 scales come from "
+                           f"each block's max (the MSE search is for float32 scales); compare it in a "
+                           f"run of its own")
     specs, tensors = _open(in_path)
     chosen = select(specs, include=include, exclude=exclude, min_size=min_size)
     schemes = {n: [p.for_shape(n, specs[n][0]) for p in plans] for n in chosen}

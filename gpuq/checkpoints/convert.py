@@ -15,7 +15,7 @@ counted before it is quantized. ``error`` refuses such a tensor; ``warn``
 (the default) and ``allow`` quantize it with parameters computed from its
 finite values, and the codes of the non-finite values then follow the
 library's contract (NaN -> the zero point, +Inf -> qmax, -Inf -> qmin; fp8:
-NaN stays NaN, +-Inf -> +-max finite);
+NaN stays NaN, +-Inf -> +-max finite; fp4/fp6: NaN -> 0, +-Inf -> +-max);
 ``warn`` says so on stderr. The report counts them per tensor, and its SQNR
 and max error are over the finite values.
 """
@@ -32,7 +32,7 @@ from .._codetypes import CODE_TYPES
 from .quantized import (api_scales, check_file, code_range, companion_names, is_float8, is_packed,
                         scheme_kw, check_values, codes_dtype, file_meta, has_global_scale, has_zps,
                         logical_shape, output_entries, param_suffixes, stored_scales, zps_dtype)
-from .scale_rules import choose_kwargs
+from .scale_rules import choose_kwargs, is_small_float
 from .report import natural_key, nonfinite_text
 from .selection import check_names, describe, select
 from .stops import complete
@@ -521,7 +521,8 @@ def _quantize_one(ckpt, name, scheme, row, out, device, nonfinite, warn, calibra
     except (ValueError, TypeError) as exc:
         raise CliError(f"tensor {name!r}: {' '.join(str(exc).split())}") from exc
     if sum(counts.values()) and nonfinite == "warn" and warn is not None:
-        what = ("NaN -> NaN, +-Inf -> +-max finite" if is_float8(scheme["dtype"])
+        what = ("NaN -> 0, +-Inf -> +-max" if is_small_float(scheme["dtype"])  # fp4/fp6 have no NaN
+                else "NaN -> NaN, +-Inf -> +-max finite" if is_float8(scheme["dtype"])
                 else "NaN -> zero point, +-Inf -> saturated")
         warn(f"tensor {name!r} has {nonfinite_text(counts)}: quantized with parameters from "
              f"its finite values ({what}); --nonfinite error refuses it, allow keeps quiet")

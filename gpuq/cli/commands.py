@@ -101,7 +101,7 @@ float64 (inf when exact) and the max abs error.
 NaN and +-Inf (--nonfinite): counted per tensor and reported. warn (default)
 and allow quantize such a tensor with scales and zero points from its finite
 values (NaN -> the zero point, +Inf -> qmax, -Inf -> qmin; fp8: NaN stays NaN,
-+-Inf -> +-max finite; SQNR and max error
++-Inf -> +-max finite; fp4/fp6: NaN -> 0, +-Inf -> +-max; SQNR and max error
 over the finite values), warn saying so on stderr; error stops with exit 2.
 
 The output is written tensor by tensor as the input is read: peak memory is
