@@ -457,3 +457,11 @@ def test_nan_and_inf_follow_the_contract(tmp_path, capsys, scales):
                                   {"scale_dtype": "float8_e4m3fn", "global_scale": gpuq.global_scale(finite)}))
     stored = gpuq.e8m0_scales(t["w.scales"]) if scales == "mx" else t["w.scales"].astype(np.float32)
     assert same_bits(stored, np.asarray(s))
+
+
+def test_inspect_names_the_global_scale_a_parameter(tmp_path, capsys):
+    from gpuq.checkpoints import inspect
+
+    _one_tensor_file(tmp_path, "safetensors", ["--dtype", "float4_e2m1fn", "--scales", "nvfp4"])
+    roles = {t["name"]: t["role"] for t in inspect(tmp_path / "base.safetensors")["tensors"]}
+    assert roles == {"w": "quantized", "w.scales": "parameter", "w.global_scale": "parameter"}
