@@ -17,7 +17,9 @@ rank (:func:`default_scheme`, worded in :data:`DEFAULTS_HELP`): one scale per
 row of the last dimension for int8/uint8/fp8 (axis 0 of a rank-2 ``[out, in]``
 weight; every leading axis of an ``[experts, out, in]`` one, so each expert's
 rows get their own scales), groups of :data:`DEFAULT_GROUP` along the last
-dimension for int4/uint4, as every int4 consumer stores them.
+dimension for int4/uint4, as every int4 consumer stores them; groups of :data:`MX_GROUP` (32,
+OCP MX's block) for fp4/fp6 and any ``--scales mx``, of :data:`NVFP4_GROUP` (16) for ``--scales
+nvfp4``.
 """
 
 from __future__ import annotations

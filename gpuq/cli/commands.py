@@ -43,7 +43,7 @@ from .signals import EXIT_STATUS, Terminated, stop_signals, stopped_line
 __all__ = ["main", "build_parser"]
 
 _QUANTIZE_HELP = f"""\
-Quantize the floating tensors of a checkpoint to int8/uint8, int4/uint4 or fp8 codes.
+Quantize the floating tensors of a checkpoint to int8/uint8, int4/uint4, fp8 or fp4/fp6 codes.
 
 Selected: floating tensors (float16, bfloat16, float32, float64) of rank >= 2
 with at least --min-size elements (default {DEFAULT_MIN_SIZE}), filtered by
@@ -94,7 +94,9 @@ NAME.scales and NAME.zps (int8 for int8/int4 codes, uint8 for uint8/uint4; none
 for symmetric int8/int4, zero point 0, nor for fp8), and the scheme in the gpuq
 metadata (file format version 1 for int8/uint8 with one axis per tensor,
 readable by older gpuq; version 2 for int4/fp8; version 3 for a file with a
-multi-axis tensor, the rank >= 3 default; version 4 for block scales). The report compares each tensor with
+multi-axis tensor, the rank >= 3 default; version 4 for block scales; version 5
+for fp4/fp6 codes or MX/NVFP4 scales, whose scales are stored as e8m0 bytes or
+e4m3 with NAME.global_scale). The report compares each tensor with
 its float32 dequantization: SQNR = 10 log10(sum x^2 / sum (x - x_hat)^2) in
 float64 (inf when exact) and the max abs error.
 
