@@ -55,7 +55,9 @@ FULL = {"hidden": 4096, "intermediate": 11008, "vocab": 32000}
 #: scheme -> the command's options (compressed-tensors) and the in-memory equivalent.
 SCHEMES = {
     "int4": {"argv": ["--dtype", "int4", "--group-size", "128"],
-             "qparams": {"axis": 1, "group_size": 128, "dtype": "int4", "symmetric": True}},
+             # the command's symmetric int4 default: the full-range rule (max|x| / 7.5)
+             "qparams": {"axis": 1, "group_size": 128, "dtype": "int4", "symmetric": True,
+                         "scale_rule": "full"}},
     "fp8": {"argv": ["--dtype", "float8_e4m3fn"],
             "qparams": {"axis": 0, "dtype": "float8_e4m3fn"}},
 }

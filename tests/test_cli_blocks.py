@@ -195,7 +195,7 @@ def test_block_excludes_the_other_schemes(tmp_path, capsys, other):
 @pytest.mark.parametrize("edit,message", [
     ({"format_version": 3}, "block_size [16, 32] needs format version 4, but the file says "
                             "version 3"),
-    ({"format_version": 5}, "newer than this gpuq reads (version 4)"),
+    ({"format_version": 6}, "newer than this gpuq reads (version 5)"),
     ({"axis": 0}, "block_size [1, 16, 32] with axis 0 / group_size None: a block shape says "
                   "it alone"),
     ({"group_size": 8}, "is not null or an integer >= 1 with an axis"),

@@ -139,12 +139,12 @@ def _with_meta(src, dst, edit):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("version,message", [
-    (5, ("written in gpuq file format version 5, newer than this gpuq reads (version 4); "
+    (6, ("written in gpuq file format version 6, newer than this gpuq reads (version 5); "
          "upgrade gpuq")),
     (99, "format version 99, newer"),
-    ("1", "format_version is '1', expected 1, 2, 3 or 4"),
-    (0, "format_version is 0, expected 1, 2, 3 or 4"),
-    (None, "format_version is None, expected 1, 2, 3 or 4"),
+    ("1", "format_version is '1', expected 1, 2, 3, 4 or 5"),
+    (0, "format_version is 0, expected 1, 2, 3, 4 or 5"),
+    (None, "format_version is None, expected 1, 2, 3, 4 or 5"),
 ])
 def test_unknown_version_is_refused(tmp_path, capsys, fmt, version, message):
     src = tmp_path / f"v.{fmt}"

@@ -208,6 +208,8 @@ SCHEMES = {  # name -> (flags, axis, group_size, symmetric); axis "default": the
     "default": ([], "default", None, False),
     "pc": (["--axis", "0"], 0, None, False),
     "pc_sym": (["--symmetric", "--axis", "0"], 0, None, True),
+    # the narrow rule (max|x| / qmax), the array API's default: 4-bit codes take it on request
+    "pc_sym_narrow": (["--symmetric", "--axis", "0", "--scale-rule", "narrow"], 0, None, True),
     "g8": (["--group-size", "8"], -1, 8, False),
     "g5_axis0_sym": (["--group-size", "5", "--axis", "0", "--symmetric"], 0, 5, True),
     "tensor": (["--per-tensor"], None, None, False),
@@ -222,6 +224,11 @@ def test_round_trip_matches_the_api_and_a_naive_dequantization(tmp_path, capsys,
     flags, axis, group, sym = SCHEMES[scheme_name]
     src, source = make_source(tmp_path, fmt)
     out = tmp_path / f"q.{fmt}"
+    if "--scale-rule" in flags and dtype in FP8:  # the integer codes' rules: fp8 refuses them
+        assert run("quantize", src, "-o", out, "--dtype", dtype, "-q", *flags) == 2
+        assert "--scale-rule narrow is for symmetric integer codes" in capsys.readouterr().err
+        assert not out.exists()
+        return
     assert run("quantize", src, "-o", out, "--dtype", dtype, "--min-size", "16",
                "--device", "cpu", "-q", "--json", *flags) == 0, capsys.readouterr().err
     report = json.loads(capsys.readouterr().out)
@@ -250,9 +257,13 @@ def test_round_trip_matches_the_api_and_a_naive_dequantization(tmp_path, capsys,
             assert s["shape"] == list(x.shape) and s["packing"] == "onnx_nibbles"
         else:
             assert "shape" not in s and "packing" not in s
-        # Bit for bit the API on the same tensor.
+        # Bit for bit the API on the same tensor: symmetric 4-bit codes by the full-range rule
+        # unless --scale-rule narrow says otherwise (the file does not record it).
+        full = sym and dtype in ("int4", "uint4") and "narrow" not in flags
+        assert "scale_rule" not in s
+        assert rows[name]["scheme"].get("scale_rule") == ("full" if full else None)
         scales, zps = gpuq.choose_qparams(x, axis=k, group_size=group, dtype=dtype,
-                                          symmetric=sym or fp8)
+                                          symmetric=sym or fp8, scale_rule="full" if full else None)
         q = gpuq.quantize(x, scales, zps, axis=k, group_size=group, dtype=dtype)
         assert tensors[name].tobytes() == api_codes_bytes(q), name
         assert same_bits(tensors[name + ".scales"].reshape(np.shape(scales)),
@@ -499,7 +510,7 @@ CORRUPT = [
      "dtype 'int2' is not one of int8, uint8, int4, uint4, float8_e4m3fn, float8_e5m2"),
     ("new dtype in version 1", NEW, _version(1), "needs format version 2, but the file says "
      "version 1"),
-    ("version 5", NEW, _version(5), "format version 5, newer than this gpuq reads (version 4)"),
+    ("version 6", NEW, _version(6), "format version 6, newer than this gpuq reads (version 5)"),
     ("block_size in version 3", NEW, lambda t, m: (_version(3)(t, m), m["tensors"]["w"].update(
         axis=None, group_size=None, block_size=[4, 4])),
      "block_size [4, 4] needs format version 4, but the file says version 3"),

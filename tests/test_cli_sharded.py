@@ -267,6 +267,29 @@ def test_cluster_run_is_the_local_run(tmp_path, cluster):
     assert tensor_hashes(tmp_path / "dask") == tensor_hashes(tmp_path / "local")
 
 
+@pytest.mark.parametrize("flags", [["--dtype", "int4", "--symmetric"],
+                                   ["--dtype", "float4_e2m1fn", "--scales", "nvfp4"]])
+def test_cluster_run_takes_the_scale_rule(tmp_path, cluster, flags):
+    """The schemes a worker gets carry the scale rule: symmetric int4 by the full-range rule
+    (max|x| / 7.5) and NVFP4's global scales, the same bytes as the local run."""
+    make_sharded(tmp_path / "in", n_shards=2)
+    opts = ["--device", "cpu", "-q", *flags]
+    assert gpuq_main("quantize", tmp_path / "in", "-o", tmp_path / "local", *opts) == 0
+    assert gpuq_main("quantize", tmp_path / "in", "-o", tmp_path / "dask", *opts,
+                     "--scheduler", cluster.scheduler_address) == 0
+    assert file_bytes(tmp_path / "dask") == file_bytes(tmp_path / "local")
+    from gpuq.checkpoints.files import Checkpoint  # safetensors' NumPy loader has no F8 (NVFP4's scales)
+
+    w = load(tmp_path / "in" / shard_name(0, 2))["model.layers.0.mlp.weight"]
+    with Checkpoint(str(tmp_path / "dask" / shard_name(0, 2))) as ckpt:
+        got = {n: ckpt.load(n) for n in ckpt.names}
+    if flags[1] == "int4":
+        want = (np.abs(w).max(axis=1) / np.float32(7.5)).astype(np.float32)  # one group of 128 a row
+        assert got["model.layers.0.mlp.weight.scales"].reshape(-1).tobytes() == want.tobytes()
+    else:
+        assert got["model.layers.0.mlp.weight.global_scale"].tolist() == [gpuq.global_scale(w)]
+
+
 def _kill_once(marker):
     """A worker plugin (pickled by value) whose worker exits at its first tensor write, once."""
     from distributed import WorkerPlugin

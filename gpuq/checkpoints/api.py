@@ -19,6 +19,7 @@ import warnings
 from ..qparams import METHODS
 from .convert import DEQUANTIZE_DTYPES
 from .quantized import CODE_DTYPES
+from .scale_rules import SCALE_RULES, SCALES
 from .selection import DEFAULT_MIN_SIZE
 from .formats import for_input, for_output
 
@@ -88,7 +89,7 @@ def _block(value):
 def quantize_options(src, out, *, format="gpuq", dtype=None, axis=None, per_tensor=False,
                      group_size=None, block=None, symmetric=False, asymmetric=False, include=(),
                      exclude=(), min_size=DEFAULT_MIN_SIZE, calibrate="minmax", nonfinite="warn",
-                     device="auto", workers=None, scheduler=None):
+                     device="auto", workers=None, scheduler=None, scales=None, scale_rule=None):
     """The options namespace of :func:`quantize` (the command's ``args``), every value checked.
 
     >>> quantize_options("a.safetensors", "b.safetensors", group_size=128).group_size
@@ -103,7 +104,9 @@ def quantize_options(src, out, *, format="gpuq", dtype=None, axis=None, per_tens
         exclude=_patterns(exclude, "exclude"), min_size=_int(min_size, "min_size", none=False),
         calibrate=_choice(calibrate, "calibrate", METHODS),
         nonfinite=_choice(nonfinite, "nonfinite", _NONFINITE), device=_choice(device, "device", _DEVICES),
-        workers=_int(workers, "workers"), scheduler=scheduler)
+        workers=_int(workers, "workers"), scheduler=scheduler,
+        scales=_choice(scales, "scales", SCALES, none=True),
+        scale_rule=_choice(scale_rule, "scale_rule", SCALE_RULES, none=True))
     if opts.symmetric and opts.asymmetric:
         raise ValueError("symmetric and asymmetric: give one")
     if opts.per_tensor and opts.axis is not None:
@@ -120,7 +123,7 @@ def quantize_options(src, out, *, format="gpuq", dtype=None, axis=None, per_tens
 def quantize(src, out, *, format="gpuq", dtype=None, axis=None, per_tensor=False, group_size=None,
              block=None, symmetric=False, asymmetric=False, include=(), exclude=(),
              min_size=DEFAULT_MIN_SIZE, calibrate="minmax", nonfinite="warn", device="auto",
-             workers=None, scheduler=None, progress=False) -> dict:
+             workers=None, scheduler=None, scales=None, scale_rule=None, progress=False) -> dict:
     """Quantize checkpoint ``src`` (a file, a sharded folder or a model folder) to ``out``;
     return the report (what ``gpuq quantize --json`` prints).
 
@@ -128,7 +131,10 @@ def quantize(src, out, *, format="gpuq", dtype=None, axis=None, per_tensor=False
     gets its default scheme), ``per_tensor=True`` one scale per tensor, ``group_size`` groups
     along the input dimension, ``block="AxB"`` (or ``(A, B)``) block scales; ``format`` is
     ``"gpuq"`` (``src``'s own file format), ``"compressed-tensors"`` or ``"fp8-blocks"`` (model
-    folders). ``progress``: False, True (a tqdm bar on stderr) or ``callable(done, total, name)``.
+    folders). ``scales`` (``"float32"``, ``"mx"``, ``"nvfp4"``) and ``scale_rule`` (``"full"``,
+    ``"narrow"``, an MX rule) are ``--scales`` and ``--scale-rule``: None takes the code type's
+    default (symmetric int4/uint4: ``"full"``; int8/uint8: ``"narrow"``; fp4/fp6: MX ``"even"``).
+    ``progress``: False, True (a tqdm bar on stderr) or ``callable(done, total, name)``.
 
     >>> import os, tempfile
     >>> d = tempfile.mkdtemp()
@@ -141,7 +147,8 @@ def quantize(src, out, *, format="gpuq", dtype=None, axis=None, per_tensor=False
                             group_size=group_size, block=block, symmetric=symmetric,
                             asymmetric=asymmetric, include=include, exclude=exclude,
                             min_size=min_size, calibrate=calibrate, nonfinite=nonfinite,
-                            device=device, workers=workers, scheduler=scheduler)
+                            device=device, workers=workers, scheduler=scheduler, scales=scales,
+                            scale_rule=scale_rule)
     return run_quantize(opts, progress=_progress(progress), warn=_warn)
 
 

@@ -15,7 +15,9 @@ A scheme is ``DTYPE[:OPTION]...`` with the options ``gG`` (one scale per G
 elements; along the last axis unless ``axisK`` says otherwise), ``axisK``
 (per-channel along K; -1 with a group size), ``tensor`` (one scale per tensor),
 ``bAxB`` (one scale per AxB block of the last two dimensions, as ``gpuq quantize
---block AxB``) and ``sym`` (zero point 0; implied for fp8). Without ``gG``,
+--block AxB``), ``sym`` (zero point 0; implied for fp8), the scales ``float32``, ``mx`` or
+``nvfp4`` and a scale rule ``full``, ``narrow``, ``floor``, ``even``, ``ceil`` or ``rceil`` (as
+``gpuq quantize --scales``/``--scale-rule``, with the same defaults). Without ``gG``,
 ``axisK``, ``tensor`` or ``bAxB`` the scheme is the default of its code type and each tensor's rank
 (:func:`gpuq.checkpoints.selection.default_scheme`)::
 
@@ -25,6 +27,11 @@ elements; along the last axis unless ``axisK`` says otherwise), ``axisK``
     float8_e4m3fn         fp8, one scale per row
     float8_e5m2:tensor    fp8 e5m2, one scale per tensor
     float8_e4m3fn:b128x128  fp8, one scale per 128x128 block (DeepSeek's layout)
+    int4:sym              int4 symmetric, full-range rule (max|x| / 7.5), groups of 128
+    int4:sym:narrow       int4 symmetric, max|x| / 7
+    float4_e2m1fn         fp4, MX scales (rule even), groups of 32
+    float4_e2m1fn:nvfp4   fp4, NVFP4's e4m3 scales per 16 and a global scale
+    float6_e2m3fn:mx:ceil fp6, MX scales by the ceil rule
 
 ``calibrate`` lists the ways the parameters come from the data (``gpuq compare --calibrate``,
 repeatable): ``"minmax"`` (the default) and ``"mse"`` (``choose_qparams(..., method="mse")``).
@@ -38,10 +45,11 @@ import math
 import os
 
 from .files import Checkpoint, CliError
-from .quantized import (CODE_DTYPES, codes_shape, has_zps, is_float8, is_packed,
-                        param_shape, zps_dtype)
+from .quantized import (CODE_DTYPES, codes_shape, has_global_scale, has_zps, is_float8,
+                        param_shape, scales_dtype, zps_dtype)
+from .scale_rules import SCALE_RULES, SCALES, resolve
 from .report import _db, human_bytes, natural_key
-from .selection import Plan, describe, describe_where, parse_block, select
+from .selection import Plan, default_scheme, describe, describe_where, parse_block, select
 
 DEFAULT_SCHEMES = ("int8", "int4", "float8_e4m3fn")
 
@@ -49,10 +57,16 @@ DEFAULT_SCHEMES = ("int8", "int4", "float8_e4m3fn")
 def parse_scheme(text: str) -> Plan:
     """A :class:`~gpuq.checkpoints.selection.Plan` from ``DTYPE[:OPTION]...`` (see the module docstring).
 
-    >>> parse_scheme("int4:g128")
-    Plan(axis=-1, group_size=128, dtype='int4', symmetric=False, default=False, block=None)
-    >>> parse_scheme("float8_e5m2:tensor")
-    Plan(axis=None, group_size=None, dtype='float8_e5m2', symmetric=True, default=False, block=None)
+    >>> parse_scheme("int4:g128")  # doctest: +NORMALIZE_WHITESPACE
+    Plan(axis=-1, group_size=128, dtype='int4', symmetric=False, default=False, block=None,
+         scales='float32', scale_rule=None)
+    >>> parse_scheme("float8_e5m2:tensor")  # doctest: +NORMALIZE_WHITESPACE
+    Plan(axis=None, group_size=None, dtype='float8_e5m2', symmetric=True, default=False, block=None,
+         scales='float32', scale_rule=None)
+    >>> p = parse_scheme("float4_e2m1fn:nvfp4"); p.scales, p.scale_rule, p.default
+    ('nvfp4', None, True)
+    >>> parse_scheme("int4:sym").scale_rule, parse_scheme("int4:sym:narrow").scale_rule
+    ('full', 'narrow')
     >>> parse_scheme("float8_e4m3fn:b128x128").block
     (128, 128)
     >>> parse_scheme("uint8:sym").default
@@ -60,18 +74,23 @@ def parse_scheme(text: str) -> Plan:
     >>> parse_scheme("int3")
     Traceback (most recent call last):
     ...
-    gpuq.checkpoints.files.CliError: --scheme 'int3': the code type 'int3' is not one of int8, uint8, int4, uint4, float8_e4m3fn, float8_e5m2
+    gpuq.checkpoints.files.CliError: --scheme 'int3': the code type 'int3' is not one of int8, uint8, int4, uint4, float8_e4m3fn, float8_e5m2, float4_e2m1fn, float6_e2m3fn, float6_e3m2fn
     """
     dtype, *options = text.split(":")
     if dtype not in CODE_DTYPES:
         raise CliError(f"--scheme {text!r}: the code type {dtype!r} is not one of "
                        f"{', '.join(CODE_DTYPES)}")
-    axis = group = block = None
+    axis = group = block = scales = rule = None
     per_tensor = symmetric = False
     for opt in options:
         try:
             if opt == "sym":
                 symmetric = True
+            elif opt in SCALES or opt in SCALE_RULES:
+                if (scales if opt in SCALES else rule) is not None:
+                    raise CliError(f"--scheme {text!r}: {opt!r} is the second "
+                                   f"{'scales' if opt in SCALES else 'scale rule'} option: give one")
+                scales, rule = (opt, rule) if opt in SCALES else (scales, opt)
             elif opt == "tensor":
                 per_tensor = True
             elif opt.startswith("b") and "x" in opt:
@@ -88,24 +107,31 @@ def parse_scheme(text: str) -> Plan:
             raise
         except ValueError:
             raise CliError(f"--scheme {text!r}: {opt!r} is not an option (gG, axisK, tensor, "
-                           f"bAxB, sym)") from None
+                           f"bAxB, sym, {', '.join(SCALES)}, {', '.join(SCALE_RULES)})") from None
     if sum((per_tensor, axis is not None or group is not None, block is not None)) > 1:
         raise CliError(f"--scheme {text!r}: give one of 'tensor', 'bAxB' and an axis or "
                        f"group size")
     default = not per_tensor and axis is None and group is None and block is None
     if group is not None and axis is None:
         axis = -1
+    symmetric = symmetric or is_float8(dtype)
+    try:
+        scales, rule = resolve(dtype, symmetric, scales, rule)
+    except CliError as exc:  # the flags' words, said of the spec
+        raise CliError(f"--scheme {text!r}: {exc}") from None
     return Plan(axis=None if per_tensor else axis, group_size=group, dtype=dtype,
-                symmetric=symmetric or is_float8(dtype), default=default, block=block)
+                symmetric=symmetric, default=default, block=block, scales=scales, scale_rule=rule)
 
 
 def _stored_bytes(shape, scheme) -> int:
-    """Bytes ``gpuq quantize`` stores for one tensor: codes, scales, zero points."""
+    """Bytes ``gpuq quantize`` stores for one tensor: codes, scales, zero points (NVFP4: its
+    global scale)."""
     codes = math.prod(codes_shape(scheme["dtype"], shape))  # one byte per code, or packed
     params = math.prod(param_shape(tuple(shape), scheme["axis"], scheme["group_size"],
                                    scheme.get("block_size")))
     zps = params * zps_dtype(scheme["dtype"]).itemsize if has_zps(scheme) else 0
-    return codes + 4 * params + zps
+    scales = params * scales_dtype(scheme, "npz").itemsize + (4 if has_global_scale(scheme) else 0)
+    return codes + scales + zps
 
 
 def run_compare(in_path, scheme_texts, *, include=(), exclude=(), min_size, device,
@@ -120,6 +146,11 @@ def run_compare(in_path, scheme_texts, *, include=(), exclude=(), min_size, devi
     plans = [parse_scheme(t) for t, _ in pairs]
     columns = [t for t, _ in pairs]
     methods = [m for _, m in pairs]
+    for plan, text, method in zip(plans, columns, methods):
+        if plan.scales != "float32" and method != "minmax":  # before IN is read
+            raise CliError(f"--scheme {text!r} with --calibrate {method}: MX and NVFP4 scales come from "
+                           f"each block's max (the MSE search is for float32 scales); compare it in a "
+                           f"run of its own")
     specs, tensors = _open(in_path)
     chosen = select(specs, include=include, exclude=exclude, min_size=min_size)
     schemes = {n: [p.for_shape(n, specs[n][0]) for p in plans] for n in chosen}
@@ -213,7 +244,7 @@ def _column(plan, schemes) -> str:
         return plan.dtype
     if plan.axis is not None and plan.axis < 0:
         shown = plan.axis
-    elif plan.default and is_packed(plan.dtype):
+    elif plan.default and default_scheme(plan.dtype, 2, plan.scales)[1] is not None:
         shown = -1  # the default groups run along the last axis, whatever the rank
     else:
         shown = None

@@ -15,7 +15,7 @@ counted before it is quantized. ``error`` refuses such a tensor; ``warn``
 (the default) and ``allow`` quantize it with parameters computed from its
 finite values, and the codes of the non-finite values then follow the
 library's contract (NaN -> the zero point, +Inf -> qmax, -Inf -> qmin; fp8:
-NaN stays NaN, +-Inf -> +-max finite);
+NaN stays NaN, +-Inf -> +-max finite; fp4/fp6: NaN -> 0, +-Inf -> +-max);
 ``warn`` says so on stderr. The report counts them per tensor, and its SQNR
 and max error are over the finite values.
 """
@@ -28,9 +28,11 @@ import sys
 import numpy as np
 
 from .files import Checkpoint, CliError, check_output, checkpoint_writer, file_format
-from .quantized import (check_file, code_range, is_float8, is_packed, scheme_kw,
-                        check_values, codes_dtype, file_meta, has_zps, logical_shape,
-                        output_entries, zps_dtype)
+from .._codetypes import CODE_TYPES
+from .quantized import (api_scales, check_file, code_range, companion_names, is_float8, is_packed,
+                        scheme_kw, check_values, codes_dtype, file_meta, has_global_scale, has_zps,
+                        logical_shape, output_entries, param_suffixes, stored_scales, zps_dtype)
+from .scale_rules import choose_kwargs, is_small_float
 from .report import natural_key, nonfinite_text
 from .selection import check_names, describe, select
 from .stops import complete
@@ -288,6 +290,10 @@ def quantize_tensor(x, scheme: dict, device, *, name: str = "x", nonfinite: str 
     of the finite values. The codes come from :func:`gpuq.quantize` on ``x``
     itself, so NaN gives the zero point and +/-Inf saturate, as the contract says.
 
+    The scheme's scale keys choose the scales (:func:`gpuq.checkpoints.scale_rules.choose_kwargs`:
+    the full-range rule, MX, NVFP4). NVFP4's global scale comes back in ``stats["global_scale"]``,
+    and the scales are its e4m3 block scales (the statistics use ``float32(s_b / gs)``).
+
     ``calibrate`` is ``choose_qparams``' ``method`` (``"minmax"`` or ``"mse"``). Under
     ``"mse"`` the replaced values are zeros of the copy, and a zero's round trip is exact
     (0 quantizes to the zero point and comes back as 0), so each adds exactly +0 to its
@@ -302,6 +308,7 @@ def quantize_tensor(x, scheme: dict, device, *, name: str = "x", nonfinite: str 
     """
     import gpuq
 
+    from .._nvfp4 import block_scales
     from ..qparams import choose_qparams
 
     kw = scheme_kw(scheme)
@@ -313,12 +320,18 @@ def quantize_tensor(x, scheme: dict, device, *, name: str = "x", nonfinite: str 
     xd = device.put(x)
     # Parameters of the finite values: the same tensor with NaN/Inf replaced by 0.
     pd = device.put(finite_part(x)) if bad else xd
+    rule_kw = choose_kwargs(scheme, pd)
     scales, zps = choose_qparams(pd, dtype=scheme["dtype"], symmetric=scheme["symmetric"], method=calibrate,
-                                 **kw)
+                                 **kw, **rule_kw)
     del pd
-    q = gpuq.quantize(xd, scales, zps, dtype=scheme["dtype"], **kw)
+    gs = rule_kw.get("global_scale")
+    q = gpuq.quantize(xd, scales, zps, dtype=scheme["dtype"], **kw,
+                      **({} if gs is None else {"global_scale": gs}))
     del xd
-    stats = error_stats(x, q, scales, zps, scheme, get=device.get, finite_only=bool(bad))
+    block = scales if gs is None else block_scales(scales, gs)
+    stats = error_stats(x, q, block, zps, scheme, get=device.get, finite_only=bool(bad))
+    if gs is not None:
+        stats["global_scale"] = gs
     scales = np.asarray(device.get(scales), np.float32)
     if zps is not None:
         zps = _narrow(np.asarray(device.get(zps)), scheme["dtype"], name)
@@ -333,14 +346,14 @@ def host_codes(q, device):
     if not isinstance(q, gpuq.Codes):
         return device.get(q)
     data = np.ascontiguousarray(device.get(q.data))
-    if is_float8(q.dtype):  # fp8 bits from a GPU array library without an fp8 type
-        return data.view(codes_dtype(q.dtype, "safetensors")).reshape(q.shape)
+    if is_float8(q.dtype) and not is_packed(q.dtype):  # fp8/fp6 bits from a GPU array library
+        return data.view(CODE_TYPES[q.dtype].host_array_dtype()).reshape(q.shape)
     return gpuq.Codes(data, q.shape, q.dtype)
 
 
 def stored_codes(q, scheme: dict, fmt: str):
     """What the file holds for host codes ``q`` (see :mod:`gpuq.checkpoints.quantized`): the packed
-    bytes of int4/uint4, the uint8 bits of fp8 in an .npz, else ``q`` itself.
+    bytes of int4/uint4/fp4, the uint8 bits of fp8 in an .npz and of fp6, else ``q`` itself.
 
     >>> import gpuq
     >>> stored_codes(gpuq.pack(np.array([1, -2, 3], np.int8)), {"dtype": "int4"}, "npz")
@@ -348,7 +361,7 @@ def stored_codes(q, scheme: dict, fmt: str):
     """
     if is_packed(scheme["dtype"]):
         return q.data
-    if is_float8(scheme["dtype"]) and fmt != "safetensors":
+    if is_float8(scheme["dtype"]) and codes_dtype(scheme["dtype"], fmt) == np.uint8:
         return q.view(np.uint8)
     return q
 
@@ -363,7 +376,7 @@ def api_codes(stored, scheme: dict, device):
     if is_float8(dtype):
         bits = stored.view(np.uint8)
         if device.xp is np:
-            return bits.view(codes_dtype(dtype, "safetensors"))  # an ml_dtypes fp8 array
+            return bits.view(CODE_TYPES[dtype].host_array_dtype())  # an ml_dtypes fp8/fp6 array
         return gpuq.Codes(device.put(bits), tuple(bits.shape), dtype)
     return device.put(stored)
 
@@ -440,8 +453,9 @@ def plan_schemes(specs: dict, plan, *, include=(), exclude=(), min_size) -> dict
     chosen tensor) runs here, before any work.
     """
     chosen = select(specs, include=include, exclude=exclude, min_size=min_size)
-    check_names(list(specs), chosen)
-    return {n: plan.for_shape(n, specs[n][0]) for n in chosen}
+    schemes = {n: plan.for_shape(n, specs[n][0]) for n in chosen}
+    check_names(list(specs), chosen, param_suffixes(next(iter(schemes.values()))) if schemes else ())
+    return schemes
 
 
 def quantize_file(ckpt, out_path, out_fmt, schemes, *, device, nonfinite="warn", warn=None,
@@ -507,15 +521,19 @@ def _quantize_one(ckpt, name, scheme, row, out, device, nonfinite, warn, calibra
     except (ValueError, TypeError) as exc:
         raise CliError(f"tensor {name!r}: {' '.join(str(exc).split())}") from exc
     if sum(counts.values()) and nonfinite == "warn" and warn is not None:
-        what = ("NaN -> NaN, +-Inf -> +-max finite" if is_float8(scheme["dtype"])
+        what = ("NaN -> 0, +-Inf -> +-max" if is_small_float(scheme["dtype"])  # fp4/fp6 have no NaN
+                else "NaN -> NaN, +-Inf -> +-max finite" if is_float8(scheme["dtype"])
                 else "NaN -> zero point, +-Inf -> saturated")
         warn(f"tensor {name!r} has {nonfinite_text(counts)}: quantized with parameters from "
              f"its finite values ({what}); --nonfinite error refuses it, allow keeps quiet")
     pshape = out.entries[name + ".scales"][0]  # (1,) for per-tensor in .safetensors
     codes = stored_codes(q, scheme, out.fmt)
     out.write(name, codes)
-    out.write(name + ".scales", scales.reshape(pshape))
-    after = codes.nbytes + scales.nbytes
+    after = codes.nbytes
+    for suffix, p in stored_scales(scales, scheme, out.fmt, stats.get("global_scale")).items():
+        p = p.reshape(out.entries[name + suffix][0])
+        out.write(name + suffix, p)
+        after += p.nbytes
     if has_zps(scheme):
         out.write(name + ".zps", zps.reshape(pshape))
         after += zps.nbytes
@@ -608,7 +626,7 @@ def check_quantized(ckpt) -> dict:
 
 def restored_names(ckpt, schemes) -> list:
     """The tensors a dequantized ``ckpt`` holds: all but the scales and zero points."""
-    companions = {n + s for n in schemes for s in (".scales", ".zps")}
+    companions = companion_names(schemes)
     return [n for n in ckpt.names if n not in companions]
 
 
@@ -657,16 +675,17 @@ def dequantize_file(ckpt, out_path, out_fmt, schemes, *, dtype, device, tick=Non
                              "bytes_after": ckpt.nbytes(name)})
             else:
                 s = schemes[name]
-                scales = ckpt.load(name + ".scales")
+                gs = ckpt.load(name + ".global_scale") if has_global_scale(s) else None
+                scales, scale_kw = api_scales(ckpt.load(name + ".scales"), s, gs)
                 zps = ckpt.load(name + ".zps") if has_zps(s) else None
-                before = (ckpt.nbytes(name) + ckpt.nbytes(name + ".scales")
-                          + (ckpt.nbytes(name + ".zps") if zps is not None else 0))
+                before = ckpt.nbytes(name) + sum(ckpt.nbytes(name + x) for x in param_suffixes(s)
+                                                 if x != ".zps" or zps is not None)
                 stored = ckpt.load(name)
                 check_values(ckpt.path, name, s, stored, zps)
                 try:
                     # Host scales/zps with a device src are uploaded by the library.
                     y = gpuq.dequantize(api_codes(stored, s, device), scales, zps,
-                                        dtype=entries[name][1], **scheme_kw(s))
+                                        dtype=entries[name][1], **scheme_kw(s), **scale_kw)
                 except CliError:  # a ValueError already in its one-line form
                     raise
                 except (ValueError, TypeError) as exc:

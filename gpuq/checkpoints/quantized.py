@@ -6,7 +6,8 @@ For each quantized tensor ``NAME``:
 entry               contents
 ==================  ================================================================
 ``NAME``            the codes (see "Code storage" below)
-``NAME.scales``     float32 scales, shaped as :func:`gpuq.quantize` takes them
+``NAME.scales``     float32 scales (version 5: see "Scales" below), shaped as
+                    :func:`gpuq.quantize` takes them
                     (per-tensor ``()`` in an .npz and ``(1,)`` in a .safetensors
                     file, as version 1 wrote them; per-channel ``(shape[k],)``;
                     multi-axis ``shape`` projected onto the axes; per-group
@@ -16,6 +17,8 @@ entry               contents
                     symmetric int8/int4 (zero point 0, the library's
                     ``zps=None``) and for fp8 (which has no zero point), present
                     otherwise
+``NAME.global_      float32, shape ``(1,)``: NVFP4's global scale (version 5,
+scale``             ``"scale_dtype": "float8_e4m3fn"`` only)
 ==================  ================================================================
 
 plus the gpuq metadata (safetensors metadata key ``"gpuq"``, .npz member
@@ -40,6 +43,9 @@ int8, uint8        I8 / U8, the tensor's shape              int8 / uint8, the te
 int4, uint4        U8, 1-D, ``ceil(n / 2)`` bytes           uint8, the same
 float8_e4m3fn      F8_E4M3, the tensor's shape              uint8 (the fp8 bits), the shape
 float8_e5m2        F8_E5M2, the tensor's shape              uint8 (the fp8 bits), the shape
+float4_e2m1fn      U8, 1-D, ``ceil(n / 2)`` bytes           uint8, the same
+float6_e2m3fn,     U8, the tensor's shape (one code a      uint8, the same
+float6_e3m2fn      byte, the 6-bit pattern)
 =================  ======================================  ====================================
 
 * int4/uint4 are packed two per byte in ONNX's order over the C-order
@@ -50,12 +56,32 @@ float8_e5m2        F8_E5M2, the tensor's shape              uint8 (the fp8 bits)
   lost the tensor's shape, so the scheme records it (``"shape"``, required for
   int4/uint4 and refused elsewhere). Their zero points lie in the code range
   ([-8, 7] / [0, 15]) and the padding nibble is 0, both checked on reading.
+* float4_e2m1fn packs as int4 (the same nibble order, ``"shape"`` and ``"packing"``
+  recorded, the padding nibble 0); fp6 has no safetensors type: one byte a code, whose top
+  two bits are 0 (checked on reading).
 * fp8 is stored in safetensors' own float8 types (``F8_E4M3`` is
   float8_e4m3fn, as torch and the safetensors library read it), so any
   safetensors reader loads the codes as fp8; NumPy's .npy has no fp8 type (an
   ml_dtypes array saves as raw ``V1`` bytes, its type lost), so an .npz holds
   the uint8 bits and the dtype comes from the metadata. fp8 schemes are always
   ``"symmetric": true`` and have no zero points.
+
+Scales (version 5). A scheme of fp4/fp6 codes, or of fp8 codes with MX scales, has two more
+keys, the arguments :func:`gpuq.choose_qparams` took: ``"scale_dtype"`` and ``"scale_rule"``.
+
+=====================  ==================  ======================================================
+``scale_dtype``        ``scale_rule``      ``NAME.scales``
+=====================  ==================  ======================================================
+``float32``            null                float32 (fp4/fp6 with ``--scales float32``)
+``float8_e8m0fnu``     floor, even, ceil,  U8 e8m0 bytes ``k + 127`` of the scales ``2**k``
+                       rceil               (:func:`gpuq.e8m0_bytes`), in both formats
+``float8_e4m3fn``      null                NVFP4 (float4_e2m1fn only): the e4m3 block scales,
+                                           F8_E4M3 in .safetensors, their uint8 bits in .npz,
+                                           and ``NAME.global_scale``
+=====================  ==================  ======================================================
+
+The full-range rule of integer codes (``gpuq quantize --scale-rule full``, the int4 default) is
+not recorded: it chooses ordinary float32 scales, read as any other (:func:`recorded_scheme`).
 
 Versions. Version 1 (every gpuq before the int4/fp8 codes) knows int8/uint8
 only, with exactly the keys dtype, symmetric, axis, group_size, source_dtype.
@@ -64,13 +90,14 @@ list of axes (the multi-axis scheme: the default for tensors of rank >= 3),
 with the same keys. Version 4 adds block scales: ``"block_size"``, one entry
 per dimension of the tensor (``axis`` and ``group_size`` null; ``--block
 128x128`` records ``[128, 128]``, ``[1, 128, 128]`` for a rank-3 tensor), the
-scales of shape ``ceil(shape / block_size)``. A file is written in the lowest version that holds it
+scales of shape ``ceil(shape / block_size)``. Version 5 adds fp4/fp6 codes and the scale keys
+above (MX and NVFP4 scales). A file is written in the lowest version that holds it
 (:func:`version_for`): int8/uint8 output with one axis per tensor stays
 version 1, the same bytes as before, so a gpuq from before version 2 still
 reads it; a file with any int4/fp8 tensor is version 2, and one with any
 multi-axis tensor version 3 (an older gpuq refuses such files with "upgrade
-gpuq" instead of misreading them), one with any block scheme version 4. This
-gpuq reads all four.
+gpuq" instead of misreading them), one with any block scheme version 4, one with
+fp4/fp6 codes or MX/NVFP4 scales version 5. This gpuq reads all five.
 
 Nothing in a file is trusted: :func:`check_file` holds each quantized tensor
 and its companions to the metadata (code dtype and the version that allows
@@ -78,9 +105,9 @@ it, the storage dtype and shape, the packed length, scales and zero-point
 dtypes and shapes for the recorded scheme, presence or absence of the zero
 points) and refuses a format version it does not know, before any output is
 written; :func:`check_values` checks what needs the data (int4 zero points in
-range, the padding nibble) as each tensor is read, before it is used (the
+range, the padding nibble, fp6 bytes below 64) as each tensor is read, before it is used (the
 output is atomic: an error leaves no file). ``tests/data/format_v1/`` and
-``tests/data/format_v2/`` and ``tests/data/format_v3/`` hold files written by each
+``tests/data/format_v2/`` ... ``tests/data/format_v5/`` hold files written by each
 version; every later gpuq must read them with the same values.
 """
 
@@ -92,22 +119,25 @@ import numpy as np
 
 from .._codetypes import CODE_TYPES
 from .files import MAX_RANK, CliError
+from .scale_rules import MX_RULES, NVFP4_CODE, SCALE_DTYPE, is_small_float
 
 #: The newest version this gpuq writes (a file gets the lowest version that holds it:
 #: :func:`version_for`).
-FORMAT_VERSION = 3
+FORMAT_VERSION = 5
 #: The versions this gpuq reads.
-KNOWN_VERSIONS = (1, 2, 3, 4)
+KNOWN_VERSIONS = (1, 2, 3, 4, 5)
 #: The first version with a list of axes (the multi-axis scheme).
 MULTI_AXIS_VERSION = 3
 #: The first version with block scales (``"block_size"``: one entry per dim).
 BLOCK_VERSION = 4
+#: The first version with fp4/fp6 codes and MX/NVFP4 scales (``"scale_dtype"``, ``"scale_rule"``).
+SCALES_VERSION = 5
 #: The code dtypes of version 1 files (a fact of the file format; what each code dtype is
 #: comes from the code-type table, gpuq._codetypes).
 V1_CODE_DTYPES = ("int8", "uint8")
-#: The code dtypes the checkpoint files hold, in the table's order: every code dtype but fp4/fp6,
-#: which the array API has and no checkpoint format stores yet (issue 37's command part).
-CODE_DTYPES = tuple(n for n in CODE_TYPES if not n.startswith(("float4_", "float6_")))
+#: The code dtypes the checkpoint files hold, in the table's order: every code dtype (fp4/fp6
+#: from version 5).
+CODE_DTYPES = tuple(CODE_TYPES)
 #: The one packing of int4/uint4 codes (ONNX's nibble order, see the module docstring).
 PACKING = "onnx_nibbles"
 
@@ -144,26 +174,49 @@ def code_range(dtype) -> tuple:
     return row.qmin, row.qmax
 _SCHEME_KEYS = {"dtype", "symmetric", "axis", "group_size", "source_dtype"}
 _PACKED_KEYS = {"shape", "packing"}
+_SCALE_KEYS = {"scale_dtype", "scale_rule"}
+#: The stored dtype of the scales of each ``scale_dtype`` in an .npz (a .safetensors file stores
+#: e4m3 scales as F8_E4M3: :func:`scales_dtype`).
+_SCALES_NPZ = {"float32": np.float32, "float8_e8m0fnu": np.uint8, "float8_e4m3fn": np.uint8}
 
 
 def min_version(dtype: str) -> int:
     """The first format version that holds codes of ``dtype``.
 
-    >>> min_version("uint8"), min_version("int4"), min_version("float8_e5m2")
-    (1, 2, 2)
+    >>> min_version("uint8"), min_version("int4"), min_version("float8_e5m2"), min_version("float4_e2m1fn")
+    (1, 2, 2, 5)
     """
+    if is_small_float(dtype):
+        return SCALES_VERSION
     return 1 if dtype in V1_CODE_DTYPES else 2
+
+
+def recorded_scheme(scheme: dict) -> dict:
+    """What the file records of ``scheme``: the full-range rule of integer codes is a choice of
+    the writer (the scales are ordinary float32 ones, read as any other), so it is left out,
+    and the file stays in the version it had before that rule.
+
+    >>> recorded_scheme({"dtype": "int4", "axis": 1, "scale_rule": "full"})
+    {'dtype': 'int4', 'axis': 1}
+    """
+    if "scale_dtype" in scheme:
+        return scheme
+    return {k: v for k, v in scheme.items() if k != "scale_rule"}
 
 
 def scheme_version(scheme: dict) -> int:
     """The first format version that holds ``scheme``: its code dtype's, 3 for a list of axes,
-    4 for block scales.
+    4 for block scales, 5 for fp4/fp6 codes and MX or NVFP4 scales.
 
     >>> scheme_version({"dtype": "int8", "axis": 0}), scheme_version({"dtype": "int8", "axis": [0, 1]})
     (1, 3)
     >>> scheme_version({"dtype": "float8_e4m3fn", "axis": None, "block_size": [128, 128]})
     4
+    >>> scheme_version({"dtype": "float8_e4m3fn", "axis": 1, "scale_dtype": "float8_e8m0fnu"})
+    5
     """
+    if "scale_dtype" in scheme or is_small_float(scheme["dtype"]):
+        return SCALES_VERSION
     if scheme.get("block_size") is not None:
         return BLOCK_VERSION
     if isinstance(scheme.get("axis"), list):
@@ -271,20 +324,103 @@ def zps_dtype(dtype: str) -> np.dtype:
 
 
 def codes_dtype(dtype: str, fmt: str) -> np.dtype:
-    """The stored dtype of ``dtype`` codes in a file of format ``fmt``.
+    """The stored dtype of ``dtype`` codes in a file of format ``fmt`` (fp6: one code per byte,
+    U8, as safetensors has no fp6 type).
 
-    >>> codes_dtype("int4", "safetensors"), codes_dtype("float8_e4m3fn", "npz")
-    (dtype('uint8'), dtype('uint8'))
+    >>> codes_dtype("int4", "safetensors"), codes_dtype("float8_e4m3fn", "npz"), codes_dtype("float6_e2m3fn", "safetensors")
+    (dtype('uint8'), dtype('uint8'), dtype('uint8'))
     >>> codes_dtype("float8_e4m3fn", "safetensors").name
     'float8_e4m3fn'
     """
     if dtype in V1_CODE_DTYPES:
         return np.dtype(dtype)
-    if is_float8(dtype) and fmt == "safetensors":
+    if is_float8(dtype) and not is_small_float(dtype) and fmt == "safetensors":
         import ml_dtypes
 
         return np.dtype(getattr(ml_dtypes, dtype))
     return np.dtype(np.uint8)
+
+
+def scales_dtype(scheme: dict, fmt: str) -> np.dtype:
+    """The stored dtype of a scheme's scales: float32; e8m0 bytes (uint8) for MX scales; NVFP4's
+    e4m3 block scales as F8_E4M3 in a .safetensors file, their uint8 bits in an .npz.
+
+    >>> scales_dtype({"dtype": "int8"}, "npz"), scales_dtype({"scale_dtype": "float8_e8m0fnu"}, "safetensors")
+    (dtype('float32'), dtype('uint8'))
+    >>> scales_dtype({"scale_dtype": "float8_e4m3fn"}, "safetensors").name
+    'float8_e4m3fn'
+    """
+    sdt = scheme.get("scale_dtype", "float32")
+    if sdt == SCALE_DTYPE["nvfp4"] and fmt == "safetensors":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.float8_e4m3fn)
+    return np.dtype(_SCALES_NPZ[sdt])
+
+
+def has_global_scale(scheme: dict) -> bool:
+    """Whether ``NAME.global_scale`` (float32, shape ``(1,)``) is stored: NVFP4's scales.
+
+    >>> has_global_scale({"scale_dtype": "float8_e4m3fn"}), has_global_scale({"dtype": "int8"})
+    (True, False)
+    """
+    return scheme.get("scale_dtype") == SCALE_DTYPE["nvfp4"]
+
+
+def param_suffixes(scheme: dict) -> tuple:
+    """The suffixes of the entries stored beside a tensor's codes (some may be absent).
+
+    >>> param_suffixes({"dtype": "int8"}), param_suffixes({"scale_dtype": "float8_e4m3fn"})
+    (('.scales', '.zps'), ('.scales', '.zps', '.global_scale'))
+    """
+    return (".scales", ".zps") + ((".global_scale",) if has_global_scale(scheme) else ())
+
+
+def companion_names(schemes: dict) -> set:
+    """Every stored parameter entry of the quantized tensors ``schemes`` (name -> scheme)."""
+    return {n + s for n, sc in schemes.items() for s in param_suffixes(sc)}
+
+
+def stored_scales(scales, scheme: dict, fmt: str, global_scale=None) -> dict:
+    """The parameter entries (suffix -> array) of host float32 ``scales`` as the file stores them:
+    float32 as they are; MX's as e8m0 bytes (:func:`gpuq.e8m0_bytes`); NVFP4's e4m3 values as
+    F8_E4M3 (their uint8 bits in an .npz) with ``global_scale`` beside them.
+
+    >>> stored_scales(np.float32([0.25, 4.0]), {"scale_dtype": "float8_e8m0fnu"}, "npz")
+    {'.scales': array([125, 129], dtype=uint8)}
+    """
+    import gpuq
+
+    sdt = scheme.get("scale_dtype", "float32")
+    if sdt == SCALE_DTYPE["mx"]:
+        return {".scales": gpuq.e8m0_bytes(scales)}
+    if sdt == SCALE_DTYPE["nvfp4"]:
+        import ml_dtypes
+
+        bits = scales.astype(ml_dtypes.float8_e4m3fn)  # exact: the scales hold e4m3 values
+        return {".scales": bits if fmt == "safetensors" else bits.view(np.uint8),
+                ".global_scale": np.float32(global_scale).reshape(1)}
+    return {".scales": scales}
+
+
+def api_scales(stored, scheme: dict, global_scale=None) -> tuple:
+    """``(scales, keywords)`` for :func:`gpuq.dequantize` from the stored scales (and NVFP4's
+    stored global scale): float32 scales, and ``global_scale`` where the scheme has one.
+
+    >>> api_scales(np.uint8([125, 129]), {"scale_dtype": "float8_e8m0fnu"})
+    (array([0.25, 4.  ], dtype=float32), {})
+    """
+    import gpuq
+
+    sdt = scheme.get("scale_dtype", "float32")
+    if sdt == SCALE_DTYPE["mx"]:
+        return gpuq.e8m0_scales(stored), {}
+    if sdt == SCALE_DTYPE["nvfp4"]:
+        import ml_dtypes
+
+        s = np.asarray(stored).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+        return s, {"global_scale": np.asarray(global_scale).reshape(())[()]}
+    return stored, {}
 
 
 def codes_shape(dtype: str, shape) -> tuple:
@@ -323,9 +459,11 @@ def output_entries(name: str, shape: tuple, scheme: dict, fmt: str) -> dict:
     if pshape == () and fmt == "safetensors":
         pshape = (1,)  # what version 1 wrote (its writer made 0-d arrays 1-d): same bytes
     out = {name: (codes_shape(dtype, shape), codes_dtype(dtype, fmt)),
-           name + ".scales": (pshape, np.dtype(np.float32))}
+           name + ".scales": (pshape, scales_dtype(scheme, fmt))}
     if has_zps(scheme):
         out[name + ".zps"] = (pshape, zps_dtype(dtype))
+    if has_global_scale(scheme):
+        out[name + ".global_scale"] = ((1,), np.dtype(np.float32))
     return out
 
 
@@ -336,6 +474,7 @@ def file_meta(schemes: dict, source_dtypes: dict, source_format: str) -> dict:
     ...           {"w": "float32"}, "npz")["format_version"]
     1
     """
+    schemes = {n: recorded_scheme(s) for n, s in schemes.items()}
     return {"format_version": version_for(schemes), "source_format": source_format,
             "tensors": {n: {**s, "source_dtype": source_dtypes[n]} for n, s in schemes.items()}}
 
@@ -387,7 +526,8 @@ def check_file(ckpt) -> dict:
                 if entry in wanted and got in ((), (1,)):
                     wanted[entry] = (got, wanted[entry][1])
         for entry, (want_shape, want_dtype) in wanted.items():
-            what = {name: "codes", name + ".scales": "scales", name + ".zps": "zero points"}[entry]
+            what = {name: "codes", name + ".scales": "scales", name + ".zps": "zero points",
+                    name + ".global_scale": "global scale"}[entry]
             if entry not in names:
                 raise bad(f"tensor {name!r}: its {what} {entry!r} are missing (the gpuq metadata "
                           f"says {_describe(scheme)})")
@@ -406,12 +546,17 @@ def check_file(ckpt) -> dict:
                           f"but {_describe(scheme)} of shape {list(shape)} needs "
                           f"{list(want_shape)}")
         if not has_zps(scheme) and name + ".zps" in names:
-            why = ("fp8 codes have no zero point" if is_float8(scheme["dtype"])
+            why = ((f"{scheme['dtype']} codes have no zero point" if is_small_float(scheme["dtype"])
+                    else "fp8 codes have no zero point") if is_float8(scheme["dtype"])
                    else "which has no zero points")
             raise bad(f"tensor {name!r}: the file has {name + '.zps'!r}, but the gpuq metadata "
                       f"says {_describe(scheme)}, {why}")
+        if "scale_dtype" in scheme and not has_global_scale(scheme) and name + ".global_scale" in names:
+            raise bad(f"tensor {name!r}: the file has {name + '.global_scale'!r}, but the gpuq metadata "
+                      f"says {_describe(scheme)} with scale_dtype {scheme['scale_dtype']}, which has no "
+                      f"global scale")
         schemes[name] = scheme
-    companions = {n + s for n in schemes for s in (".scales", ".zps")}
+    companions = companion_names(schemes)
     for name in schemes:
         if name in companions:
             raise bad(f"tensor {name!r} is listed as quantized but is also the scales or zero "
@@ -432,18 +577,48 @@ def check_values(path: str, name: str, scheme: dict, codes, zps) -> None:
     gpuq.checkpoints.files.CliError: cannot read IN 'f': tensor 'w': the high nibble of its last byte pads an odd count of int4 codes (3) and must be 0, but it is 1: damaged or not written by gpuq
     """
     dtype = scheme["dtype"]
+    if is_small_float(dtype) and not is_packed(dtype):
+        # fp6 codes are one per byte: the top two bits are no code's
+        if codes.size and int(codes.view(np.uint8).max()) >= 64:
+            raise CliError(f"cannot read IN {path!r}: tensor {name!r}: its {dtype} codes hold a byte "
+                           f"{int(codes.view(np.uint8).max()):#04x}, beyond the 6-bit codes (0x00-0x3f): "
+                           f"damaged or not written by gpuq")
+        return
     if not is_packed(dtype):
         return
-    lo, hi = code_range(dtype)
-    if zps is not None and zps.size and (int(zps.min()) < lo or int(zps.max()) > hi):
-        raise CliError(f"cannot read IN {path!r}: tensor {name!r}: its zero points "
-                       f"{name + '.zps'!r} lie in [{int(zps.min())}, {int(zps.max())}], "
-                       f"outside the {dtype} range [{lo}, {hi}]")
+    if not is_float8(dtype):
+        _check_zps_range(path, name, dtype, zps)
     n = math.prod(scheme["shape"])
     if n % 2 and codes.size and int(codes[-1]) >> 4:
         raise CliError(f"cannot read IN {path!r}: tensor {name!r}: the high nibble of its last "
                        f"byte pads an odd count of {dtype} codes ({n}) and must be 0, but it is "
                        f"{int(codes[-1]) >> 4}: damaged or not written by gpuq")
+
+
+def _check_zps_range(path, name, dtype, zps) -> None:
+    lo, hi = code_range(dtype)
+    if zps is not None and zps.size and (int(zps.min()) < lo or int(zps.max()) > hi):
+        raise CliError(f"cannot read IN {path!r}: tensor {name!r}: its zero points "
+                       f"{name + '.zps'!r} lie in [{int(zps.min())}, {int(zps.max())}], "
+                       f"outside the {dtype} range [{lo}, {hi}]")
+
+
+def _check_scale_keys(dtype, scheme, version, invalid) -> None:
+    """The scale keys of version 5: required for fp4/fp6 codes, allowed on fp8 ones (MX scales),
+    ``scale_rule`` one that ``scale_dtype`` takes."""
+    sdt, rule = scheme["scale_dtype"], scheme["scale_rule"]
+    if version < SCALES_VERSION:
+        raise invalid(f"scale_dtype {sdt!r} needs format version {SCALES_VERSION}, but the file says "
+                      f"version {version}")
+    if sdt not in SCALE_DTYPE.values():
+        raise invalid(f"scale_dtype {sdt!r} is not one of {', '.join(SCALE_DTYPE.values())}")
+    if sdt == SCALE_DTYPE["mx"]:
+        if rule not in MX_RULES:
+            raise invalid(f"scale_rule {rule!r} is not one of {', '.join(MX_RULES)} (MX scales)")
+    elif rule is not None:
+        raise invalid(f"scale_rule {rule!r} with scale_dtype {sdt!r}: only MX scales have a rule")
+    if sdt == SCALE_DTYPE["nvfp4"] and dtype != NVFP4_CODE:
+        raise invalid(f"scale_dtype {sdt!r} (NVFP4) goes with {NVFP4_CODE} codes, got {dtype}")
 
 
 def _check_scheme(name, scheme, version, bad) -> dict:
@@ -462,6 +637,8 @@ def _check_scheme(name, scheme, version, bad) -> dict:
     keys = _SCHEME_KEYS | (_PACKED_KEYS if is_packed(dtype) else set())
     if "block_size" in scheme:
         keys = keys | {"block_size"}
+    if is_small_float(dtype) or (is_float8(dtype) and _SCALE_KEYS & set(scheme)):
+        keys = keys | _SCALE_KEYS
     missing = keys - {"source_dtype"} - set(scheme)
     unknown = set(scheme) - keys
     if missing or unknown:
@@ -501,6 +678,8 @@ def _check_scheme(name, scheme, version, bad) -> dict:
         if axis is not None or group_size is not None:
             raise invalid(f"block_size {block!r} with axis {axis!r} / group_size {group_size!r}: "
                           f"a block shape says it alone")
+    if _SCALE_KEYS <= keys:
+        _check_scale_keys(dtype, scheme, version, invalid)
     if "source_dtype" in scheme and not isinstance(scheme["source_dtype"], str):
         raise invalid(f"source_dtype {scheme['source_dtype']!r} is not a dtype name")
     if is_packed(dtype):

@@ -17,7 +17,9 @@ rank (:func:`default_scheme`, worded in :data:`DEFAULTS_HELP`): one scale per
 row of the last dimension for int8/uint8/fp8 (axis 0 of a rank-2 ``[out, in]``
 weight; every leading axis of an ``[experts, out, in]`` one, so each expert's
 rows get their own scales), groups of :data:`DEFAULT_GROUP` along the last
-dimension for int4/uint4, as every int4 consumer stores them.
+dimension for int4/uint4, as every int4 consumer stores them; groups of :data:`MX_GROUP` (32,
+OCP MX's block) for fp4/fp6 and any ``--scales mx``, of :data:`NVFP4_GROUP` (16) for ``--scales
+nvfp4``.
 """
 
 from __future__ import annotations
@@ -29,29 +31,41 @@ import numpy as np
 
 from .files import CliError
 from .quantized import is_float8, is_packed, scheme_for
+from .scale_rules import is_small_float, scheme_keys, word
 
 DEFAULT_MIN_SIZE = 1024
 _FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
 #: The group size of the int4/uint4 default.
 DEFAULT_GROUP = 128
+#: The group sizes of the fp4/fp6 default (OCP MX's block of 32) and of NVFP4's scales (16).
+MX_GROUP, NVFP4_GROUP = 32, 16
 #: The defaults table, as ``gpuq quantize --help`` states it.
 DEFAULTS_HELP = f"""\
   code type            rank 2 ([out, in])             rank >= 3 ([experts, out, in], ...)
   int8, uint8, fp8     one scale per output channel   one scale per row of the last
                        (axis 0)                       dimension (axes 0 .. rank-2)
   int4, uint4          groups of {DEFAULT_GROUP} along the last dimension, at every rank (one
-                       group per row where that dimension is shorter than {DEFAULT_GROUP})"""
+                       group per row where that dimension is shorter than {DEFAULT_GROUP})
+  fp4, fp6; --scales   groups of {MX_GROUP} along the last dimension, at every rank; --scales
+  mx with fp8          nvfp4: groups of {NVFP4_GROUP}"""
 
 
-def default_scheme(dtype: str, rank: int) -> tuple:
+def default_scheme(dtype: str, rank: int, scales: str = "float32") -> tuple:
     """``(axis, group_size)`` of the default scheme (no --axis, --per-tensor, --group-size).
 
     A list of axes is the multi-axis scheme: one scale per element of the
-    tensor's shape projected onto them.
+    tensor's shape projected onto them. ``scales`` is ``--scales``: MX scales (the fp4/fp6
+    default) run over groups of 32 along the last dimension, NVFP4's over groups of 16.
 
     >>> default_scheme("int8", 2), default_scheme("float8_e4m3fn", 3), default_scheme("uint4", 3)
     ((0, None), ([0, 1], None), (2, 128))
+    >>> default_scheme("float4_e2m1fn", 2), default_scheme("float4_e2m1fn", 3, "nvfp4")
+    ((1, 32), (2, 16))
     """
+    if scales == "nvfp4":
+        return rank - 1, NVFP4_GROUP
+    if scales == "mx" or is_small_float(dtype):
+        return rank - 1, MX_GROUP
     if is_packed(dtype):
         return rank - 1, DEFAULT_GROUP
     if rank <= 2:
@@ -59,14 +73,14 @@ def default_scheme(dtype: str, rank: int) -> tuple:
     return list(range(rank - 1)), None
 
 
-def default_note(dtype: str) -> str:
-    """The report's line on the defaults, for one code type.
+def default_note(dtype: str, scales: str = "float32") -> str:
+    """The report's line on the defaults, for one code type (and ``--scales``).
 
-    >>> default_note("int4")
-    'int4: groups of 128 along the last dimension'
+    >>> default_note("int4"), default_note("float4_e2m1fn", "mx")
+    ('int4: groups of 128 along the last dimension', 'float4_e2m1fn: groups of 32 along the last dimension')
     """
-    if is_packed(dtype):
-        return f"{dtype}: groups of {DEFAULT_GROUP} along the last dimension"
+    if scales != "float32" or is_small_float(dtype) or is_packed(dtype):
+        return f"{dtype}: groups of {default_scheme(dtype, 2, scales)[1]} along the last dimension"
     return (f"{dtype}: one scale per output channel at rank 2, per row of the last dimension "
             f"at rank >= 3")
 
@@ -78,6 +92,7 @@ class Plan:
     ``axis=None`` with ``group_size=None`` is per-tensor; ``default=True`` (none
     of --axis, --per-tensor, --group-size given) is the defaults table, by rank
     (:func:`default_scheme`; ``axis`` and ``group_size`` are then not used).
+    ``scales`` and ``scale_rule`` are resolved (:func:`gpuq.checkpoints.scale_rules.resolve`).
     """
 
     axis: int | None
@@ -86,8 +101,19 @@ class Plan:
     symmetric: bool
     default: bool = False
     block: tuple | None = None  # --block AxB: blocks of the last two dims (1 on leading dims)
+    scales: str = "float32"  # --scales: float32, mx or nvfp4
+    scale_rule: str | None = None  # full/narrow (symmetric int codes), an MX rule, or None
 
     def for_shape(self, name: str, shape: tuple) -> dict:
+        """This plan for one tensor (:meth:`_where`), with its scale keys
+        (:func:`gpuq.checkpoints.scale_rules.scheme_keys`).
+
+        >>> Plan(None, None, "int4", True, default=True, scale_rule="full").for_shape("w", (4, 256))["scale_rule"]
+        'full'
+        """
+        return {**self._where(name, shape), **scheme_keys(self.dtype, self.scales, self.scale_rule)}
+
+    def _where(self, name: str, shape: tuple) -> dict:
         """This plan for one tensor: the ``axis`` normalised to ``[0, rank)``.
 
         >>> Plan(-1, 128, "int8", True).for_shape("w", (4, 256))
@@ -101,7 +127,7 @@ class Plan:
         [0, 1]
         """
         if self.default:
-            axis, group = default_scheme(self.dtype, len(shape))
+            axis, group = default_scheme(self.dtype, len(shape), self.scales)
             return scheme_for(self.dtype, self.symmetric, axis, group, shape)
         if self.block is not None:
             return scheme_for(self.dtype, self.symmetric, None, None, shape,
@@ -164,11 +190,14 @@ def describe(scheme: dict) -> str:
     'uint8 sym per-tensor'
     >>> describe({"dtype": "float8_e4m3fn", "symmetric": True, "axis": [0, 1], "group_size": None})
     'float8_e4m3fn axis=(0,1)'
+    >>> describe({"dtype": "int4", "symmetric": True, "axis": 1, "group_size": 128, "scale_rule": "full"})
+    'int4 sym full-range axis=1 g=128'
     """
     parts = [scheme["dtype"]]
     if not is_float8(scheme["dtype"]):  # fp8 is always symmetric: no word for it
         parts.append("sym" if scheme["symmetric"] else "asym")
-    return " ".join(parts + [describe_where(scheme)])
+    rule = word(scheme.get("scale_dtype", "float32"), scheme.get("scale_rule"))
+    return " ".join(parts + ([rule] if rule else []) + [describe_where(scheme)])
 
 
 def describe_where(scheme: dict) -> str:
@@ -228,11 +257,12 @@ def select(specs: dict, *, include=(), exclude=(), min_size=DEFAULT_MIN_SIZE) ->
     return chosen
 
 
-def check_names(names, chosen) -> None:
-    """Refuse an IN where ``<name>.scales`` / ``<name>.zps`` would overwrite a tensor."""
+def check_names(names, chosen, suffixes=(".scales", ".zps")) -> None:
+    """Refuse an IN where ``<name>.scales`` / ``<name>.zps`` (or another of ``suffixes``: NVFP4's
+    ``.global_scale``) would overwrite a tensor."""
     existing = set(names)
     for name in chosen:
-        for suffix in (".scales", ".zps"):
+        for suffix in suffixes:
             if name + suffix in existing:
                 raise CliError(
                     f"tensor {name!r} cannot be quantized: IN already has a tensor named "

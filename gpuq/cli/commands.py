@@ -36,13 +36,14 @@ from ..checkpoints.convert import DEQUANTIZE_DTYPES
 from ..checkpoints.formats import FORMATS
 from ..checkpoints.quantized import CODE_DTYPES
 from ..checkpoints.report import format_table, to_json
+from ..checkpoints.scale_rules import INT_RULES, MX_RULES, SCALE_RULES, SCALES
 from ..checkpoints.selection import DEFAULT_MIN_SIZE, DEFAULTS_HELP
 from .signals import EXIT_STATUS, Terminated, stop_signals, stopped_line
 
 __all__ = ["main", "build_parser"]
 
 _QUANTIZE_HELP = f"""\
-Quantize the floating tensors of a checkpoint to int8/uint8, int4/uint4 or fp8 codes.
+Quantize the floating tensors of a checkpoint to int8/uint8, int4/uint4, fp8 or fp4/fp6 codes.
 
 Selected: floating tensors (float16, bfloat16, float32, float64) of rank >= 2
 with at least --min-size elements (default {DEFAULT_MIN_SIZE}), filtered by
@@ -71,7 +72,21 @@ and [0, 15], two codes per byte in ONNX's nibble order: the codes are a 1-D
 uint8 tensor of ceil(n/2) bytes and the metadata records the shape; groups of
 128 by default); float8_e4m3fn and float8_e5m2 (fp8: q = fp8(x / s),
 scales max|x| / 448 or / 57344, no zero points, --symmetric implied; stored
-as safetensors F8_E4M3/F8_E5M2, as uint8 bits in an .npz).
+as safetensors F8_E4M3/F8_E5M2, as uint8 bits in an .npz); float4_e2m1fn
+(packed as int4), float6_e2m3fn and float6_e3m2fn (one code per byte, U8),
+always saturating, gpuq's format only (file format version 5).
+
+Scale rules. Symmetric int codes (--symmetric, or compressed-tensors'
+default): --scale-rule full, max|x| / ((qmax - qmin) / 2) with codes clamped
+to [qmin, qmax] (int4 / 7.5: torchao's, compressed-tensors' and GPTQ's rule,
+the default for int4 and uint4 in every format), or narrow, max|x| / qmax
+(int4 / 7, int8 / 127: the default for int8 and uint8, and gpuq's array
+API's default). --scales mx: power-of-two scales 2**k stored as e8m0 bytes
+(U8), k by --scale-rule floor, even (default), ceil or rceil; the default of
+fp4/fp6 codes, over groups of 32 along the last dimension. --scales nvfp4
+(float4_e2m1fn): e4m3 block scales (F8_E4M3) per 16 along the last dimension
+and a float32 global scale per tensor (NAME.global_scale, [1]),
+compressed-tensors' rule. The report names the rule.
 
 Output (same format as IN; an .npz for a .npy IN, whose array is named
 arr_0): for each quantized tensor NAME, the codes under NAME, float32
@@ -79,14 +94,16 @@ NAME.scales and NAME.zps (int8 for int8/int4 codes, uint8 for uint8/uint4; none
 for symmetric int8/int4, zero point 0, nor for fp8), and the scheme in the gpuq
 metadata (file format version 1 for int8/uint8 with one axis per tensor,
 readable by older gpuq; version 2 for int4/fp8; version 3 for a file with a
-multi-axis tensor, the rank >= 3 default; version 4 for block scales). The report compares each tensor with
+multi-axis tensor, the rank >= 3 default; version 4 for block scales; version 5
+for fp4/fp6 codes or MX/NVFP4 scales, whose scales are stored as e8m0 bytes or
+e4m3 with NAME.global_scale). The report compares each tensor with
 its float32 dequantization: SQNR = 10 log10(sum x^2 / sum (x - x_hat)^2) in
 float64 (inf when exact) and the max abs error.
 
 NaN and +-Inf (--nonfinite): counted per tensor and reported. warn (default)
 and allow quantize such a tensor with scales and zero points from its finite
 values (NaN -> the zero point, +Inf -> qmax, -Inf -> qmin; fp8: NaN stays NaN,
-+-Inf -> +-max finite; SQNR and max error
++-Inf -> +-max finite; fp4/fp6: NaN -> 0, +-Inf -> +-max; SQNR and max error
 over the finite values), warn saying so on stderr; error stops with exit 2.
 
 The output is written tensor by tensor as the input is read: peak memory is
@@ -146,16 +163,21 @@ IN is a checkpoint file or a sharded one (a folder, or its *.index.json), or a
 model folder with one model.safetensors (that file is read).
 
 --scheme DTYPE[:OPTION]... (repeatable; default int8, int4, float8_e4m3fn):
-DTYPE is int8, uint8, int4, uint4, float8_e4m3fn or float8_e5m2; options gG
+DTYPE is int8, uint8, int4, uint4, float8_e4m3fn, float8_e5m2, float4_e2m1fn,
+float6_e2m3fn or float6_e3m2fn; options gG
 (groups of G, along the last axis unless axisK), axisK (per-channel; -1 with
 a group size), tensor (per-tensor), bAxB (one scale per AxB block of the last
-two dimensions, as quantize --block), sym (zero point 0; implied for fp8).
+two dimensions, as quantize --block), sym (zero point 0; implied for fp8),
+float32, mx or nvfp4 (the scales, as quantize --scales), full, narrow, floor,
+even, ceil or rceil (the scale rule, as quantize --scale-rule).
 Without gG, axisK, tensor or bAxB, a scheme is gpuq quantize's default for its
 code type and each tensor's rank:
 
 {DEFAULTS_HELP}
 
-Examples: int8:sym, uint4:g64, float8_e5m2:tensor, float8_e4m3fn:b128x128.
+Examples: int8:sym, int4:sym:narrow, uint4:g64, float8_e5m2:tensor,
+float8_e4m3fn:b128x128, float4_e2m1fn (MX, groups of 32), float4_e2m1fn:nvfp4,
+float6_e2m3fn:mx:ceil.
 
 --calibrate minmax (default) or mse, repeatable: with both, each scheme gets a
 column per method (minmax first), so the MSE search's gain shows side by side:
@@ -198,7 +220,16 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--dtype", choices=CODE_DTYPES, default=None,
                    help="code type (default int8; float8_e4m3fn for --format fp8-blocks): int8, "
                         "uint8; int4, uint4 (packed two per byte); float8_e4m3fn, float8_e5m2 "
-                        "(fp8, always symmetric)")
+                        "(fp8, always symmetric); float4_e2m1fn (packed), float6_e2m3fn, "
+                        "float6_e3m2fn (gpuq's format; MX scales by default)")
+    q.add_argument("--scales", choices=SCALES, default=None,
+                   help="float32 (default of int and fp8 codes); mx: power-of-two e8m0 scales (OCP "
+                        "MX; default of fp4/fp6, also fp8; groups of 32 by default); nvfp4: e4m3 "
+                        "scales per 16 and a float32 global scale per tensor (float4_e2m1fn)")
+    q.add_argument("--scale-rule", choices=SCALE_RULES, default=None,
+                   help=f"symmetric int codes: {INT_RULES[0]} (max|x| / 7.5 for 4-bit: their default) "
+                        f"or {INT_RULES[1]} (max|x| / qmax: / 7, / 127; 8-bit default); --scales mx: "
+                        f"{', '.join(MX_RULES)} (default even)")
     s = q.add_mutually_exclusive_group()
     s.add_argument("--symmetric", action="store_true",
                    help="scale from max |x|, zero point 0 (128 for uint8, 8 for uint4); "
@@ -271,8 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("input", metavar="IN", help="a checkpoint: .safetensors, .npz or .npy, or "
                                                "a sharded one (a folder, or its *.index.json)")
     m.add_argument("--scheme", action="append", default=[], metavar="SPEC",
-                   help="DTYPE[:gG][:axisK][:tensor][:bAxB][:sym], repeatable (default: int8, "
-                        "int4, float8_e4m3fn)")
+                   help="DTYPE[:gG][:axisK][:tensor][:bAxB][:sym][:SCALES][:RULE], repeatable "
+                        "(default: int8, int4, float8_e4m3fn)")
     m.add_argument("--include", action="append", default=[], metavar="PATTERN",
                    help="compare only tensors whose name matches this glob (repeatable)")
     m.add_argument("--exclude", action="append", default=[], metavar="PATTERN",

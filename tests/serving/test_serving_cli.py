@@ -161,21 +161,28 @@ def test_a_shard_of_only_scales_leaves_no_empty_shard(tmp_path, capsys):
 
 # --- written by gpuq: what it stores, against the references --------------------------------------
 
-@pytest.mark.parametrize("options,bits_,group,symmetric", [
-    ((), 8, None, True),                                       # W8A16 per channel, the default
-    (("--dtype", "int4"), 4, 128, True),                        # int4 g128, the int4 default
-    (("--dtype", "int4", "--asymmetric"), 4, 128, False),
-    (("--dtype", "int4", "--asymmetric", "--axis", "0"), 4, None, False),
-    (("--dtype", "int8", "--group-size", "64", "--asymmetric"), 8, 64, False),
+@pytest.mark.parametrize("options,bits_,group,divisor", [  # divisor None: asymmetric
+    ((), 8, None, 127),                                        # W8A16 per channel, the default (narrow)
+    (("--dtype", "int4"), 4, 128, 7.5),                         # int4 g128, the int4 default: full range
+    (("--dtype", "int4", "--scale-rule", "narrow"), 4, 128, 7),  # the narrow rule on request
+    (("--dtype", "int8", "--scale-rule", "full"), 8, None, 127.5),
+    (("--dtype", "int4", "--asymmetric"), 4, 128, None),
+    (("--dtype", "int4", "--asymmetric", "--axis", "0"), 4, None, None),
+    (("--dtype", "int8", "--group-size", "64", "--asymmetric"), 8, 64, None),
 ])
-def test_pack_quantized_tensors_against_the_reference(tmp_path, capsys, options, bits_, group, symmetric):
+def test_pack_quantized_tensors_against_the_reference(tmp_path, capsys, options, bits_, group, divisor):
+    symmetric = divisor is not None
     src = make_model(tmp_path / "m", hidden=128, inter=256, seed=bits_)
     report = _quantize(tmp_path / "m", tmp_path / "q", "--format", "compressed-tensors", *options, capsys=capsys)
+    full = divisor in (7.5, 127.5)
+    assert report["scale_rule"] == ("full" if full else "narrow" if symmetric else None)
+    assert all(r["scheme"]["scale_rule"] == report["scale_rule"] for r in report["tensors"] if r["quantized"])
+    assert all(("full-range" in r["scheme_text"]) == full for r in report["tensors"] if r["quantized"])
     t = load(tmp_path / "q" / "model.safetensors")
     qmin, qmax = -(1 << (bits_ - 1)), (1 << (bits_ - 1)) - 1
     for m in LINEARS:
         x = src[m + ".weight"]
-        s, zp = ref_params(x, qmin, qmax, qmax if symmetric else None, symmetric, group)
+        s, zp = ref_params(x, qmin, qmax, divisor, symmetric, group)
         q = ref_codes(x, s, zp, qmin, qmax, group)
         same_bits(t[m + ".weight_scale"], s.astype(BF16))
         same_bits(t[m + ".weight_packed"], ref_pack(q, bits_))
@@ -189,7 +196,7 @@ def test_pack_quantized_tensors_against_the_reference(tmp_path, capsys, options,
     dense = load(tmp_path / "d" / "model.safetensors")
     for m in LINEARS:
         x = src[m + ".weight"]
-        s, zp = ref_params(x, qmin, qmax, qmax if symmetric else None, symmetric, group)
+        s, zp = ref_params(x, qmin, qmax, divisor, symmetric, group)
         g = x.shape[1] if group is None else group
         same_bits(dense[m + ".weight"], ref_dequant(ref_codes(x, s, zp, qmin, qmax, group), np.repeat(s, g, 1),
                                                     None if zp is None else np.repeat(zp, g, 1)))
@@ -197,7 +204,7 @@ def test_pack_quantized_tensors_against_the_reference(tmp_path, capsys, options,
     m = LINEARS[0]
     row = next(r for r in report["tensors"] if r["name"] == m + ".weight")
     x = src[m + ".weight"].astype(np.float64)
-    s, zp = ref_params(src[m + ".weight"], qmin, qmax, qmax if symmetric else None, symmetric, group)
+    s, zp = ref_params(src[m + ".weight"], qmin, qmax, divisor, symmetric, group)
     g = x.shape[1] if group is None else group
     q = ref_codes(src[m + ".weight"], s, zp, qmin, qmax, group)
     d = (q - (0 if zp is None else np.repeat(zp, g, 1))).astype(np.float32) * np.repeat(s, g, 1)
@@ -217,10 +224,10 @@ def test_calibrate_mse_is_the_library_call_with_the_model_dtype(tmp_path, capsys
     for m in LINEARS:
         x = src[m + ".weight"]
         s, _ = gpuq.choose_qparams(x, axis=1, group_size=128, dtype="int4", symmetric=True, method="mse",
-                                   scale_dtype="bfloat16")
+                                   scale_dtype="bfloat16", scale_rule="full")
         same_bits(t[m + ".weight_scale"], s.astype(BF16))
         same_bits(t[m + ".weight_packed"], ref_pack(ref_codes(x, s, None, -8, 7, 128), 4))
-    minmax = ref_params(src[LINEARS[0] + ".weight"], -8, 7, 7, True, 128)[0]
+    minmax = ref_params(src[LINEARS[0] + ".weight"], -8, 7, 7.5, True, 128)[0]
     assert (t[LINEARS[0] + ".weight_scale"].astype(np.float32) != minmax).any()  # the search moved them
 
 

@@ -54,7 +54,8 @@ def steps(fmt):
 
     def check(opts) -> None:
         _quantize.check_local(opts)
-        fmt.request(opts)
+        request = fmt.request(opts)
+        _quantize.with_rule(request, opts, request.scheme("float32"))
 
     def quantize(opts, *, warn, progress) -> dict:
         check(opts)

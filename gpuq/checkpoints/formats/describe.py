@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 from ..files import Checkpoint
+from ..quantized import param_suffixes
 from ..report import natural_key
 from ..sharded import ShardedCheckpoint, is_sharded
 from . import _folder
-
-#: The suffixes of a gpuq file's per-tensor parameters.
-_PARAMS = (".scales", ".zps")
-
 
 def _headers(src):
     """``(config or None, shards, {name: (shape, dtype)}, {shard: gpuq meta}, model or None)``."""
@@ -45,7 +42,7 @@ def describe_folder(src, fmt: str, readers=None) -> dict:
     elif gpuq_meta:
         for n, s in gpuq_meta.items():
             roles[n], schemes[n] = "quantized", {k: v for k, v in s.items() if k != "source_dtype"}
-            for suffix in _PARAMS:
+            for suffix in param_suffixes(s):
                 roles[n + suffix] = "parameter"
         restores = sorted({s.get("source_dtype") for s in gpuq_meta.values()} - {None})
     tensors = [{"name": n, "shape": list(specs[n][0]), "dtype": specs[n][1].name,

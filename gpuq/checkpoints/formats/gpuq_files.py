@@ -16,6 +16,7 @@ from ..convert import run_dequantize, run_quantize
 from ..env import pick_device
 from ..files import CliError
 from ..quantized import is_float8
+from ..scale_rules import resolve, rule_note
 from ..selection import Plan, default_note, parse_block
 from ..sharded import is_sharded
 from ..sharded_run import run_sharded_dequantize, run_sharded_quantize
@@ -47,11 +48,16 @@ def plan(opts) -> Plan:
         axis = opts.axis
     else:
         axis = -1 if opts.group_size is not None else None
-    # fp8 has no zero point: always symmetric (scales max |x| / max_finite).
-    return Plan(axis=axis, group_size=opts.group_size, dtype=opts.dtype or "int8",
-                symmetric=opts.symmetric or is_float8(opts.dtype or "int8"),
+    dtype = opts.dtype or "int8"
+    # fp8 (fp4, fp6) has no zero point: always symmetric (scales max |x| / max_finite).
+    symmetric = opts.symmetric or is_float8(dtype)
+    scales, rule = resolve(dtype, symmetric, getattr(opts, "scales", None), getattr(opts, "scale_rule", None))
+    if scales != "float32" and opts.calibrate != "minmax":
+        raise CliError(f"--calibrate {opts.calibrate} with --scales {scales}: MX and NVFP4 scales come "
+                       f"from each block's max (the MSE search is for float32 scales)")
+    return Plan(axis=axis, group_size=opts.group_size, dtype=dtype, symmetric=symmetric,
                 default=not opts.per_tensor and opts.axis is None and opts.group_size is None
-                and block is None, block=block)
+                and block is None, block=block, scales=scales, scale_rule=rule)
 
 
 def check(opts) -> None:
@@ -80,7 +86,10 @@ def quantize(opts, *, warn, progress) -> dict:
     else:
         report = run_quantize(opts.input, opts.output, p, device=pick_device(opts.device), **common)
     report["calibrate"] = opts.calibrate
-    report["default_scheme"] = default_note(p.dtype) if p.default else None
+    report["scales"], report["scale_rule"] = p.scales, p.scale_rule
+    report["default_scheme"] = default_note(p.dtype, p.scales) if p.default else None
+    if rule_note(p.scale_rule, p.dtype):
+        report["notes"] = report.get("notes", []) + rule_note(p.scale_rule, p.dtype)
     return report
 
 

@@ -54,7 +54,8 @@ def fp8_code():
 class WeightScheme:
     """How one Linear weight is stored: the code row, the strategy (``"tensor"``, ``"channel"``,
     ``"group"``, ``"block"``), the group size or block shape, symmetry, the dtype of the stored
-    scales, and the layout (a :class:`Layout`)."""
+    scales, the layout (a :class:`Layout`) and the scale rule of symmetric int codes (``"full"``,
+    ``"narrow"``: :mod:`gpuq.checkpoints.scale_rules`; None for the others)."""
 
     code: object
     strategy: str
@@ -63,6 +64,7 @@ class WeightScheme:
     layout: object
     group_size: int | None = None
     block: tuple | None = None
+    scale_rule: str | None = None
 
     def api_kwargs(self) -> dict:
         """The granularity arguments of gpuq's calls for a ``[out, in]`` weight.
@@ -104,11 +106,14 @@ class WeightScheme:
 
         >>> WeightScheme(int_code(8), "channel", True, "bfloat16", None).describe()
         'int8 sym channel'
+        >>> WeightScheme(int_code(4), "group", True, "bfloat16", None, 128, scale_rule="full").describe()
+        'int4 sym full-range g=128'
         """
         where = {"tensor": "per-tensor", "channel": "channel", "group": f"g={self.group_size}",
                  "block": f"block {'x'.join(map(str, self.block or ()))}"}[self.strategy]
         sym = "" if self.code.zero_point == "none" else ("sym " if self.symmetric else "asym ")
-        return f"{self.code.name} {sym}{where}"
+        rule = "full-range " if self.scale_rule == "full" else ""
+        return f"{self.code.name} {sym}{rule}{where}"
 
 
 def scale_numpy(name: str) -> np.dtype:

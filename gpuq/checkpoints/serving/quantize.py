@@ -25,6 +25,7 @@ weight's tensors in its place.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -33,6 +34,7 @@ from ..convert import (count_nonfinite, error_stats, finish_report, finite_part,
                        sqnr_db)
 from ..files import Checkpoint, CliError, check_header_size, checkpoint_writer, safetensors_layout
 from ..report import nonfinite_text
+from ..scale_rules import api_kwargs, resolve, rule_note
 from ..selection import is_float
 from ..sharded import output_shard_entries
 from .folder import CONFIG, ModelFolder, model_output, module_notes
@@ -70,6 +72,18 @@ def check_local(args) -> None:
         raise CliError(f"--format {args.format} runs on this machine: drop --scheduler/--workers")
 
 
+def with_rule(request: Request, args, scheme: WeightScheme) -> WeightScheme:
+    """``scheme`` with the scale rule ``--scales``/``--scale-rule`` ask for (symmetric int4: the
+    full range by default; :mod:`gpuq.checkpoints.scale_rules`); the serving formats store
+    float scales in the model's dtype: ``--scales mx``/``nvfp4`` is one CliError line."""
+    scales, rule = resolve(request.code.name, request.symmetric, getattr(args, "scales", None),
+                           getattr(args, "scale_rule", None))
+    if scales != "float32":
+        raise CliError(f"--scales {scales}: --format {args.format} stores its scales in the model's dtype "
+                       f"(float32 scales rounded to it); MX and NVFP4 scales go to gpuq's format")
+    return dataclasses.replace(scheme, scale_rule=rule)
+
+
 def run(args, request: Request, fmt, *, warn, progress, device) -> dict:
     """``gpuq quantize`` to the serving format ``fmt`` (its module: the hooks of
     :class:`gpuq.checkpoints.formats._serving.ServingFormat`), ``args`` as
@@ -85,7 +99,7 @@ def run(args, request: Request, fmt, *, warn, progress, device) -> dict:
     if model.config.get("quantization_config") is not None or any(m is not None for m in model.metas.values()):
         raise CliError(f"IN {args.input!r} is already quantized (config.json has a quantization_config, "
                        f"or its weights carry gpuq metadata); dequantize it first")
-    scheme = request.scheme(fmt.scale_dtype(model))
+    scheme = with_rule(request, args, request.scheme(fmt.scale_dtype(model)))
 
     def scheme_for(name, shape):
         if scheme.strategy == "group" and shape[1] % scheme.group_size:
@@ -113,8 +127,9 @@ def run(args, request: Request, fmt, *, warn, progress, device) -> dict:
         bar.close()
     report = finish_report("quantize", args.input, args.output, device.name, rows)
     report.update(format=args.format, calibrate=args.calibrate, ignore=ignore, left_out=model.left_out,
-                  modules=model.modules, extra_column=("vLLM", "vllm"),
-                  notes=_notes(kept, model.left_out, fmt.IGNORE_KEY) + fmt.column_notes(request)
+                  modules=model.modules, extra_column=("vLLM", "vllm"), scale_rule=scheme.scale_rule,
+                  notes=rule_note(scheme.scale_rule, scheme.code.name)
+                  + _notes(kept, model.left_out, fmt.IGNORE_KEY) + fmt.column_notes(request)
                   + _fused_note(model.specs, args.format) + fmt.load_notes(chosen, model.specs, request)
                   + module_notes(model))
     return report
@@ -221,7 +236,8 @@ def quantize_weight(x, scheme: WeightScheme, device, name, nonfinite="warn", war
         xd = device.put(x)
         pd = device.put(finite_part(x)) if bad else xd
         scales, zps = gpuq.choose_qparams(pd, dtype=code, symmetric=scheme.symmetric,
-                                          scale_dtype=scheme.scale_dtype, method=method, **kw)
+                                          scale_dtype=scheme.scale_dtype, method=method, **kw,
+                                          **api_kwargs("float32", scheme.scale_rule))
         q = gpuq.quantize(xd, scales, zps, dtype=code, **kw)
     except CliError:  # a ValueError already in its one-line form
         raise
@@ -249,7 +265,7 @@ def _stats(x, q, scales, zps, scheme, device, finite_only) -> dict:
 def _scheme_json(scheme: WeightScheme) -> dict:
     return {"dtype": scheme.code.name, "strategy": scheme.strategy, "group_size": scheme.group_size,
             "block": list(scheme.block) if scheme.block else None, "symmetric": scheme.symmetric,
-            "scale_dtype": scheme.scale_dtype}
+            "scale_dtype": scheme.scale_dtype, "scale_rule": scheme.scale_rule}
 
 
 def _notes(kept, left_out, where) -> list:
