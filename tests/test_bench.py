@@ -283,7 +283,7 @@ def test_checkpoint_bench_tiny(tmp_path, capsys):
 
     folder = tmp_path / "model"
     out_json = tmp_path / "figures.json"
-    assert ck.main(["--scale", "64", "--layers", "1", "--scheme", "fp8", "--top", "5", "--no-warmup",
+    assert ck.main(["--scale", "64", "--layers", "1", "--scheme", "fp8", "--top", "15", "--no-warmup",
                     "--dir", str(folder), "--tmp", str(tmp_path), "--json", str(out_json)]) == 0
     with open(folder / "config.json") as f:
         cfg = json.load(f)
@@ -298,7 +298,7 @@ def test_checkpoint_bench_tiny(tmp_path, capsys):
     row = res["schemes"]["fp8"]
     assert row["wall_s"] > 0 and row["in_memory_s"] > 0 and row["peak_rss_mib"] > 10
     assert row["ratio_to_copy"] == pytest.approx(row["wall_s"] / res["warm_copy_s"])
-    # The profile is pstats' table of the command itself, with the header and 5 rows.
+    # The profile is pstats' table of the command itself, with the header and 15 rows (imports can fill the first five on a loaded machine).
     lines = row["profile"].splitlines()
     assert lines[0].split()[:4] == ["ncalls", "tottime", "percall", "cumtime"] and len(lines) >= 6
     assert "gpuq" in row["profile"]
