@@ -298,7 +298,8 @@ def test_checkpoint_bench_tiny(tmp_path, capsys):
     row = res["schemes"]["fp8"]
     assert row["wall_s"] > 0 and row["in_memory_s"] > 0 and row["peak_rss_mib"] > 10
     assert row["ratio_to_copy"] == pytest.approx(row["wall_s"] / res["warm_copy_s"])
-    # The profile is pstats' table of the command itself, with the header and 15 rows (imports can fill the first five on a loaded machine).
+    # The profile is pstats' table of the command itself, with the header and 15 rows (imports can
+    # fill the first five on a loaded machine).
     lines = row["profile"].splitlines()
     assert lines[0].split()[:4] == ["ncalls", "tottime", "percall", "cumtime"] and len(lines) >= 6
     assert "gpuq" in row["profile"]
