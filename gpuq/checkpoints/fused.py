@@ -140,7 +140,7 @@ def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None):
 
     def run(i):
         r0, r1 = chunks[i]
-        sq, sa, sd = np.empty(g, np.int32), np.empty(g), np.empty(g)
+        sq, sa, sd = np.empty(g, np.uint8), np.empty(g), np.empty(g)
         return weight_rows(flat, table, bits, r0, r1, n, g, code.qmin, code.qmax, symmetric, np.float32(eps),
                            SCALE_FORMATS[sdt], shift, mag, inf, f, values, cbits, out.reshape(-1), scales, zps,
                            accs[i], cnts[i], sq, sa, sd)
