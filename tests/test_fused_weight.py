@@ -224,3 +224,39 @@ def test_load_into_a_buffer(tmp_path):
         assert b.load(ckpt, "w").tobytes() == w.tobytes()
         with pytest.raises(ValueError, match="out must be a C-order bfloat16"):
             ckpt.load("w", out=np.empty((3, 41), BF16))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("options", [("--dtype", "int4"), ("--dtype", "int8", "--asymmetric"),
+                                     ("--dtype", "float8_e4m3fn")], ids=["int4", "int8-asym", "fp8"])
+def test_the_command_writes_the_same_folder(tmp_path, capsys, monkeypatch, dtype, options):
+    """``gpuq quantize --format compressed-tensors`` end to end, with and without the one pass:
+    the same files byte for byte, the same report within its printed digits."""
+    import json
+    import os
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "serving"))
+    from _serving import gpuq_main, make_model, tree
+
+    make_model(tmp_path / "m", dtype=dtype, inter=256, extra=False)
+    reports, calls = [], []
+    real = fused.quantize_weight
+    for name, fused_on in (("one", True), ("multi", False)):
+        with monkeypatch.context() as m:
+            m.setattr(fused, "quantize_weight", lambda *a, **k: calls.append(name) or real(*a, **k))
+            if not fused_on:
+                m.setattr(fused, "covers", lambda *a: False)
+            assert gpuq_main("quantize", tmp_path / "m", "-o", tmp_path / name, "--format", "compressed-tensors",
+                             "--device", "cpu", "-q", "--json", *options) == 0
+        reports.append(json.loads(capsys.readouterr().out))
+    assert calls == ["one"] * 7  # every Linear weight took the one pass, then none did
+    assert tree(tmp_path / "one") == tree(tmp_path / "multi")
+    assert os.listdir(tmp_path / "one")
+    one, multi = ({r["name"]: r for r in rep["tensors"]} for rep in reports)
+    assert sum(r["quantized"] for r in one.values()) == 7
+    for n, r in one.items():
+        if r["quantized"]:
+            assert r["max_abs_error"] == multi[n]["max_abs_error"]
+            assert round(r["sqnr_db"], 2) == round(multi[n]["sqnr_db"], 2)
