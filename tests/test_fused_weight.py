@@ -39,7 +39,8 @@ SHAPES = [(1, 128), (3, 256), (5, 77), (17, 384), (4, 130)]
 
 
 def weight(shape, dtype, seed=0, special=True):
-    """Gaussian weights with NaN, +-Inf, an all-zero row and an all-NaN row where the shape allows."""
+    """Gaussian weights with NaN, +-Inf, an all-zero row, an all-NaN row, an all-Inf row, -0 and
+    a subnormal where the shape allows."""
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal(shape) * 0.02).astype(np.float32)
     x[0, :: max(1, shape[1] // 5)] *= 40  # a few outliers: codes at the ends of the range
@@ -49,6 +50,9 @@ def weight(shape, dtype, seed=0, special=True):
         x[2] = 0.0
     if special and shape[0] >= 4:
         x[3] = np.nan
+        x[0, 2], x[1, 4] = -0.0, -1e-40  # a negative zero, a subnormal (float32 and bfloat16)
+    if special and shape[0] >= 5:
+        x[4, ::2], x[4, 1::2] = np.inf, -np.inf  # a row with no finite value
     return x.astype(dtype)
 
 
@@ -127,7 +131,7 @@ def test_counts_and_figures_are_numpys(name, dtype):
     x = weight((6, 256), dtype, seed=1)
     tensors, stats, counts = one_pass(x, scheme)
     want_counts, signal, error, max_err = numpy_figures(x, tensors, scheme)
-    assert counts == want_counts == {"nan": 257, "posinf": 1, "neginf": 1}
+    assert counts == want_counts == {"nan": 257, "posinf": 129, "neginf": 129}
     assert stats["max_abs_error"] == max_err
     assert stats["signal"] == pytest.approx(signal, rel=1e-12, abs=0.0)
     assert stats["error"] == pytest.approx(error, rel=1e-12, abs=0.0)
