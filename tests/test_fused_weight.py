@@ -34,6 +34,8 @@ SCHEMES = {
     "int8-g64-sym-f32": WeightScheme(int_code(8), "group", True, "float32", PACK, group_size=64),
     "fp8-channel-bf16": WeightScheme(fp8_code(), "channel", True, "bfloat16", NAIVE),
     "fp8-channel-f32": WeightScheme(fp8_code(), "channel", True, "float32", NAIVE),
+    "fp8-tensor-bf16": WeightScheme(fp8_code(), "tensor", True, "bfloat16", NAIVE),
+    "fp8-tensor-f16": WeightScheme(fp8_code(), "tensor", True, "float16", NAIVE),
 }
 SHAPES = [(1, 128), (3, 256), (5, 77), (17, 384), (4, 130)]
 
@@ -111,7 +113,7 @@ def numpy_figures(x, tensors, scheme):
         if not scheme.symmetric:
             zp = tensors["m.weight_zero_point"]
             zps = unpack_rows(np.ascontiguousarray(zp.T), scheme.code.bits, x.shape[0]).T.astype(np.float32)
-    scales = tensors["m.weight_scale"].astype(np.float32)
+    scales = tensors["m.weight_scale"].astype(np.float32).reshape(-1, tensors["m.weight_scale"].shape[-1])
     g = x.shape[1] // scales.shape[1]
     s = np.repeat(scales, g, axis=1)
     z = np.repeat(zps, g, axis=1) if np.ndim(zps) else zps
@@ -125,7 +127,8 @@ def numpy_figures(x, tensors, scheme):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
-@pytest.mark.parametrize("name", ["int4-g128-sym-bf16", "int4-channel-asym-f16", "fp8-channel-bf16"])
+@pytest.mark.parametrize("name", ["int4-g128-sym-bf16", "int4-channel-asym-f16", "fp8-channel-bf16",
+                                  "fp8-tensor-bf16"])
 def test_counts_and_figures_are_numpys(name, dtype):
     scheme = SCHEMES[name]
     x = weight((6, 256), dtype, seed=1)
@@ -206,7 +209,8 @@ def test_covers_only_its_cases():
     assert not fused.covers(x, s, host, "mse")
     assert not fused.covers(x.astype(np.float64), s, host, "minmax")
     assert not fused.covers(x[:, ::2], SCHEMES["int8-channel-sym-f16"], host, "minmax")  # not C-order
-    assert not fused.covers(x, WeightScheme(fp8_code(), "tensor", True, "bfloat16", NAIVE), host, "minmax")
+    assert not fused.covers(x, WeightScheme(fp8_code(), "block", True, "float32", NAIVE, block=(128, 128)),
+                            host, "minmax")
     assert not fused.covers(x, WeightScheme(int_code(4), "group", True, "bfloat16", PACK, group_size=4),
                             host, "minmax")  # a group that starts inside a word
     gpu = type("Gpu", (), {"name": "cuda"})()
@@ -232,7 +236,8 @@ def test_load_into_a_buffer(tmp_path):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 @pytest.mark.parametrize("options", [("--dtype", "int4"), ("--dtype", "int8", "--asymmetric"),
-                                     ("--dtype", "float8_e4m3fn")], ids=["int4", "int8-asym", "fp8"])
+                                     ("--dtype", "float8_e4m3fn"), ("--dtype", "float8_e4m3fn", "--per-tensor")],
+                         ids=["int4", "int8-asym", "fp8", "fp8-tensor"])
 def test_the_command_writes_the_same_folder(tmp_path, capsys, monkeypatch, dtype, options):
     """``gpuq quantize --format compressed-tensors`` end to end, with and without the one pass:
     the same files byte for byte, the same report within its printed digits."""

@@ -6,10 +6,10 @@ float16, float32), chooses the scales, writes the codes in the format's final la
 sums the report's figures at once; it returns None for any case that pass does not cover,
 and the caller then takes the multi-pass path (:func:`gpuq.checkpoints.serving.quantize.quantize_weight`),
 whose bytes it reproduces exactly. Covered: the host device with the compiled loops,
-``--calibrate minmax``, per-channel or per-group scales in bfloat16, float16 or float32,
+``--calibrate minmax``, per-tensor, per-channel or per-group scales in bfloat16, float16 or float32,
 compressed-tensors' ``pack-quantized`` int codes of 4 or 8 bits (symmetric or with zero points,
-each group starting on a word) and ``naive-quantized`` fp8. Everything else (per-tensor and
-block scales, fine-grained fp8, the MSE search, float64 weights, a GPU, NumPy-only hosts, gpuq's own
+each group starting on a word) and ``naive-quantized`` fp8. Everything else (block scales,
+fine-grained fp8, the MSE search, float64 weights, a GPU, NumPy-only hosts, gpuq's own
 files) keeps the multi-pass path.
 
 :class:`Buffers` holds the read and write buffers a run reuses from weight to weight.
@@ -77,10 +77,10 @@ def covers(x, scheme, device, method: str) -> bool:
         return False
     if not (is_bfloat16(x.dtype) or x.dtype in (np.float16, np.float32)):
         return False
-    if scheme.scale_dtype not in _SCALE_DTYPES or scheme.strategy not in ("channel", "group"):
+    if scheme.scale_dtype not in _SCALE_DTYPES or scheme.strategy not in ("tensor", "channel", "group"):
         return False
     n = x.shape[1]
-    g = n if scheme.strategy == "channel" else scheme.group_size
+    g = scheme.group_size if scheme.strategy == "group" else n
     if n % g:
         return False
     code, layout = scheme.code, getattr(scheme.layout, "name", None)
@@ -108,7 +108,8 @@ def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None):
     from ..backends.host import formats, threads
     from ..backends.host.affine import float16_table
     from ..backends.host.qparams import _KEY_INT, SCALE_FORMATS, _key_constants
-    from ..backends.host.weight_pass import weight_rows
+    from ..backends.host.loops import finalize_one
+    from ..backends.host.weight_pass import tensor_range, weight_rows
 
     buffers = buffers or Buffers()
     kw = scheme.api_kwargs()
@@ -117,7 +118,8 @@ def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None):
                                                      scheme.code.name, scheme.symmetric, None,
                                                      scheme.scale_dtype, "minmax", scale_rule)
     rows, n = x.shape
-    g = n if scheme.strategy == "channel" else scheme.group_size
+    tensor = scheme.strategy == "tensor"
+    g = scheme.group_size if scheme.strategy == "group" else n
     flat, table = x.reshape(-1), None
     if x.dtype == np.float16:
         flat, table = flat.view(np.uint16), _table(float16_table)
@@ -132,8 +134,18 @@ def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None):
     else:
         f, values, cbits = None, None, code.bits
         out = buffers.array("codes", (rows, -(-n * cbits // 32)), np.uint32)
-    scales = np.empty(rows * (n // g), np.float32)
-    zps = None if symmetric else np.empty(rows * (n // g), np.int32)
+    slots = 1 if tensor else rows * (n // g)
+    scales = np.empty(slots, np.float32)
+    zps = None if symmetric else np.empty(slots, np.int32)
+    if tensor:  # the one scale first: a reduction over the whole weight
+        lo, hi = tensor_range(flat, table, bits, n, shift, mag, inf)
+        scale, zp, ok = finalize_one(np.float32(lo), np.float32(hi), code.qmin, code.qmax, symmetric,
+                                     np.float32(eps), SCALE_FORMATS[sdt])
+        if not ok:
+            return None
+        scales[0] = scale
+        if zps is not None:
+            zps[0] = zp
     chunks = _chunks(rows, n, threads.get_num_threads())
     accs = [np.zeros(3) for _ in chunks]
     cnts = [np.zeros(3, np.int64) for _ in chunks]
@@ -143,7 +155,7 @@ def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None):
         sq, sa, sd = np.empty(g, np.uint8), np.empty(g), np.empty(g)
         return weight_rows(flat, table, bits, r0, r1, n, g, code.qmin, code.qmax, symmetric, np.float32(eps),
                            SCALE_FORMATS[sdt], shift, mag, inf, f, values, cbits, out.reshape(-1), scales, zps,
-                           accs[i], cnts[i], sq, sa, sd)
+                           accs[i], cnts[i], sq, sa, sd, tensor)
 
     if len(chunks) > 1:
         pool = threads._executor()

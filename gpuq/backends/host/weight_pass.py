@@ -96,7 +96,7 @@ def _finite_range(x, table, base, g):
 
 @njit(**_JIT)
 def weight_rows(x, table, bits, r0, r1, n, g, qmin, qmax, symmetric, eps, fmt, shift, mag, inf,
-                f, values, cbits, out, scales, zps, acc, cnt, sq, sa, sd):
+                f, values, cbits, out, scales, zps, acc, cnt, sq, sa, sd, tensor):
     """Rows ``r0:r1`` of a C-order ``[rows, n]`` weight (flat ``x``; ``bits`` its signed-integer
     view), groups of ``g`` along a row (``g == n``: per channel), in one pass.
 
@@ -105,8 +105,9 @@ def weight_rows(x, table, bits, r0, r1, n, g, qmin, qmax, symmetric, eps, fmt, s
     (``f`` = ``formats.fp8_consts``, ``values`` = ``formats.fp8_table``): ``out`` is the bytes,
     ``n`` a row. ``scales``/``zps`` (zps None: symmetric) get one slot per group; ``acc``
     (float64: signal, error, max abs error) and ``cnt`` (int64: NaN, +Inf, -Inf) are added to;
-    ``sq`` (uint8), ``sa``/``sd`` (float64) are scratch of ``g`` elements. Returns the first row whose parameters
-    ``finalize_one`` refuses (nothing of it written), or -1.
+    ``sq`` (uint8), ``sa``/``sd`` (float64) are scratch of ``g`` elements. ``tensor`` True:
+    one scale (and zp) for the whole weight, given in ``scales[0]`` (``zps[0]``), ``g == n``.
+    Returns the first row whose parameters ``finalize_one`` refuses (nothing of it written), or -1.
     """
     groups = n // g
     half = np.int32(1 << (cbits - 1))
@@ -124,7 +125,9 @@ def weight_rows(x, table, bits, r0, r1, n, g, qmin, qmax, symmetric, eps, fmt, s
             xs, bs = x[base:base + g], bits[base:base + g]
             top = _magnitude(bs, mag)
             bad = top >= inf
-            if bad:  # parameters of the finite values
+            if tensor:  # one scale for the whole weight, chosen by tensor_range and the caller
+                lo = hi = np.float32(0)
+            elif bad:  # parameters of the finite values
                 lo, hi, _, _, _ = _finite_range(xs, table, 0, g)
             elif symmetric:
                 # max |x| (no NaN/Inf here): finalize_one forms the same amax from (-amax, amax)
@@ -135,13 +138,16 @@ def weight_rows(x, table, bits, r0, r1, n, g, qmin, qmax, symmetric, eps, fmt, s
                 ka, kb = run_keys(bs, 0, g, shift, mag, inf)
                 lo = np.float32(float_of_key(ka, bits, shift, mag, table))
                 hi = np.float32(float_of_key(kb, bits, shift, mag, table))
-            scale, zp, ok = finalize_one(lo, hi, qmin, qmax, symmetric, eps, fmt)
-            if not ok:
-                return r
-            slot = r * groups + gi
-            scales[slot] = scale
-            if zps is not None:
-                zps[slot] = zp
+            if tensor:
+                scale, zp = scales[0], np.int32(0) if zps is None else zps[0]
+            else:
+                scale, zp, ok = finalize_one(lo, hi, qmin, qmax, symmetric, eps, fmt)
+                if not ok:
+                    return r
+                slot = r * groups + gi
+                scales[slot] = scale
+                if zps is not None:
+                    zps[slot] = zp
             s, z = scale, np.float32(zp)
             if f is None:
                 # The codes' offset-binary fields (q + 2**(bits - 1)) as bytes: 8-bit ones are the
@@ -175,3 +181,26 @@ def weight_rows(x, table, bits, r0, r1, n, g, qmin, qmax, symmetric, eps, fmt, s
                 cnt[2] += neg
             _energy(sa, sd, g, acc)
     return -1
+
+
+@njit(**_JIT)
+def tensor_range(x, table, bits, n, shift, mag, inf):
+    """``(lo, hi)`` (float32) of a whole flat weight for one per-tensor scale, row by row of
+    ``n``: its min and max (NaN skipped, order keys), or, where it holds a NaN or +/-Inf, the
+    min and max of its finite values with 0 among them (the parameters' rule above)."""
+    lo = hi = np.float32(0)
+    first = True
+    bad = False
+    for r in range(x.size // n):
+        bs = bits[r * n:(r + 1) * n]
+        if _magnitude(bs, mag) >= inf:
+            bad = True
+            break
+        ka, kb = run_keys(bs, 0, n, shift, mag, inf)
+        a = np.float32(float_of_key(ka, bits, shift, mag, table))
+        b = np.float32(float_of_key(kb, bits, shift, mag, table))
+        lo, hi = (a, b) if first else (min(lo, a), max(hi, b))
+        first = False
+    if bad:
+        lo, hi, _, _, _ = _finite_range(x, table, 0, x.size)
+    return lo, hi
