@@ -105,11 +105,7 @@ def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None):
     ([0.007874015718698502, 0.031496062874794006], {'nan': 0, 'posinf': 0, 'neginf': 0})
     """
     from .._qoptions import validate
-    from ..backends.host import formats, threads
-    from ..backends.host.affine import float16_table
-    from ..backends.host.qparams import _KEY_INT, SCALE_FORMATS, _key_constants
-    from ..backends.host.loops import finalize_one
-    from ..backends.host.weight_pass import tensor_range, weight_rows
+    from ..backends.host import weight_pass
 
     buffers = buffers or Buffers()
     kw = scheme.api_kwargs()
@@ -118,56 +114,16 @@ def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None):
                                                      scheme.code.name, scheme.symmetric, None,
                                                      scheme.scale_dtype, "minmax", scale_rule)
     rows, n = x.shape
-    tensor = scheme.strategy == "tensor"
-    g = scheme.group_size if scheme.strategy == "group" else n
-    flat, table = x.reshape(-1), None
-    if x.dtype == np.float16:
-        flat, table = flat.view(np.uint16), _table(float16_table)
-    elif is_bfloat16(x.dtype):
-        flat = flat.view(np.int16)  # bfloat16 bits, widened by a shift in the loop
-    bits = x.reshape(-1).view(_KEY_INT[x.dtype.itemsize])
-    shift, mag, inf = _key_constants(x.dtype)
     fp8 = code.codec == "float8"
     if fp8:
-        f, values, cbits = formats.fp8_consts(code.fp8, True), formats.fp8_table(code.fp8, np.float32), 8
         out = buffers.array("codes", (rows, n), np.uint8)
     else:
-        f, values, cbits = None, None, code.bits
-        out = buffers.array("codes", (rows, -(-n * cbits // 32)), np.uint32)
-    slots = 1 if tensor else rows * (n // g)
-    scales = np.empty(slots, np.float32)
-    zps = None if symmetric else np.empty(slots, np.int32)
-    if tensor:  # the one scale first: a reduction over the whole weight
-        lo, hi = tensor_range(flat, table, bits, n, shift, mag, inf)
-        scale, zp, ok = finalize_one(np.float32(lo), np.float32(hi), code.qmin, code.qmax, symmetric,
-                                     np.float32(eps), SCALE_FORMATS[sdt])
-        if not ok:
-            return None
-        scales[0] = scale
-        if zps is not None:
-            zps[0] = zp
-    chunks = _chunks(rows, n, threads.get_num_threads())
-    accs = [np.zeros(3) for _ in chunks]
-    cnts = [np.zeros(3, np.int64) for _ in chunks]
-
-    def run(i):
-        r0, r1 = chunks[i]
-        sq, sa, sd = np.empty(g, np.uint8), np.empty(g), np.empty(g)
-        return weight_rows(flat, table, bits, r0, r1, n, g, code.qmin, code.qmax, symmetric, np.float32(eps),
-                           SCALE_FORMATS[sdt], shift, mag, inf, f, values, cbits, out.reshape(-1), scales, zps,
-                           accs[i], cnts[i], sq, sa, sd, tensor)
-
-    if len(chunks) > 1:
-        pool = threads._executor()
-        futures = [pool.submit(run, i) for i in range(1, len(chunks))]
-        failed = [run(0)] + [fu.result() for fu in futures]
-    else:
-        failed = [run(0)]
-    if any(r >= 0 for r in failed):
+        out = buffers.array("codes", (rows, -(-n * code.bits // 32)), np.uint32)
+    g = scheme.group_size if scheme.strategy == "group" else n
+    done = weight_pass.quantize_rows(x, code, symmetric, eps, sdt, g, scheme.strategy == "tensor", out)
+    if done is None:
         return None
-    counts = dict(zip(("nan", "posinf", "neginf"), (int(v) for v in sum(cnts))))
-    signal, error, max_err = (float(v) for v in (sum(a[0] for a in accs), sum(a[1] for a in accs),
-                                                  max(a[2] for a in accs)))
+    scales, zps, (signal, error, max_err), counts = done
     if sum(counts.values()) == x.size:  # nothing finite to compare: no number is right
         signal = error = max_err = math.nan
     stats = {"signal": signal, "error": error, "max_abs_error": max_err}
@@ -177,28 +133,3 @@ def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None):
     else:
         tensors = scheme.layout.encode_words(module, x.shape, scheme, out.view(np.int32), scales, zps)
     return tensors, stats, counts
-
-
-#: Rows per thread below which one thread does the whole weight (a thread's start costs more).
-_MIN_CHUNK = 1 << 20
-
-
-def _chunks(rows: int, n: int, threads: int) -> list:
-    """``(r0, r1)`` row ranges, one per thread, of at least ``_MIN_CHUNK`` elements each.
-
-    >>> _chunks(10, 1 << 20, 2), _chunks(10, 16, 2)
-    ([(0, 5), (5, 10)], [(0, 10)])
-    """
-    k = max(1, min(threads, rows, rows * n // _MIN_CHUNK))
-    bounds = [rows * i // k for i in range(k + 1)]
-    return [(bounds[i], bounds[i + 1]) for i in range(k)]
-
-
-_TABLES = {}
-
-
-def _table(make):
-    """``make()`` once per process (the float16 widening table)."""
-    if make not in _TABLES:
-        _TABLES[make] = make()
-    return _TABLES[make]

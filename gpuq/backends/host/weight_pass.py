@@ -28,7 +28,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ..._dtypes import is_bfloat16
+from . import formats, threads
+from .affine import float16_table
 from .loops import _JIT, finalize_one, float_of_key, fp8_of, load, quantize_one, run_keys
+from .qparams import _KEY_INT, SCALE_FORMATS, _key_constants
 
 _FMAX = np.float32(np.finfo(np.float32).max)
 
@@ -204,3 +208,96 @@ def tensor_range(x, table, bits, n, shift, mag, inf):
     if bad:
         lo, hi, _, _, _ = _finite_range(x, table, 0, x.size)
     return lo, hi
+
+
+def quantize_rows(x, code, symmetric, eps, scale_dtype, g, tensor, out):
+    """One pass over a C-order 2-D weight ``x`` (bfloat16, float16 or float32): codes of
+    ``code`` (a ``gpuq._codetypes`` row: int or fp8) into ``out`` (uint32 words as
+    :func:`weight_rows` lays them out, or fp8 bytes), groups of ``g`` along a row, one scale for
+    the whole weight where ``tensor``; ``symmetric``, ``eps`` and ``scale_dtype`` as
+    ``gpuq._qoptions.validate`` hands them on. Rows are shared among the host threads.
+
+    Returns ``(scales, zps, (signal, error, max_abs_error), counts)`` (float32 scales, one a
+    group or one; int32 zps or None; the float64 figures of the finite elements; NaN/+Inf/-Inf
+    counts), or None where ``finalize_one`` refuses a scale (nothing to trust in ``out``).
+
+    >>> from gpuq._codetypes import code_type
+    >>> out = np.empty((1, 1), np.uint32)
+    >>> s, z, figures, counts = quantize_rows(np.float32([[7.0, -3.5]]), code_type("int4"), True,
+    ...                                       np.float32(1e-38), "float32", 2, False, out)
+    >>> s.tolist(), hex(int(out[0, 0])), figures, counts
+    ([1.0], '0x4f', (61.25, 0.25, 0.5), {'nan': 0, 'posinf': 0, 'neginf': 0})
+    """
+    rows, n = x.shape
+    flat, table = x.reshape(-1), None
+    if x.dtype == np.float16:
+        flat, table = flat.view(np.uint16), _float16_table()
+    elif is_bfloat16(x.dtype):
+        flat = flat.view(np.int16)  # bfloat16 bits, widened by a shift in the loop
+    bits = x.reshape(-1).view(_KEY_INT[x.dtype.itemsize])
+    shift, mag, inf = _key_constants(x.dtype)
+    fmt = SCALE_FORMATS[scale_dtype]
+    if code.codec == "float8":
+        f, values, cbits = formats.fp8_consts(code.fp8, True), formats.fp8_table(code.fp8, np.float32), 8
+    else:
+        f, values, cbits = None, None, code.bits
+    slots = 1 if tensor else rows * (n // g)
+    scales = np.empty(slots, np.float32)
+    zps = None if symmetric else np.empty(slots, np.int32)
+    if tensor:  # the one scale first: a reduction over the whole weight
+        lo, hi = tensor_range(flat, table, bits, n, shift, mag, inf)
+        # float32 arguments: Python floats would compile the float64 formula
+        scale, zp, ok = finalize_one(np.float32(lo), np.float32(hi), code.qmin, code.qmax, symmetric,
+                                     np.float32(eps), fmt)
+        if not ok:
+            return None
+        scales[0] = scale
+        if zps is not None:
+            zps[0] = zp
+    chunks = _chunks(rows, n, threads.get_num_threads())
+    accs = [np.zeros(3) for _ in chunks]
+    cnts = [np.zeros(3, np.int64) for _ in chunks]
+
+    def run(i):
+        r0, r1 = chunks[i]
+        sq, sa, sd = np.empty(g, np.uint8), np.empty(g), np.empty(g)
+        return weight_rows(flat, table, bits, r0, r1, n, g, code.qmin, code.qmax, symmetric, np.float32(eps),
+                           fmt, shift, mag, inf, f, values, cbits, out.reshape(-1), scales, zps,
+                           accs[i], cnts[i], sq, sa, sd, tensor)
+
+    if len(chunks) > 1:
+        pool = threads._executor()
+        futures = [pool.submit(run, i) for i in range(1, len(chunks))]
+        failed = [run(0)] + [fu.result() for fu in futures]
+    else:
+        failed = [run(0)]
+    if any(r >= 0 for r in failed):
+        return None
+    counts = dict(zip(("nan", "posinf", "neginf"), (int(v) for v in sum(cnts))))
+    figures = (float(sum(a[0] for a in accs)), float(sum(a[1] for a in accs)), float(max(a[2] for a in accs)))
+    return scales, zps, figures, counts
+
+
+#: Elements per thread below which one thread does the whole weight (a thread's start costs more).
+_MIN_CHUNK = 1 << 20
+
+
+def _chunks(rows: int, n: int, nthreads: int) -> list:
+    """``(r0, r1)`` row ranges, one per thread, of at least ``_MIN_CHUNK`` elements each.
+
+    >>> _chunks(10, 1 << 20, 2), _chunks(10, 16, 2)
+    ([(0, 5), (5, 10)], [(0, 10)])
+    """
+    k = max(1, min(nthreads, rows, rows * n // _MIN_CHUNK))
+    bounds = [rows * i // k for i in range(k + 1)]
+    return [(bounds[i], bounds[i + 1]) for i in range(k)]
+
+
+_TABLE = []
+
+
+def _float16_table():
+    """float16's widening table, made once per process."""
+    if not _TABLE:
+        _TABLE.append(float16_table())
+    return _TABLE[0]
