@@ -94,7 +94,8 @@ def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None):
     bytes; the sums of ``stats`` in another order), in one pass; None where that pass refuses
     a group's parameters (a scale the scale dtype cannot hold: the multi-pass path then says
     which). The caller checks :func:`covers` first. ``scale_rule`` is ``choose_qparams``' (None
-    or ``"full"``); ``buffers`` a :class:`Buffers` for the codes (a fresh array without).
+    or ``"full"``; None takes the scheme's ``scale_rule`` where it has one); ``buffers`` a
+    :class:`Buffers` for the codes (a fresh array without).
 
     >>> from gpuq.checkpoints.formats.compressed_tensors import PACK
     >>> from gpuq.checkpoints.serving.formats import WeightScheme, int_code
@@ -108,6 +109,8 @@ def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None):
     from ..backends.host import weight_pass
 
     buffers = buffers or Buffers()
+    if scale_rule is None:
+        scale_rule = getattr(scheme, "scale_rule", None)
     kw = scheme.api_kwargs()
     stand_in = np.broadcast_to(np.zeros((), x.dtype), x.shape)  # validate reads no data
     _, _, _, code, symmetric, eps, sdt, _ = validate(stand_in, kw["axis"], kw["group_size"], None,
