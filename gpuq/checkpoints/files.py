@@ -339,13 +339,20 @@ class Checkpoint:
         """The size of a tensor's data in bytes."""
         return self._entries[name].nbytes
 
-    def load(self, name: str) -> np.ndarray:
+    def load(self, name: str, out: np.ndarray | None = None) -> np.ndarray:
         """The tensor as a fresh NumPy array (bit for bit what the file holds).
 
         Only this tensor's bytes are read (into the array itself for .safetensors
         and .npy); the array is the caller's, writable, and nothing keeps it alive.
+        ``out`` (.safetensors only): a C-order array of the tensor's shape and dtype to read
+        into instead (a buffer reused from tensor to tensor), returned.
         """
         e = self._entries[name]
+        if out is not None:
+            if self.format != "safetensors" or out.shape != e.shape or out.dtype != e.dtype \
+                    or not out.flags.c_contiguous:
+                raise ValueError(f"out must be a C-order {e.dtype} {e.shape} array for a .safetensors IN, "
+                                 f"got {out.dtype} {out.shape} for a .{self.format}")
         try:
             if self.format == "npz":
                 # Read the header again rather than seek past it: a seek into a stored
@@ -360,7 +367,7 @@ class Checkpoint:
                         raise self._bad(f"member {name!r} is longer than its header says")
             else:
                 self._fh.seek(e.offset)
-                arr = _read_array(self._fh, e)
+                arr = _read_array(self._fh, e, out)
         except CliError:
             raise
         except Exception as exc:
@@ -396,9 +403,10 @@ class _Entry:
         self.fortran, self.zinfo = fortran, zinfo
 
 
-def _read_array(fh, e) -> np.ndarray:
+def _read_array(fh, e, arr=None) -> np.ndarray:
     # Straight into the array's own memory: no intermediate bytes object.
-    arr = np.empty(e.shape[::-1] if e.fortran else e.shape, e.dtype)
+    if arr is None:
+        arr = np.empty(e.shape[::-1] if e.fortran else e.shape, e.dtype)
     view = memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else memoryview(b"")
     done = 0
     while done < len(view):

@@ -72,9 +72,14 @@ class PackQuantized(Layout):
 
     def encode(self, module, shape, scheme, codes, scales, zps) -> dict:
         """The stored tensors from one-code-per-element int8 ``codes`` and gpuq's parameters."""
+        return self.encode_words(module, shape, scheme, pack_rows(codes, scheme.code.bits), scales, zps)
+
+    def encode_words(self, module, shape, scheme, words, scales, zps) -> dict:
+        """The stored tensors from the codes already packed into int32 ``words`` (the one-pass
+        path, :mod:`gpuq.checkpoints.fused`) and gpuq's parameters."""
         bits = scheme.code.bits
         grid = scheme.scale_grid(shape)
-        t = {f"{module}.weight_packed": pack_rows(codes, bits),
+        t = {f"{module}.weight_packed": words,
              f"{module}.weight_scale": scales.reshape(grid).astype(scale_numpy(scheme.scale_dtype)),
              f"{module}.weight_shape": np.array(shape, np.int64)}
         if not scheme.symmetric:  # packed down the output dimension: the rows of the transpose

@@ -32,11 +32,13 @@ import numpy as np
 
 from ..convert import (count_nonfinite, error_stats, finish_report, finite_part, host_codes, progress_bar,
                        sqnr_db)
+from .. import fused
 from ..files import Checkpoint, CliError, check_header_size, checkpoint_writer, safetensors_layout
 from ..report import nonfinite_text
 from ..scale_rules import api_kwargs, resolve, rule_note
 from ..selection import is_float
 from ..sharded import output_shard_entries
+from ..fused import Buffers
 from .folder import CONFIG, ModelFolder, model_output, module_notes
 from .formats import WeightScheme
 from .selection import ROUTER, choose, module_of, vllm_check
@@ -175,6 +177,7 @@ def _plan_shards(model, chosen, out_path) -> dict:
 def _quantize_shard(model, shard, path, entries, chosen, kept, device, nonfinite, warn, present, bar,
                     method) -> list:
     rows = []
+    buffers = Buffers()  # the read and code buffers, reused from weight to weight
     with Checkpoint(model.shard_path(shard)) as ckpt, \
             checkpoint_writer(path, "safetensors", entries, None, model.extra[shard]) as w:
         for name in ckpt.names:
@@ -188,8 +191,8 @@ def _quantize_shard(model, shard, path, entries, chosen, kept, device, nonfinite
                              "vllm": "-" if router else None, **({"reason": ROUTER} if router else {})})
             else:
                 scheme = chosen[name]
-                tensors, stats, counts = quantize_weight(ckpt.load(name), scheme, device, name, nonfinite, warn,
-                                                         method)
+                tensors, stats, counts = quantize_weight(buffers.load(ckpt, name), scheme, device, name, nonfinite,
+                                                         warn, method, buffers=buffers)
                 for n, t in tensors.items():
                     w.write(n, t)
                 rows.append({**row, "quantized": True, "scheme": _scheme_json(scheme),
@@ -203,9 +206,15 @@ def _quantize_shard(model, shard, path, entries, chosen, kept, device, nonfinite
     return rows
 
 
-def quantize_weight(x, scheme: WeightScheme, device, name, nonfinite="warn", warn=None, method="minmax") -> tuple:
+def quantize_weight(x, scheme: WeightScheme, device, name, nonfinite="warn", warn=None, method="minmax",
+                    buffers=None) -> tuple:
     """``(tensors, stats, counts)``: the stored tensors of one ``[out, in]`` weight, its error
     statistics (:func:`gpuq.checkpoints.convert.error_stats`) and its NaN/Inf counts.
+
+    Where :func:`gpuq.checkpoints.fused.covers` the case, one compiled pass gives the same
+    bytes (:mod:`gpuq.checkpoints.fused`; its codes go in ``buffers``, a
+    :class:`~gpuq.checkpoints.fused.Buffers`, where given: valid until the next weight);
+    otherwise the multi-pass path below.
 
     Parameters come from the finite values (NaN/Inf replaced by 0, which changes no range that
     includes 0, nor ``max |x|``) by ``method`` (``--calibrate``: min/max or the MSE search),
@@ -222,14 +231,14 @@ def quantize_weight(x, scheme: WeightScheme, device, name, nonfinite="warn", war
     """
     import gpuq
 
+    if fused.covers(x, scheme, device, method):
+        done = fused.quantize_weight(x, scheme, module_of(name), buffers=buffers)
+        if done is not None:
+            _check_nonfinite(done[2], name, nonfinite, warn)
+            return done
     counts = count_nonfinite(x)
     bad = sum(counts.values())
-    if bad and nonfinite == "error":
-        raise CliError(f"tensor {name!r} has {nonfinite_text(counts)}; --nonfinite warn or allow "
-                       f"quantizes it with parameters from its finite values")
-    if bad and nonfinite == "warn" and warn is not None:
-        warn(f"tensor {name!r} has {nonfinite_text(counts)}: quantized with parameters from its finite "
-             f"values; --nonfinite error refuses it, allow keeps quiet")
+    _check_nonfinite(counts, name, nonfinite, warn)
     kw = scheme.api_kwargs()
     code = scheme.code.name
     try:
@@ -252,6 +261,19 @@ def quantize_weight(x, scheme: WeightScheme, device, name, nonfinite="warn", war
         codes = gpuq.unpack(codes)
     module = module_of(name)
     return scheme.layout.encode(module, x.shape, scheme, codes, scales, zps), stats, counts
+
+
+def _check_nonfinite(counts, name, nonfinite, warn) -> None:
+    """The ``--nonfinite`` policy on a weight's NaN/Inf ``counts``: ``error`` refuses it, ``warn``
+    says so through ``warn``."""
+    if not sum(counts.values()):
+        return
+    if nonfinite == "error":
+        raise CliError(f"tensor {name!r} has {nonfinite_text(counts)}; --nonfinite warn or allow "
+                       f"quantizes it with parameters from its finite values")
+    if nonfinite == "warn" and warn is not None:
+        warn(f"tensor {name!r} has {nonfinite_text(counts)}: quantized with parameters from its finite "
+             f"values; --nonfinite error refuses it, allow keeps quiet")
 
 
 def _stats(x, q, scales, zps, scheme, device, finite_only) -> dict:

@@ -1,0 +1,303 @@
+"""One pass over a checkpoint weight: scales, codes in their stored layout, and the report's figures.
+
+``gpuq quantize --format compressed-tensors`` used to run choose_qparams, quantize, unpack the
+codes it had just packed, dequantize them again for the report, and repack them into
+compressed-tensors' int32 words: five or six passes over every weight. :func:`weight_rows` does
+it all while one group of one row is in cache, from the stored bits (bfloat16 as int16 bits,
+float16 as uint16 bits through the widening table, float32 as it is):
+
+1. the group's min and max, NaN skipped (order keys, ``loops.run_keys``; a group holding
+   +/-Inf is reduced again over its finite values: the command takes parameters from the
+   finite values, and 0 is in every range ``finalize_one`` forms, so replacing NaN/Inf by 0
+   and skipping them give the same parameters);
+2. ``loops.finalize_one``: the scale (rounded to the scale dtype) and zero point;
+3. per element: the code (``loops.quantize_one`` or ``loops.fp8_of``), its dequantized value
+   in float32 as ``gpuq.dequantize`` forms it (``(q - zp) * s``, or ``fp8_table[q] * s``), and
+   in float64 the value and the round-trip error of the finite elements;
+4. the codes packed into compressed-tensors' words (offset-binary fields, little-endian,
+   ``serving.packing``) or written as fp8 bytes, and the group's sums of x^2 and of the
+   error^2 and its max abs error added to the call's figures.
+
+The per-element arithmetic is the loops' own functions (no fastmath); only the float64 sums
+reassociate (:func:`_energy`: 4-wide partial sums), so the report's SQNR may differ from the
+old ``einsum`` in its last digits, never a code or a scale.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ..._dtypes import is_bfloat16
+from . import formats, threads
+from .affine import float16_table
+from .loops import _JIT, finalize_one, float_of_key, fp8_of, load, quantize_one, run_keys
+from .qparams import _KEY_INT, SCALE_FORMATS, _key_constants
+
+_FMAX = np.float32(np.finfo(np.float32).max)
+
+
+@njit(nogil=True, cache=True, boundscheck=False, fastmath={"reassoc", "nsz", "nnan"})
+def _energy(a, d, n, acc):
+    """``acc += (sum a^2, sum d^2)``, ``acc[2] = max(acc[2], max |d|)`` over ``a[:n]``, ``d[:n]``.
+
+    Reassociated (vectorized) sums: the figures are float64 totals, whose order the contract
+    leaves open; ``a`` and ``d`` hold no NaN (the non-finite elements are zeros here)."""
+    sa = sd = 0.0
+    top = np.int64(0)
+    for j in range(n):
+        sa += a[j] * a[j]
+        sd += d[j] * d[j]
+        # max |d| through its bits: non-negative floats order as integers, an integer max
+        # vectorizes where a float one does not
+        top = max(top, np.float64(abs(d[j])).view(np.int64))
+    acc[0] += sa
+    acc[1] += sd
+    acc[2] = max(acc[2], np.int64(top).view(np.float64))
+
+
+@njit(inline="always")
+def _magnitude(b, mag):
+    """The largest magnitude bits of ``b`` (integer views of floats): NaN and Inf have the
+    largest ones, so the result is below Inf's exactly when every element is finite."""
+    top = b[0] & mag
+    for j in range(b.size):
+        top = max(top, b[j] & mag)
+    return top
+
+
+@njit(inline="always")
+def _pack_fields(sq, g, ob):
+    """Offset-binary fields ``sq[:g]`` (uint8) of 4 bits into bytes ``ob``, two a byte, the
+    first in the low nibble: viewed as little-endian uint32, element ``k`` of a word sits at
+    bit ``4 * k``, as ``serving.packing.pack_rows`` has it. An odd ``g`` (one group a row)
+    leaves its last nibble with zero bits above it, the row's padding."""
+    for j in range(g // 2):
+        ob[j] = sq[2 * j] | (sq[2 * j + 1] << np.uint8(4))
+    if g % 2:
+        ob[g // 2] = sq[g - 1]
+
+
+@njit(inline="always")
+def _finite_range(x, table, base, g):
+    """Min and max of the finite elements of ``x[base:base + g]`` with 0 among them, and the
+    counts of NaN, +Inf and -Inf (the slow path of a group that holds a non-finite value)."""
+    lo = hi = np.float32(0)
+    nan = pos = neg = 0
+    for j in range(g):
+        v = np.float32(load(x, base + j, table))
+        if v != v:
+            nan += 1
+        elif v == np.inf:
+            pos += 1
+        elif v == -np.inf:
+            neg += 1
+        else:
+            lo = min(lo, v)
+            hi = max(hi, v)
+    return lo, hi, nan, pos, neg
+
+
+@njit(**_JIT)
+def weight_rows(x, table, bits, r0, r1, n, g, qmin, qmax, symmetric, eps, fmt, shift, mag, inf,
+                f, values, cbits, out, scales, zps, acc, cnt, sq, sa, sd, tensor):
+    """Rows ``r0:r1`` of a C-order ``[rows, n]`` weight (flat ``x``; ``bits`` its signed-integer
+    view), groups of ``g`` along a row (``g == n``: per channel), in one pass.
+
+    Int codes (``f`` None): ``out`` is uint32 words, ``ceil(n * cbits / 32)`` a row, each group
+    starting on a word (``g`` a multiple of ``32 // cbits``, or one group a row). fp8 codes
+    (``f`` = ``formats.fp8_consts``, ``values`` = ``formats.fp8_table``): ``out`` is the bytes,
+    ``n`` a row. ``scales``/``zps`` (zps None: symmetric) get one slot per group; ``acc``
+    (float64: signal, error, max abs error) and ``cnt`` (int64: NaN, +Inf, -Inf) are added to;
+    ``sq`` (uint8), ``sa``/``sd`` (float64) are scratch of ``g`` elements. ``tensor`` True:
+    one scale (and zp) for the whole weight, given in ``scales[0]`` (``zps[0]``), ``g == n``.
+    Returns the first row whose parameters ``finalize_one`` refuses (nothing of it written), or -1.
+    """
+    groups = n // g
+    half = np.int32(1 << (cbits - 1))
+    rb = 4 * -(-n * cbits // 32)  # bytes of a row of words
+    out_bytes = out.view(np.uint8)
+    lo_q, hi_q = np.float32(qmin), np.float32(qmax)
+    used = -(-n * cbits // 8)  # bytes of a row's fields: the rest of its last word is padding
+    for r in range(r0, r1):
+        if f is None:
+            for k in range(r * rb + used, (r + 1) * rb):  # the buffer is reused: zero it
+                out_bytes[k] = 0
+        for gi in range(groups):
+            base = r * n + gi * g
+            # Slices, not x[base + j]: the loops over them vectorize (measured: 2-3x).
+            xs, bs = x[base:base + g], bits[base:base + g]
+            top = _magnitude(bs, mag)
+            bad = top >= inf
+            if tensor:  # one scale for the whole weight, chosen by tensor_range and the caller
+                lo = hi = np.float32(0)
+            elif bad:  # parameters of the finite values
+                lo, hi, _, _, _ = _finite_range(xs, table, 0, g)
+            elif symmetric:
+                # max |x| (no NaN/Inf here): finalize_one forms the same amax from (-amax, amax)
+                # as from the min and max (an integer max, which vectorizes).
+                hi = np.float32(float_of_key(top, bits, shift, mag, table))
+                lo = -hi
+            else:
+                ka, kb = run_keys(bs, 0, g, shift, mag, inf)
+                lo = np.float32(float_of_key(ka, bits, shift, mag, table))
+                hi = np.float32(float_of_key(kb, bits, shift, mag, table))
+            if tensor:
+                scale, zp = scales[0], np.int32(0) if zps is None else zps[0]
+            else:
+                scale, zp, ok = finalize_one(lo, hi, qmin, qmax, symmetric, eps, fmt)
+                if not ok:
+                    return r
+                slot = r * groups + gi
+                scales[slot] = scale
+                if zps is not None:
+                    zps[slot] = zp
+            s, z = scale, np.float32(zp)
+            if f is None:
+                # The codes' offset-binary fields (q + 2**(bits - 1)) as bytes: 8-bit ones are the
+                # words' bytes themselves, 4-bit ones are paired up after the loop.
+                ob = out_bytes[r * rb + gi * g * cbits // 8:]
+                fs = ob if cbits == 8 else sq
+                for j in range(g):
+                    v = load(xs, j, table)
+                    q = quantize_one(v, s, z, lo_q, hi_q)
+                    fs[j] = np.uint8(q + half)
+                    a = np.float64(v)
+                    sa[j] = a
+                    sd[j] = a - np.float64((np.float32(q) - z) * s)
+                if cbits == 4:
+                    _pack_fields(sq, g, ob)
+            else:
+                os = out[base:base + g]
+                for j in range(g):  # the codes apart: a table lookup in the loop stops it vectorizing
+                    os[j] = fp8_of(load(xs, j, table), s, f)
+                for j in range(g):
+                    a = np.float64(load(xs, j, table))
+                    sa[j] = a
+                    sd[j] = a - np.float64(values[os[j]] * s)
+            if bad:  # rare: leave the non-finite elements out of the figures, and count them
+                for j in range(g):
+                    if not abs(load(xs, j, table)) <= _FMAX:
+                        sa[j] = sd[j] = 0.0
+                _, _, nan, pos, neg = _finite_range(xs, table, 0, g)
+                cnt[0] += nan
+                cnt[1] += pos
+                cnt[2] += neg
+            _energy(sa, sd, g, acc)
+    return -1
+
+
+@njit(**_JIT)
+def tensor_range(x, table, bits, n, shift, mag, inf):
+    """``(lo, hi)`` (float32) of a whole flat weight for one per-tensor scale, row by row of
+    ``n``: its min and max (NaN skipped, order keys), or, where it holds a NaN or +/-Inf, the
+    min and max of its finite values with 0 among them (the parameters' rule above)."""
+    lo = hi = np.float32(0)
+    first = True
+    bad = False
+    for r in range(x.size // n):
+        bs = bits[r * n:(r + 1) * n]
+        if _magnitude(bs, mag) >= inf:
+            bad = True
+            break
+        ka, kb = run_keys(bs, 0, n, shift, mag, inf)
+        a = np.float32(float_of_key(ka, bits, shift, mag, table))
+        b = np.float32(float_of_key(kb, bits, shift, mag, table))
+        lo, hi = (a, b) if first else (min(lo, a), max(hi, b))
+        first = False
+    if bad:
+        lo, hi, _, _, _ = _finite_range(x, table, 0, x.size)
+    return lo, hi
+
+
+def quantize_rows(x, code, symmetric, eps, scale_dtype, g, tensor, out):
+    """One pass over a C-order 2-D weight ``x`` (bfloat16, float16 or float32): codes of
+    ``code`` (a ``gpuq._codetypes`` row: int or fp8) into ``out`` (uint32 words as
+    :func:`weight_rows` lays them out, or fp8 bytes), groups of ``g`` along a row, one scale for
+    the whole weight where ``tensor``; ``symmetric``, ``eps`` and ``scale_dtype`` as
+    ``gpuq._qoptions.validate`` hands them on. Rows are shared among the host threads.
+
+    Returns ``(scales, zps, (signal, error, max_abs_error), counts)`` (float32 scales, one a
+    group or one; int32 zps or None; the float64 figures of the finite elements; NaN/+Inf/-Inf
+    counts), or None where ``finalize_one`` refuses a scale (nothing to trust in ``out``).
+
+    >>> from gpuq._codetypes import code_type
+    >>> out = np.empty((1, 1), np.uint32)
+    >>> s, z, figures, counts = quantize_rows(np.float32([[7.0, -3.5]]), code_type("int4"), True,
+    ...                                       np.float32(1e-38), "float32", 2, False, out)
+    >>> s.tolist(), hex(int(out[0, 0])), figures, counts
+    ([1.0], '0x4f', (61.25, 0.25, 0.5), {'nan': 0, 'posinf': 0, 'neginf': 0})
+    """
+    rows, n = x.shape
+    flat, table = x.reshape(-1), None
+    if x.dtype == np.float16:
+        flat, table = flat.view(np.uint16), _float16_table()
+    elif is_bfloat16(x.dtype):
+        flat = flat.view(np.int16)  # bfloat16 bits, widened by a shift in the loop
+    bits = x.reshape(-1).view(_KEY_INT[x.dtype.itemsize])
+    shift, mag, inf = _key_constants(x.dtype)
+    fmt = SCALE_FORMATS[scale_dtype]
+    if code.codec == "float8":
+        f, values, cbits = formats.fp8_consts(code.fp8, True), formats.fp8_table(code.fp8, np.float32), 8
+    else:
+        f, values, cbits = None, None, code.bits
+    slots = 1 if tensor else rows * (n // g)
+    scales = np.empty(slots, np.float32)
+    zps = None if symmetric else np.empty(slots, np.int32)
+    if tensor:  # the one scale first: a reduction over the whole weight
+        lo, hi = tensor_range(flat, table, bits, n, shift, mag, inf)
+        # float32 arguments: Python floats would compile the float64 formula
+        scale, zp, ok = finalize_one(np.float32(lo), np.float32(hi), code.qmin, code.qmax, symmetric,
+                                     np.float32(eps), fmt)
+        if not ok:
+            return None
+        scales[0] = scale
+        if zps is not None:
+            zps[0] = zp
+    chunks = _chunks(rows, n, threads.get_num_threads())
+    accs = [np.zeros(3) for _ in chunks]
+    cnts = [np.zeros(3, np.int64) for _ in chunks]
+
+    def run(i):
+        r0, r1 = chunks[i]
+        sq, sa, sd = np.empty(g, np.uint8), np.empty(g), np.empty(g)
+        return weight_rows(flat, table, bits, r0, r1, n, g, code.qmin, code.qmax, symmetric, np.float32(eps),
+                           fmt, shift, mag, inf, f, values, cbits, out.reshape(-1), scales, zps,
+                           accs[i], cnts[i], sq, sa, sd, tensor)
+
+    if len(chunks) > 1:
+        pool = threads._executor()
+        futures = [pool.submit(run, i) for i in range(1, len(chunks))]
+        failed = [run(0)] + [fu.result() for fu in futures]
+    else:
+        failed = [run(0)]
+    if any(r >= 0 for r in failed):
+        return None
+    counts = dict(zip(("nan", "posinf", "neginf"), (int(v) for v in sum(cnts))))
+    figures = (float(sum(a[0] for a in accs)), float(sum(a[1] for a in accs)), float(max(a[2] for a in accs)))
+    return scales, zps, figures, counts
+
+
+#: Elements per thread below which one thread does the whole weight (a thread's start costs more).
+_MIN_CHUNK = 1 << 20
+
+
+def _chunks(rows: int, n: int, nthreads: int) -> list:
+    """``(r0, r1)`` row ranges, one per thread, of at least ``_MIN_CHUNK`` elements each.
+
+    >>> _chunks(10, 1 << 20, 2), _chunks(10, 16, 2)
+    ([(0, 5), (5, 10)], [(0, 10)])
+    """
+    k = max(1, min(nthreads, rows, rows * n // _MIN_CHUNK))
+    bounds = [rows * i // k for i in range(k + 1)]
+    return [(bounds[i], bounds[i + 1]) for i in range(k)]
+
+
+_TABLE = []
+
+
+def _float16_table():
+    """float16's widening table, made once per process."""
+    if not _TABLE:
+        _TABLE.append(float16_table())
+    return _TABLE[0]
