@@ -109,8 +109,10 @@ def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None):
     from ..backends.host import weight_pass
 
     buffers = buffers or Buffers()
-    if scale_rule is None:
-        scale_rule = getattr(scheme, "scale_rule", None)
+    if scale_rule is None:  # the command's rule name ("narrow" is the API's default, None)
+        from .scale_rules import api_kwargs
+
+        scale_rule = api_kwargs("float32", getattr(scheme, "scale_rule", None)).get("scale_rule")
     kw = scheme.api_kwargs()
     stand_in = np.broadcast_to(np.zeros((), x.dtype), x.shape)  # validate reads no data
     _, _, _, code, symmetric, eps, sdt, _ = validate(stand_in, kw["axis"], kw["group_size"], None,
