@@ -21,6 +21,8 @@ from .convert import DEQUANTIZE_DTYPES
 from .quantized import CODE_DTYPES
 from .selection import DEFAULT_MIN_SIZE
 from .formats import for_input, for_output
+from .formats.ct_presets import check_preset
+from .formats.ct_presets import resolve as resolve_preset
 
 __all__ = ["GpuqWarning", "quantize", "dequantize", "inspect", "compare", "example"]
 
@@ -88,7 +90,7 @@ def _block(value):
 def quantize_options(src, out, *, format="gpuq", dtype=None, axis=None, per_tensor=False,
                      group_size=None, block=None, symmetric=False, asymmetric=False, include=(),
                      exclude=(), min_size=DEFAULT_MIN_SIZE, calibrate="minmax", nonfinite="warn",
-                     device="auto", workers=None, scheduler=None):
+                     device="auto", workers=None, scheduler=None, preset=None):
     """The options namespace of :func:`quantize` (the command's ``args``), every value checked.
 
     >>> quantize_options("a.safetensors", "b.safetensors", group_size=128).group_size
@@ -103,7 +105,8 @@ def quantize_options(src, out, *, format="gpuq", dtype=None, axis=None, per_tens
         exclude=_patterns(exclude, "exclude"), min_size=_int(min_size, "min_size", none=False),
         calibrate=_choice(calibrate, "calibrate", METHODS),
         nonfinite=_choice(nonfinite, "nonfinite", _NONFINITE), device=_choice(device, "device", _DEVICES),
-        workers=_int(workers, "workers"), scheduler=scheduler)
+        workers=_int(workers, "workers"), scheduler=scheduler,
+        preset=None if preset is None else check_preset(preset))
     if opts.symmetric and opts.asymmetric:
         raise ValueError("symmetric and asymmetric: give one")
     if opts.per_tensor and opts.axis is not None:
@@ -120,7 +123,7 @@ def quantize_options(src, out, *, format="gpuq", dtype=None, axis=None, per_tens
 def quantize(src, out, *, format="gpuq", dtype=None, axis=None, per_tensor=False, group_size=None,
              block=None, symmetric=False, asymmetric=False, include=(), exclude=(),
              min_size=DEFAULT_MIN_SIZE, calibrate="minmax", nonfinite="warn", device="auto",
-             workers=None, scheduler=None, progress=False) -> dict:
+             workers=None, scheduler=None, preset=None, progress=False) -> dict:
     """Quantize checkpoint ``src`` (a file, a sharded folder or a model folder) to ``out``;
     return the report (what ``gpuq quantize --json`` prints).
 
@@ -128,7 +131,9 @@ def quantize(src, out, *, format="gpuq", dtype=None, axis=None, per_tensor=False
     gets its default scheme), ``per_tensor=True`` one scale per tensor, ``group_size`` groups
     along the input dimension, ``block="AxB"`` (or ``(A, B)``) block scales; ``format`` is
     ``"gpuq"`` (``src``'s own file format), ``"compressed-tensors"`` or ``"fp8-blocks"`` (model
-    folders). ``progress``: False, True (a tqdm bar on stderr) or ``callable(done, total, name)``.
+    folders); ``preset`` one of llm-compressor's preset names (``"W4A16"``, ``"NVFP4A16"``,
+    ``"MXFP4A16"``, ...: README's table) writes that compressed-tensors folder (a scheme keyword
+    beside it is refused; ``format`` may stay ``"gpuq"``). ``progress``: False, True (a tqdm bar on stderr) or ``callable(done, total, name)``.
 
     >>> import os, tempfile
     >>> d = tempfile.mkdtemp()
@@ -141,7 +146,7 @@ def quantize(src, out, *, format="gpuq", dtype=None, axis=None, per_tensor=False
                             group_size=group_size, block=block, symmetric=symmetric,
                             asymmetric=asymmetric, include=include, exclude=exclude,
                             min_size=min_size, calibrate=calibrate, nonfinite=nonfinite,
-                            device=device, workers=workers, scheduler=scheduler)
+                            device=device, workers=workers, scheduler=scheduler, preset=preset)
     return run_quantize(opts, progress=_progress(progress), warn=_warn)
 
 
@@ -159,6 +164,7 @@ def _recorded(warn):
 def run_quantize(opts, *, progress, warn) -> dict:
     """:func:`quantize` on a checked options namespace, warnings to ``warn(text)`` (the command's
     way in); the report's ``warnings`` lists them."""
+    resolve_preset(opts)
     fmt = for_output(opts.format)
     fmt.check(opts)
     lines, record = _recorded(warn)

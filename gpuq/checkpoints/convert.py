@@ -333,7 +333,7 @@ def host_codes(q, device):
     if not isinstance(q, gpuq.Codes):
         return device.get(q)
     data = np.ascontiguousarray(device.get(q.data))
-    if is_float8(q.dtype):  # fp8 bits from a GPU array library without an fp8 type
+    if is_float8(q.dtype) and not is_packed(q.dtype):  # fp8 bits from a GPU array library without an fp8 type
         return data.view(codes_dtype(q.dtype, "safetensors")).reshape(q.shape)
     return gpuq.Codes(data, q.shape, q.dtype)
 
