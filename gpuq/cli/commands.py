@@ -132,6 +132,11 @@ int4 (groups of 128 by default, --group-size G, or --axis 0 per channel),
 config's ignore (ignored_layers), q/k/v and gate/up are quantized together or
 not at all, and the report's vLLM column says whether vLLM's kernels take
 each layer's shape. The folder is written all or nothing, config.json last.
+--preset NAME (llm-compressor's W8A16, W4A16, W4A16_ASYM, W8A8, INT8,
+FP8_DYNAMIC, FP8_BLOCK, NVFP4A16, MXFP4A16, MXFP4, MXFP6A16, MXFP8A16, MXFP8)
+writes the compressed-tensors folder llm-compressor writes for it, NVFP4 and
+MX ones included (nvfp4-pack-quantized, mxfp4/mxfp6-pack-quantized,
+mxfp8-quantized); NVFP4's q/k/v and gate/up share one global scale.
 """
 
 
