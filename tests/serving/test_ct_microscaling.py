@@ -350,3 +350,20 @@ def test_readers_checks(made, tmp_path, capsys, preset, name, fn, msg):
     assert gpuq_main("dequantize", folder, "-o", tmp_path / "d", "--device", "cpu", "-q") == 2
     line = one_error_line(capsys)
     assert msg in line and not (tmp_path / "d").exists(), line
+
+
+def test_the_library_takes_preset_and_inspect_reads_the_folder(tmp_path):
+    import gpuq.checkpoints as gc
+
+    report = gc.quantize(FIXTURES / "base", tmp_path / "q", preset="MXFP6A16", device="cpu")
+    assert report["format"] == "compressed-tensors" and report["total"]["quantized"] == 14
+    info = gc.inspect(tmp_path / "q")
+    assert info["format"] == "compressed-tensors"
+    assert {t["role"] for t in info["tensors"] if t["name"].endswith("weight_packed")} == {"quantized"}
+    with pytest.raises(ValueError, match="--preset W4A16 sets the scheme: drop --group-size"):
+        gc.quantize(FIXTURES / "base", tmp_path / "q2", preset="W4A16", group_size=64)
+    with pytest.raises(ValueError, match="--preset FP8: its activations need calibrated"):
+        gc.quantize(FIXTURES / "base", tmp_path / "q2", preset="FP8")
+    with pytest.raises(TypeError, match="preset must be a preset name"):
+        gc.quantize(FIXTURES / "base", tmp_path / "q2", preset=4)
+    assert not (tmp_path / "q2").exists()
