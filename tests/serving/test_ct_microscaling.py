@@ -367,3 +367,18 @@ def test_the_library_takes_preset_and_inspect_reads_the_folder(tmp_path):
     with pytest.raises(TypeError, match="preset must be a preset name"):
         gc.quantize(FIXTURES / "base", tmp_path / "q2", preset=4)
     assert not (tmp_path / "q2").exists()
+
+
+@pytest.mark.parametrize("preset", ["NVFP4A16", "MXFP4A16"])
+def test_a_linear_the_group_does_not_divide_stays_in_float(tmp_path, capsys, preset):
+    """down_proj's input dimension 40: no whole group of 16 or 32, so it stays in float, listed."""
+    src = make_model(tmp_path / "m", hidden=64, inter=40, heads=2, kv_heads=1, head_dim=32, vocab=64, extra=False)
+    assert gpuq_main("quantize", tmp_path / "m", "-o", tmp_path / "q", "--preset", preset, "--device", "cpu",
+                     "-q", "--json") == 0
+    report = json.loads(capsys.readouterr().out)
+    qc = json.loads((tmp_path / "q" / "config.json").read_text())["quantization_config"]
+    assert "model.layers.0.mlp.down_proj" in qc["ignore"] and report["total"]["quantized"] == 6
+    assert any("down_proj (group size" in n and "does not divide its input dimension 40" in n for n in report["notes"])
+    got = _st(tmp_path / "q" / "model.safetensors")
+    assert np.array_equal(got["model.layers.0.mlp.down_proj.weight"].view(torch.int16).numpy(),
+                          src["model.layers.0.mlp.down_proj.weight"].view(np.int16))
