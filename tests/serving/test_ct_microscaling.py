@@ -382,3 +382,28 @@ def test_a_linear_the_group_does_not_divide_stays_in_float(tmp_path, capsys, pre
     got = _st(tmp_path / "q" / "model.safetensors")
     assert np.array_equal(got["model.layers.0.mlp.down_proj.weight"].view(torch.int16).numpy(),
                           src["model.layers.0.mlp.down_proj.weight"].view(np.int16))
+
+
+def test_device_path_gives_the_same_folders(tmp_path, monkeypatch):
+    """The folder layer's device side (fp4 Codes put on the device, fp6/fp8 codes as Codes of
+    their bits) writes and reads the host's bytes: a stand-in 'cupy' whose arrays are NumPy's
+    (what runs is the checkpoint code on that path; the kernels have their own tests)."""
+    from gpuq.checkpoints import env as cli_env
+
+    fake = types.ModuleType("cupy")
+    fake.ndarray = type("FakeCupyArray", (), {})
+    fake.asarray, fake.asnumpy = np.asarray, np.asarray
+    make_model(tmp_path / "m", hidden=64, inter=64, heads=2, kv_heads=1, head_dim=32, vocab=64, extra=False)
+    outs = {}
+    for device in ("cpu", "cuda"):
+        if device == "cuda":
+            monkeypatch.setitem(sys.modules, "cupy", fake)
+            monkeypatch.setattr(cli_env, "cuda_unavailable_reason", lambda: None)
+        for preset in MICRO:
+            q, d = tmp_path / f"{preset}-{device}", tmp_path / f"{preset}-{device}-d"
+            assert gpuq_main("quantize", tmp_path / "m", "-o", q, "--preset", preset, "--device", device, "-q") == 0
+            assert gpuq_main("dequantize", q, "-o", d, "--device", device, "-q") == 0
+            outs[preset, device] = _st(q / "model.safetensors"), _st(d / "model.safetensors")
+    for preset in MICRO:
+        for a, b in zip(outs[preset, "cpu"], outs[preset, "cuda"]):
+            assert a.keys() == b.keys() and [k for k in a if not _same(a[k], b[k])] == [], preset
