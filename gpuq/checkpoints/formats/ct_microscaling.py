@@ -3,7 +3,7 @@
 :class:`~gpuq.checkpoints.serving.formats.Layout` each, registered by
 :mod:`.compressed_tensors`).
 
-For a quantized Linear ``M`` with weight ``[out, in]`` (``/work/shared``'s format notes, section 4;
+For a quantized Linear ``M`` with weight ``[out, in]`` (README, "Presets and the 4-bit formats";
 each checked against compressed-tensors' own compressors in ``tests/serving/test_ct_microscaling.py``):
 
 =======================  ======================================================================
