@@ -22,6 +22,8 @@ from .quantized import CODE_DTYPES
 from .scale_rules import SCALE_RULES, SCALES
 from .selection import DEFAULT_MIN_SIZE
 from .formats import for_input, for_output
+from .formats.ct_presets import check_preset
+from .formats.ct_presets import resolve as resolve_preset
 
 __all__ = ["GpuqWarning", "quantize", "dequantize", "inspect", "compare", "example"]
 
@@ -89,7 +91,8 @@ def _block(value):
 def quantize_options(src, out, *, format="gpuq", dtype=None, axis=None, per_tensor=False,
                      group_size=None, block=None, symmetric=False, asymmetric=False, include=(),
                      exclude=(), min_size=DEFAULT_MIN_SIZE, calibrate="minmax", nonfinite="warn",
-                     device="auto", workers=None, scheduler=None, scales=None, scale_rule=None):
+                     device="auto", workers=None, scheduler=None, scales=None, scale_rule=None,
+                     preset=None):
     """The options namespace of :func:`quantize` (the command's ``args``), every value checked.
 
     >>> quantize_options("a.safetensors", "b.safetensors", group_size=128).group_size
@@ -106,7 +109,8 @@ def quantize_options(src, out, *, format="gpuq", dtype=None, axis=None, per_tens
         nonfinite=_choice(nonfinite, "nonfinite", _NONFINITE), device=_choice(device, "device", _DEVICES),
         workers=_int(workers, "workers"), scheduler=scheduler,
         scales=_choice(scales, "scales", SCALES, none=True),
-        scale_rule=_choice(scale_rule, "scale_rule", SCALE_RULES, none=True))
+        scale_rule=_choice(scale_rule, "scale_rule", SCALE_RULES, none=True),
+        preset=None if preset is None else check_preset(preset))
     if opts.symmetric and opts.asymmetric:
         raise ValueError("symmetric and asymmetric: give one")
     if opts.per_tensor and opts.axis is not None:
@@ -123,7 +127,7 @@ def quantize_options(src, out, *, format="gpuq", dtype=None, axis=None, per_tens
 def quantize(src, out, *, format="gpuq", dtype=None, axis=None, per_tensor=False, group_size=None,
              block=None, symmetric=False, asymmetric=False, include=(), exclude=(),
              min_size=DEFAULT_MIN_SIZE, calibrate="minmax", nonfinite="warn", device="auto",
-             workers=None, scheduler=None, scales=None, scale_rule=None, progress=False) -> dict:
+             workers=None, scheduler=None, scales=None, scale_rule=None, preset=None, progress=False) -> dict:
     """Quantize checkpoint ``src`` (a file, a sharded folder or a model folder) to ``out``;
     return the report (what ``gpuq quantize --json`` prints).
 
@@ -134,7 +138,9 @@ def quantize(src, out, *, format="gpuq", dtype=None, axis=None, per_tensor=False
     folders). ``scales`` (``"float32"``, ``"mx"``, ``"nvfp4"``) and ``scale_rule`` (``"full"``,
     ``"narrow"``, an MX rule) are ``--scales`` and ``--scale-rule``: None takes the code type's
     default (symmetric int4/uint4: ``"full"``; int8/uint8: ``"narrow"``; fp4/fp6: MX ``"even"``).
-    ``progress``: False, True (a tqdm bar on stderr) or ``callable(done, total, name)``.
+    ``preset`` one of llm-compressor's preset names (``"W4A16"``, ``"NVFP4A16"``,
+    ``"MXFP4A16"``, ...: README's table) writes that compressed-tensors folder (a scheme keyword
+    beside it is refused; ``format`` may stay ``"gpuq"``). ``progress``: False, True (a tqdm bar on stderr) or ``callable(done, total, name)``.
 
     >>> import os, tempfile
     >>> d = tempfile.mkdtemp()
@@ -148,7 +154,7 @@ def quantize(src, out, *, format="gpuq", dtype=None, axis=None, per_tensor=False
                             asymmetric=asymmetric, include=include, exclude=exclude,
                             min_size=min_size, calibrate=calibrate, nonfinite=nonfinite,
                             device=device, workers=workers, scheduler=scheduler, scales=scales,
-                            scale_rule=scale_rule)
+                            scale_rule=scale_rule, preset=preset)
     return run_quantize(opts, progress=_progress(progress), warn=_warn)
 
 
@@ -166,6 +172,7 @@ def _recorded(warn):
 def run_quantize(opts, *, progress, warn) -> dict:
     """:func:`quantize` on a checked options namespace, warnings to ``warn(text)`` (the command's
     way in); the report's ``warnings`` lists them."""
+    resolve_preset(opts)
     fmt = for_output(opts.format)
     fmt.check(opts)
     lines, record = _recorded(warn)

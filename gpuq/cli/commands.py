@@ -149,6 +149,11 @@ int4 (groups of 128 by default, --group-size G, or --axis 0 per channel),
 config's ignore (ignored_layers), q/k/v and gate/up are quantized together or
 not at all, and the report's vLLM column says whether vLLM's kernels take
 each layer's shape. The folder is written all or nothing, config.json last.
+--preset NAME (llm-compressor's W8A16, W4A16, W4A16_ASYM, W8A8, INT8,
+FP8_DYNAMIC, FP8_BLOCK, NVFP4A16, MXFP4A16, MXFP4, MXFP6A16, MXFP8A16, MXFP8)
+writes the compressed-tensors folder llm-compressor writes for it, NVFP4 and
+MX ones included (nvfp4-pack-quantized, mxfp4/mxfp6-pack-quantized,
+mxfp8-quantized); NVFP4's q/k/v and gate/up share one global scale.
 """
 
 
@@ -241,6 +246,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gpuq (default: IN's format, gpuq's metadata); compressed-tensors or "
                         "fp8-blocks: a model folder (config.json + safetensors) that vLLM, "
                         "SGLang and transformers load (see 'Serving formats' above)")
+    q.add_argument("--preset", metavar="NAME",
+                   help="llm-compressor's preset: W8A16, W4A16, W4A16_ASYM, W8A8, INT8, FP8_DYNAMIC, "
+                        "FP8_BLOCK, NVFP4A16, MXFP4A16, MXFP4, MXFP6A16, MXFP8A16, MXFP8: the "
+                        "compressed-tensors folder llm-compressor writes for it (implies --format "
+                        "compressed-tensors; no scheme flag beside it)")
     q.add_argument("--include", action="append", default=[], metavar="PATTERN",
                    help="quantize only tensors whose name matches this glob (repeatable)")
     q.add_argument("--exclude", action="append", default=[], metavar="PATTERN",

@@ -36,7 +36,7 @@ from ..serving.formats import (Layout, WeightScheme, check_patterns, decode_plai
                                scale_numpy, scales_float32, short)
 from ..serving.packing import pack_rows, unpack_rows, words_per_row
 from ..serving.quantize import Request, model_dtype
-from . import _folder, _serving
+from . import _folder, _serving, ct_microscaling, ct_presets
 from .describe import describe_folder
 from .fp8_blocks import FP8_BLOCK
 
@@ -156,34 +156,77 @@ class NaiveQuantized(Layout):
                              None if scheme.symmetric else "weight_zero_point")
 
 
+class _Named(NaiveQuantized):
+    """``int-quantized`` / ``float-quantized``: naive-quantized's tensors under the name
+    compressed-tensors infers for weights with dynamic activations (the W8A8 and fp8 presets)."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def refuses(self, shape, scheme):
+        if scheme.strategy == "block" and (shape[0] % scheme.block[0] or shape[1] % scheme.block[1]):
+            return (f"its shape {list(shape)} is not a whole number of {scheme.block[0]}x{scheme.block[1]} "
+                    f"blocks (the FP8_BLOCK preset quantizes those only)")
+        return super().refuses(shape, scheme)
+
+
 PACK, NAIVE = PackQuantized(), NaiveQuantized()
+INT_Q, FLOAT_Q = _Named("int-quantized"), _Named("float-quantized")
 #: compressed-tensors' format names gpuq reads, by the layout each stores.
-LAYOUTS = {"pack-quantized": PACK, "naive-quantized": NAIVE, "float-quantized": NAIVE, "int-quantized": NAIVE}
+LAYOUTS = {"pack-quantized": PACK, "naive-quantized": NAIVE, "float-quantized": FLOAT_Q, "int-quantized": INT_Q,
+           **ct_microscaling.LAYOUTS}
+#: The layouts that store codes one per element in ``M.weight`` beside ``M.weight_scale``.
+_PLAIN = (NAIVE, INT_Q, FLOAT_Q)
 
 
 
 
 def request(opts) -> Request:
-    """The scheme ``opts`` ask for, refused (one line naming the flag) where compressed-tensors
-    or vLLM's kernels cannot hold it.
+    """The scheme ``opts`` ask for (``opts.preset``: :mod:`.ct_presets`), refused (one line
+    naming the flag) where compressed-tensors or vLLM's kernels cannot hold it.
+
+    fp4/fp6 codes (``--dtype float4_e2m1fn`` / ``float6_e2m3fn``) and MX fp8 take ``--scales
+    mx`` (e8m0 per 32, ``--scale-rule``) or, for fp4, ``--scales nvfp4`` (e4m3 per 16 and a global
+    scale); ``opts.scales`` / ``opts.scale_rule`` are read where the options have them.
 
     >>> import types
     >>> o = types.SimpleNamespace(dtype="int4", axis=None, per_tensor=False, group_size=None,
     ...                           symmetric=False, asymmetric=False, block=None)
     >>> r = request(o); r.strategy, r.group_size, r.symmetric
     ('group', 128, True)
+    >>> request(types.SimpleNamespace(preset="NVFP4A16", calibrate="minmax")).layout.name
+    'nvfp4-pack-quantized'
     """
+    preset = getattr(opts, "preset", None)
+    rule = getattr(opts, "scale_rule", None)
+    if preset is not None:
+        dtype, strategy, group, symmetric, block, scales, _ = ct_presets.PRESETS[ct_presets.check_preset(preset)]
+        code = as_code_type(dtype)
+        if scales is not None:
+            return _micro_request(code, scales, rule, getattr(opts, "calibrate", "minmax"), preset, preset)
+        layout = PACK if code.storage == "packed" or dtype == "int8" and strategy == "group" else \
+            INT_Q if code.codec == "affine" else FLOAT_Q
+        return Request(name, code, strategy, group, symmetric, layout, block, scale_rule=rule, preset=preset)
     if opts.block is not None:
         raise CliError(f"--block {opts.block}: --format fp8-blocks has {FP8_BLOCK[0]}x{FP8_BLOCK[1]} blocks "
                        f"(its weight_block_size), and compressed-tensors is written per channel, "
                        f"group or tensor")
     axis, group_size = opts.axis, opts.group_size
     code = as_code_type(opts.dtype or "int8", "--dtype")
+    scales = getattr(opts, "scales", None)
+    if scales in ("mx", "nvfp4"):
+        if opts.asymmetric or axis not in (None, 1, -1) or opts.per_tensor:
+            raise CliError(f"--scales {scales}: compressed-tensors' {scales.upper()} weights are symmetric, in "
+                           f"groups along the input dimension: drop --asymmetric, --axis, --per-tensor")
+        want = 16 if scales == "nvfp4" else 32
+        if group_size not in (None, want):
+            raise CliError(f"--group-size {group_size}: compressed-tensors' {scales.upper()} groups are {want}")
+        return _micro_request(code, scales, rule, getattr(opts, "calibrate", "minmax"), None, f"--scales {scales}")
     takes = (int_code(8), int_code(4), fp8_code())
     if code not in takes:
         raise CliError(f"--format compressed-tensors takes --dtype {', '.join(c.name for c in takes)}, got "
                        f"{code.name} (compressed-tensors' int codes are signed: --asymmetric int8/int4 "
-                       f"holds what uint8/uint4 would)")
+                       f"holds what uint8/uint4 would; fp4/fp6 with --scales mx or nvfp4)")
     fp8 = code.codec == "float8"
     if fp8 and (opts.asymmetric or group_size is not None):
         raise CliError(f"{code.name} has no zero point and compressed-tensors stores it per channel "
@@ -203,7 +246,30 @@ def request(opts) -> Request:
     if group_size is None and code.storage == "packed" and axis is None:
         group_size = 128
     strategy = "tensor" if opts.per_tensor else "group" if group_size is not None else "channel"
-    return Request(name, code, strategy, group_size, fp8 or not opts.asymmetric, NAIVE if fp8 else PACK)
+    return Request(name, code, strategy, group_size, fp8 or not opts.asymmetric, NAIVE if fp8 else PACK,
+                   scale_rule=rule)
+
+
+#: The code types of each microscaling kind compressed-tensors 0.20 stores.
+_MICRO_CODES = {"nvfp4": ("float4_e2m1fn",), "mx": ("float4_e2m1fn", "float6_e2m3fn", "float8_e4m3fn")}
+
+
+def _micro_request(code, scales, rule, calibrate, preset, what) -> Request:
+    """NVFP4 or MX weights of ``code``: refused where compressed-tensors has no such format."""
+    from ..._mx import RULES
+
+    if code.name not in _MICRO_CODES[scales]:
+        raise CliError(f"{what}: compressed-tensors stores {' and '.join(_MICRO_CODES[scales])} codes with "
+                       f"{scales.upper()} scales, got --dtype {code.name}")
+    if scales == "nvfp4" and rule is not None:
+        raise CliError(f"--scale-rule {rule}: NVFP4's e4m3 block scales have one rule (compressed-tensors')")
+    if scales == "mx" and rule is not None and rule not in RULES:
+        raise CliError(f"--scale-rule {rule}: MX scales take {', '.join(RULES)}")
+    if calibrate != "minmax":
+        raise CliError(f"--calibrate {calibrate}: {what} scales come from each block's max |x| (minmax)")
+    scheme = ct_microscaling.scheme_for(code, scales, scale_rule=rule)
+    return Request(name, code, scheme.strategy, scheme.group_size, True, scheme.layout,
+                   scale_dtype=scheme.scale_dtype, scale_rule=rule, preset=preset)
 
 
 check, quantize, dequantize = _serving.steps(sys.modules[__name__])
@@ -224,8 +290,9 @@ def ct_type(code) -> str:
 
 
 def quantization_config(scheme: WeightScheme, ignore: list) -> dict:
-    """The ``quantization_config`` compressed-tensors 0.20.0 writes for one weight-only scheme
-    targeting every Linear but those in ``ignore`` (its keys, in its order of meaning).
+    """The ``quantization_config`` compressed-tensors 0.20.0 writes for one scheme targeting every
+    Linear but those in ``ignore`` (its keys, in its order of meaning): the weights' arguments
+    and, for a preset with dynamic activations, its ``input_activations``.
 
     >>> s = WeightScheme(int_code(4), "group", False, "bfloat16", PACK, group_size=128)
     >>> c = quantization_config(s, ["lm_head"])
@@ -234,7 +301,12 @@ def quantization_config(scheme: WeightScheme, ignore: list) -> dict:
     """
     weights = {"dynamic": False, "group_size": scheme.group_size, "num_bits": scheme.code.bits,
                "strategy": scheme.strategy, "symmetric": scheme.symmetric, "type": ct_type(scheme.code)}
-    group = {"format": scheme.layout.name, "input_activations": None, "output_activations": None,
+    if scheme.strategy == "block":
+        weights["block_structure"] = list(scheme.block)
+    if scheme.scale_dtype in ct_microscaling.CT_SCALE_DTYPES:
+        weights["scale_dtype"] = ct_microscaling.CT_SCALE_DTYPES[scheme.scale_dtype]
+    acts = ct_presets.PRESETS[scheme.preset][6] if scheme.preset is not None else None
+    group = {"format": scheme.layout.name, "input_activations": acts, "output_activations": None,
              "targets": ["Linear"], "weights": weights}
     return {"config_groups": {"group_0": group}, "format": scheme.layout.name,
             "global_compression_ratio": None, "ignore": list(ignore), "kv_cache_scheme": None,
@@ -262,10 +334,15 @@ def column_notes(request) -> list:
 
 def load_notes(chosen: dict, specs: dict, request) -> list:
     """The line saying an asymmetric folder will not load in transformers 5.24: it allocates an
-    unpacked ``weight_zero_point`` and refuses the packed one (llm-compressor#1618)."""
+    unpacked ``weight_zero_point`` and refuses the packed one (llm-compressor#1618); the one
+    saying a float16 MXFP4 folder will not load in vLLM."""
+    notes = []
+    if request.layout is ct_microscaling.MX[4] and any(specs[n][1].name == "float16" for n in chosen):
+        notes.append("note: vLLM's MXFP4 kernel (Marlin) takes bfloat16 activations only: this float16 "
+                     "model's MXFP4 layers do not load there (convert the model to bfloat16 first)")
     if request.symmetric:
-        return []
-    return ["note: transformers 5.24 does not load this folder: --asymmetric compressed-tensors' packed "
+        return notes
+    return notes + ["note: transformers 5.24 does not load this folder: --asymmetric compressed-tensors' packed "
             "weight_zero_point is refused with a size mismatch (llm-compressor#1618); vLLM (the layers "
             "its column rates ok) and gpuq dequantize read it right"]
 
@@ -319,11 +396,13 @@ def read_groups(qc: dict, where: str) -> list:
 
 
 def _weight_scheme(w: dict, layout, bad) -> WeightScheme:
+    if layout in ct_microscaling.LAYOUTS.values():
+        return ct_microscaling.read_scheme(w, layout, bad)
     kind, bits = w.get("type"), w.get("num_bits")
     code = int_code(bits) if kind == "int" else fp8_code() if kind == "float" and bits == 8 else None
     if code is None or isinstance(bits, bool):
         raise bad(f"weights of type {kind!r} with num_bits {bits!r}: gpuq reads int with 4 or 8 bits "
-                  f"and float with 8 (fp8 e4m3)")
+                  f"and float with 8 (fp8 e4m3); fp4/fp6 in the nvfp4/mxfp4/mxfp6 formats")
     if layout is PACK and kind != "int":
         raise bad("pack-quantized holds int codes, not float ones")
     strategy, symmetric = w.get("strategy"), w.get("symmetric", True)

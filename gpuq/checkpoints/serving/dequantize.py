@@ -198,7 +198,9 @@ def _dequantize_module(module, scheme, loader, out_dtype, device, w, model, nonf
     import gpuq
 
     codes, scales, zps, shape = scheme.layout.decode(module, scheme, loader.load)
-    if scheme.code.codec == "float8" and device.xp is not np:  # no fp8 dtype on the GPU side
+    if isinstance(codes, gpuq.Codes):  # packed fp4 bytes
+        src = gpuq.Codes(device.put(codes.data), codes.shape, codes.dtype)
+    elif scheme.code.codec == "float8" and device.xp is not np:  # no fp8/fp6 dtype on the GPU side
         src = gpuq.Codes(device.put(codes.view(np.uint8)), codes.shape, scheme.code.name)
     else:
         src = device.put(codes)

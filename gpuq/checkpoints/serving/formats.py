@@ -53,9 +53,12 @@ def fp8_code():
 @dataclass(frozen=True)
 class WeightScheme:
     """How one Linear weight is stored: the code row, the strategy (``"tensor"``, ``"channel"``,
-    ``"group"``, ``"block"``), the group size or block shape, symmetry, the dtype of the stored
-    scales, the layout (a :class:`Layout`) and the scale rule of symmetric int codes (``"full"``,
-    ``"narrow"``: :mod:`gpuq.checkpoints.scale_rules`; None for the others)."""
+    ``"group"``, ``"block"``; ``"tensor_group"``: NVFP4's groups under a global scale), the group
+    size or block shape, symmetry, the dtype of the stored scales, the layout (a
+    :class:`Layout`), the scale rule (symmetric int codes: ``"full"``/``"narrow"``,
+    :mod:`gpuq.checkpoints.scale_rules`; MX scales, ``scale_dtype="float8_e8m0fnu"``: an MX rule;
+    None: the array API's default) and the compressed-tensors preset it comes from (None without
+    one)."""
 
     code: object
     strategy: str
@@ -65,6 +68,7 @@ class WeightScheme:
     group_size: int | None = None
     block: tuple | None = None
     scale_rule: str | None = None
+    preset: str | None = None
 
     def api_kwargs(self) -> dict:
         """The granularity arguments of gpuq's calls for a ``[out, in]`` weight.
@@ -72,8 +76,21 @@ class WeightScheme:
         >>> WeightScheme(int_code(4), "group", True, "bfloat16", None, group_size=32).api_kwargs()
         {'axis': 1, 'group_size': 32, 'block_size': None}
         """
-        axis = {"tensor": None, "channel": 0, "group": 1, "block": None}[self.strategy]
+        axis = {"tensor": None, "channel": 0, "group": 1, "tensor_group": 1, "block": None}[self.strategy]
         return {"axis": axis, "group_size": self.group_size, "block_size": self.block}
+
+    def qparams_kwargs(self) -> dict:
+        """What :func:`gpuq.choose_qparams` takes besides the granularity: the scale rule (the
+        full-range int rule or an MX rule; ``"narrow"`` is the array API's default).
+
+        >>> WeightScheme(int_code(8), "channel", True, "bfloat16", None).qparams_kwargs()
+        {}
+        >>> WeightScheme(int_code(4), "group", True, "bfloat16", None, 128, scale_rule="full").qparams_kwargs()
+        {'scale_rule': 'full'}
+        """
+        from ..scale_rules import api_kwargs
+
+        return api_kwargs("float32", self.scale_rule)
 
     def scale_grid(self, shape) -> tuple:
         """The scales' stored shape for a weight of ``shape`` (compressed-tensors keeps the
@@ -87,7 +104,7 @@ class WeightScheme:
             return (1,)
         if self.strategy == "channel":
             return (out, 1)
-        if self.strategy == "group":
+        if self.strategy in ("group", "tensor_group"):
             return (out, -(-n // self.group_size))
         return (-(-out // self.block[0]), -(-n // self.block[1]))
 
@@ -97,7 +114,7 @@ class WeightScheme:
         >>> WeightScheme(int_code(8), "channel", True, "bfloat16", None).api_params(np.ones((4, 1)), (4, 8)).shape
         (4,)
         """
-        if p is None or self.strategy in ("group", "block"):
+        if p is None or self.strategy in ("group", "tensor_group", "block"):
             return p
         return p.reshape(()) if self.strategy == "tensor" else p.reshape(shape[0])
 
@@ -110,10 +127,13 @@ class WeightScheme:
         'int4 sym full-range g=128'
         """
         where = {"tensor": "per-tensor", "channel": "channel", "group": f"g={self.group_size}",
+                 "tensor_group": f"g={self.group_size}",
                  "block": f"block {'x'.join(map(str, self.block or ()))}"}[self.strategy]
         sym = "" if self.code.zero_point == "none" else ("sym " if self.symmetric else "asym ")
         rule = "full-range " if self.scale_rule == "full" else ""
-        return f"{self.code.name} {sym}{rule}{where}"
+        scales = {"float8_e8m0fnu": f" e8m0 ({self.scale_rule or 'even'})",
+                  "float8_e4m3fn": " e4m3 + global"}.get(self.scale_dtype, "")
+        return f"{self.code.name} {sym}{rule}{where}{scales}"
 
 
 def scale_numpy(name: str) -> np.dtype:
@@ -159,6 +179,17 @@ class Layout:
     def shape(self, module: str, scheme: WeightScheme, load, specs) -> tuple:
         """The dense weight's shape (known before its codes are read): the stored codes' own."""
         return tuple(specs[self.primary(module, scheme)][0])
+
+    #: Whether the layout stores a global scale per weight (shared across a merged layer's
+    #: parts: :meth:`prepare`), which :meth:`encode` takes as ``global_scale=``.
+    global_scale = False
+
+    def refuses(self, shape, scheme: WeightScheme):
+        """Why a ``[out, in]`` weight cannot be stored in ``scheme`` (kept in float), or None."""
+        if scheme.strategy in ("group", "tensor_group") and shape[1] % scheme.group_size:
+            return (f"group size {scheme.group_size} does not divide its input dimension {shape[1]} "
+                    f"(compressed-tensors refuses it)")
+        return None
 
 
 def decode_plain(module, scheme, load, scale_param, zp_param) -> tuple:

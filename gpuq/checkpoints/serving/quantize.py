@@ -30,18 +30,19 @@ import os
 
 import numpy as np
 
+from ..._qoptions import RULE_SCALE_DTYPES
 from ..convert import (count_nonfinite, error_stats, finish_report, finite_part, host_codes, progress_bar,
                        sqnr_db)
 from .. import fused
 from ..files import Checkpoint, CliError, check_header_size, checkpoint_writer, safetensors_layout
 from ..report import nonfinite_text
-from ..scale_rules import api_kwargs, resolve, rule_note
+from ..scale_rules import resolve, rule_note
 from ..selection import is_float
 from ..sharded import output_shard_entries
 from ..fused import Buffers
 from .folder import CONFIG, ModelFolder, model_output, module_notes
 from .formats import WeightScheme
-from .selection import ROUTER, choose, module_of, vllm_check
+from .selection import FUSED, ROUTER, choose, module_of, vllm_check
 
 #: The dtypes a model's scales may be stored in (the model's dtype).
 _SCALE_DTYPES = ("bfloat16", "float16", "float32")
@@ -51,7 +52,9 @@ class Request:
     """The scheme a run asks for, checked against its format before any file is read (each
     format module builds its own: :mod:`gpuq.checkpoints.formats`): ``format`` (its name, for
     messages), ``code`` (a row), ``strategy``, ``group_size``, ``symmetric``, ``layout`` (the
-    format's :class:`~gpuq.checkpoints.serving.formats.Layout`), ``block`` (a block strategy's shape).
+    format's :class:`~gpuq.checkpoints.serving.formats.Layout`), ``block`` (a block strategy's shape),
+    ``scale_dtype`` (the scales' own dtype where the layout fixes it: MX's e8m0, NVFP4's e4m3;
+    None: the model's), ``scale_rule`` (MX) and ``preset`` (compressed-tensors' preset name).
 
     >>> from gpuq.checkpoints.formats.fp8_blocks import FP8_BLOCK, FP8_BLOCKS
     >>> from gpuq.checkpoints.serving.formats import fp8_code
@@ -59,13 +62,16 @@ class Request:
     'float8_e4m3fn block 128x128'
     """
 
-    def __init__(self, fmt, code, strategy, group_size, symmetric, layout, block=None):
+    def __init__(self, fmt, code, strategy, group_size, symmetric, layout, block=None, *, scale_dtype=None,
+                 scale_rule=None, preset=None):
         self.format, self.code, self.strategy = fmt, code, strategy
         self.group_size, self.symmetric, self.layout, self.block = group_size, symmetric, layout, block
+        self.scale_dtype, self.scale_rule, self.preset = scale_dtype, scale_rule, preset
 
     def scheme(self, scale_dtype) -> WeightScheme:
-        return WeightScheme(self.code, self.strategy, self.symmetric, scale_dtype, self.layout,
-                            group_size=self.group_size, block=self.block)
+        return WeightScheme(self.code, self.strategy, self.symmetric, self.scale_dtype or scale_dtype, self.layout,
+                            group_size=self.group_size, block=self.block, scale_rule=self.scale_rule,
+                            preset=self.preset)
 
 
 def check_local(args) -> None:
@@ -78,6 +84,8 @@ def with_rule(request: Request, args, scheme: WeightScheme) -> WeightScheme:
     """``scheme`` with the scale rule ``--scales``/``--scale-rule`` ask for (symmetric int4: the
     full range by default; :mod:`gpuq.checkpoints.scale_rules`); the serving formats store
     float scales in the model's dtype: ``--scales mx``/``nvfp4`` is one CliError line."""
+    if scheme.scale_dtype in RULE_SCALE_DTYPES:  # MX / NVFP4 layouts: their rule is the request's
+        return scheme
     scales, rule = resolve(request.code.name, request.symmetric, getattr(args, "scales", None),
                            getattr(args, "scale_rule", None))
     if scales != "float32":
@@ -104,16 +112,14 @@ def run(args, request: Request, fmt, *, warn, progress, device) -> dict:
     scheme = with_rule(request, args, request.scheme(fmt.scale_dtype(model)))
 
     def scheme_for(name, shape):
-        if scheme.strategy == "group" and shape[1] % scheme.group_size:
-            return (f"group size {scheme.group_size} does not divide its input dimension {shape[1]} "
-                    f"(compressed-tensors refuses it)")
-        return scheme
+        return scheme.layout.refuses(shape, scheme) or scheme
 
     chosen, kept, ignore = choose(model.specs, model.config, scheme_for, include=args.include,
                                   exclude=args.exclude, min_size=args.min_size)
     layouts = _plan_shards(model, chosen, args.output)
     present = {module_of(n) for n in model.specs}
     config = fmt.config(model.config, scheme, ignore)
+    shared = shared_global_scales(model, chosen) if scheme.layout.global_scale else {}
     rows = []
     names = model.shards + ([model.index_name] if model.index_name else []) + [CONFIG] + model.others
     bar = progress_bar(len(model.specs), progress, "quantize")
@@ -121,7 +127,7 @@ def run(args, request: Request, fmt, *, warn, progress, device) -> dict:
         with model_output(args.output, model, names) as out:
             for shard in model.shards:
                 rows += _quantize_shard(model, shard, out.staged(shard), layouts[shard], chosen, kept, device,
-                                        args.nonfinite, warn, present, bar, args.calibrate)
+                                        args.nonfinite, warn, present, bar, args.calibrate, shared)
             out.copy_others(model)
             entries = {s: output_shard_entries(out.staged(s)) for s in model.shards} if model.index_name else None
             out.commit(model.shards + model.others, model if model.index_name else None, entries, config)
@@ -174,8 +180,51 @@ def _plan_shards(model, chosen, out_path) -> dict:
     return layouts
 
 
+def shared_global_scales(model, chosen) -> dict:
+    """``{weight name: global scale}`` of the parts of each merged layer (q/k/v, gate/up, each
+    expert's gate/up: :data:`~.selection.FUSED`) quantized together: :func:`gpuq.global_scale`
+    of the group's largest ``max |x|`` (finite values), in the dtype of the weight that holds it,
+    as llm-compressor links them (vLLM takes the largest of a merged layer's and only warns when
+    they differ). A first read pass over those weights, one at a time, in row blocks: the
+    memory stays one tensor and a float32 block.
+
+    >>> shared_global_scales(None, {})
+    {}
+    """
+    import gpuq
+
+    groups = {}
+    for name in chosen:
+        parent, _, last = module_of(name).rpartition(".")
+        merged = next((m for m, parts in FUSED.items() if last in parts), None)
+        if merged is not None:
+            groups.setdefault((parent, merged), []).append(name)
+    out = {}
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        amax, dtype = max(((_finite_amax(model, n), model.specs[n][1]) for n in members), key=lambda t: t[0])
+        out.update(dict.fromkeys(members, gpuq.global_scale(amax=amax, float_dtype=dtype)))
+    return out
+
+
+def _finite_amax(model, name, block=1 << 22) -> np.float32:
+    """``max |x|`` over the finite values of tensor ``name``, as float32."""
+    with Checkpoint(model.shard_path(model.weight_map[name])) as ckpt:
+        x = ckpt.load(name)
+        rows = max(1, block // max(1, x.size // max(1, x.shape[0])))
+        amax = np.float32(0)
+        for r0 in range(0, x.shape[0], rows):
+            a = np.abs(x[r0:r0 + rows].astype(np.float32))
+            with np.errstate(invalid="ignore"):
+                a = a[np.isfinite(a)]
+            if a.size:
+                amax = max(amax, np.float32(a.max()))
+        return amax
+
+
 def _quantize_shard(model, shard, path, entries, chosen, kept, device, nonfinite, warn, present, bar,
-                    method) -> list:
+                    method, shared) -> list:
     rows = []
     buffers = Buffers()  # the read and code buffers, reused from weight to weight
     with Checkpoint(model.shard_path(shard)) as ckpt, \
@@ -192,7 +241,7 @@ def _quantize_shard(model, shard, path, entries, chosen, kept, device, nonfinite
             else:
                 scheme = chosen[name]
                 tensors, stats, counts = quantize_weight(buffers.load(ckpt, name), scheme, device, name, nonfinite,
-                                                         warn, method, buffers=buffers)
+                                                         warn, method, shared.get(name), buffers=buffers)
                 for n, t in tensors.items():
                     w.write(n, t)
                 rows.append({**row, "quantized": True, "scheme": _scheme_json(scheme),
@@ -207,7 +256,7 @@ def _quantize_shard(model, shard, path, entries, chosen, kept, device, nonfinite
 
 
 def quantize_weight(x, scheme: WeightScheme, device, name, nonfinite="warn", warn=None, method="minmax",
-                    buffers=None) -> tuple:
+                    global_scale=None, buffers=None) -> tuple:
     """``(tensors, stats, counts)``: the stored tensors of one ``[out, in]`` weight, its error
     statistics (:func:`gpuq.checkpoints.convert.error_stats`) and its NaN/Inf counts.
 
@@ -218,7 +267,9 @@ def quantize_weight(x, scheme: WeightScheme, device, name, nonfinite="warn", war
 
     Parameters come from the finite values (NaN/Inf replaced by 0, which changes no range that
     includes 0, nor ``max |x|``) by ``method`` (``--calibrate``: min/max or the MSE search),
-    rounded to the scale dtype; the codes from ``x`` itself.
+    rounded to the scale dtype; the codes from ``x`` itself. A layout with a global scale
+    (NVFP4) uses ``global_scale`` (a merged layer's, :func:`shared_global_scales`), else the
+    weight's own (:func:`gpuq.global_scale`).
 
     >>> from gpuq.checkpoints.env import HostDevice
     >>> x = np.array([[0.5, -1.0], [2.0, 4.0]], np.float32)
@@ -244,10 +295,13 @@ def quantize_weight(x, scheme: WeightScheme, device, name, nonfinite="warn", war
     try:
         xd = device.put(x)
         pd = device.put(finite_part(x)) if bad else xd
+        two_level = {}
+        if scheme.layout.global_scale:
+            two_level["global_scale"] = gpuq.global_scale(pd) if global_scale is None else global_scale
         scales, zps = gpuq.choose_qparams(pd, dtype=code, symmetric=scheme.symmetric,
                                           scale_dtype=scheme.scale_dtype, method=method, **kw,
-                                          **api_kwargs("float32", scheme.scale_rule))
-        q = gpuq.quantize(xd, scales, zps, dtype=code, **kw)
+                                          **scheme.qparams_kwargs(), **two_level)
+        q = gpuq.quantize(xd, scales, zps, dtype=code, **kw, **two_level)
     except CliError:  # a ValueError already in its one-line form
         raise
     except (ValueError, TypeError) as exc:
@@ -255,12 +309,15 @@ def quantize_weight(x, scheme: WeightScheme, device, name, nonfinite="warn", war
     del xd, pd
     scales = np.asarray(device.get(scales), np.float32)
     zps = None if zps is None else np.asarray(device.get(zps), np.int32)
-    stats = _stats(x, q, scales, zps, scheme, device, bool(bad))
+    gs = two_level.get("global_scale")
+    # NVFP4's weights are e2m1(q) * float32(s_b / gs): the statistics' scales
+    stats = _stats(x, q, scales if gs is None else (scales / np.float32(gs)).astype(np.float32), zps, scheme,
+                   device, bool(bad))
     codes = host_codes(q, device)
     if isinstance(codes, gpuq.Codes):  # packed nibbles: one code per element for the layout
         codes = gpuq.unpack(codes)
     module = module_of(name)
-    return scheme.layout.encode(module, x.shape, scheme, codes, scales, zps), stats, counts
+    return scheme.layout.encode(module, x.shape, scheme, codes, scales, zps, **two_level), stats, counts
 
 
 def _check_nonfinite(counts, name, nonfinite, warn) -> None:
