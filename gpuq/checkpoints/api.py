@@ -16,6 +16,7 @@ import os
 import types
 import warnings
 
+from .._mx import RULES as MX_RULES
 from ..qparams import METHODS
 from .convert import DEQUANTIZE_DTYPES
 from .quantized import CODE_DTYPES
@@ -88,7 +89,7 @@ def _block(value):
 def quantize_options(src, out, *, format="gpuq", dtype=None, axis=None, per_tensor=False,
                      group_size=None, block=None, symmetric=False, asymmetric=False, include=(),
                      exclude=(), min_size=DEFAULT_MIN_SIZE, calibrate="minmax", nonfinite="warn",
-                     device="auto", workers=None, scheduler=None):
+                     device="auto", workers=None, scheduler=None, scale_rule=None):
     """The options namespace of :func:`quantize` (the command's ``args``), every value checked.
 
     >>> quantize_options("a.safetensors", "b.safetensors", group_size=128).group_size
@@ -103,7 +104,10 @@ def quantize_options(src, out, *, format="gpuq", dtype=None, axis=None, per_tens
         exclude=_patterns(exclude, "exclude"), min_size=_int(min_size, "min_size", none=False),
         calibrate=_choice(calibrate, "calibrate", METHODS),
         nonfinite=_choice(nonfinite, "nonfinite", _NONFINITE), device=_choice(device, "device", _DEVICES),
-        workers=_int(workers, "workers"), scheduler=scheduler)
+        workers=_int(workers, "workers"), scheduler=scheduler,
+        scale_rule=_choice(scale_rule, "scale_rule", MX_RULES, none=True))
+    if opts.scale_rule is not None and opts.format != "gpt-oss-mxfp4":
+        raise ValueError(f"scale_rule applies to format='gpt-oss-mxfp4' (MX scales), got format={opts.format!r}")
     if opts.symmetric and opts.asymmetric:
         raise ValueError("symmetric and asymmetric: give one")
     if opts.per_tensor and opts.axis is not None:
@@ -120,15 +124,17 @@ def quantize_options(src, out, *, format="gpuq", dtype=None, axis=None, per_tens
 def quantize(src, out, *, format="gpuq", dtype=None, axis=None, per_tensor=False, group_size=None,
              block=None, symmetric=False, asymmetric=False, include=(), exclude=(),
              min_size=DEFAULT_MIN_SIZE, calibrate="minmax", nonfinite="warn", device="auto",
-             workers=None, scheduler=None, progress=False) -> dict:
+             workers=None, scheduler=None, scale_rule=None, progress=False) -> dict:
     """Quantize checkpoint ``src`` (a file, a sharded folder or a model folder) to ``out``;
     return the report (what ``gpuq quantize --json`` prints).
 
     The keywords are ``gpuq quantize``'s flags: ``axis=None`` means no ``--axis`` (each tensor
     gets its default scheme), ``per_tensor=True`` one scale per tensor, ``group_size`` groups
     along the input dimension, ``block="AxB"`` (or ``(A, B)``) block scales; ``format`` is
-    ``"gpuq"`` (``src``'s own file format), ``"compressed-tensors"`` or ``"fp8-blocks"`` (model
-    folders). ``progress``: False, True (a tqdm bar on stderr) or ``callable(done, total, name)``.
+    ``"gpuq"`` (``src``'s own file format), ``"compressed-tensors"``, ``"fp8-blocks"`` or
+    ``"gpt-oss-mxfp4"`` (model folders; ``scale_rule``: its MX rule, ``floor``, ``even`` (None:
+    the default), ``ceil`` or ``rceil``). ``progress``: False, True (a tqdm bar on stderr) or
+    ``callable(done, total, name)``.
 
     >>> import os, tempfile
     >>> d = tempfile.mkdtemp()
@@ -141,7 +147,7 @@ def quantize(src, out, *, format="gpuq", dtype=None, axis=None, per_tensor=False
                             group_size=group_size, block=block, symmetric=symmetric,
                             asymmetric=asymmetric, include=include, exclude=exclude,
                             min_size=min_size, calibrate=calibrate, nonfinite=nonfinite,
-                            device=device, workers=workers, scheduler=scheduler)
+                            device=device, workers=workers, scheduler=scheduler, scale_rule=scale_rule)
     return run_quantize(opts, progress=_progress(progress), warn=_warn)
 
 
@@ -196,7 +202,7 @@ def run_dequantize(opts, *, progress, warn) -> dict:
 
 def inspect(src) -> dict:
     """What checkpoint ``src`` is, from its headers and config (the weights are not read):
-    ``format`` (gpuq, compressed-tensors, fp8-blocks, or dense), ``quant_method`` and
+    ``format`` (gpuq, compressed-tensors, fp8-blocks, gpt-oss-mxfp4, or dense), ``quant_method`` and
     ``config_groups`` where config.json has them, ``shards``, ``tensors`` (name, shape, dtype,
     role: quantized / parameter / kept, scheme) and ``dequantize_dtype`` (what
     :func:`dequantize` writes: a model folder's dtype, or the source dtypes of gpuq's tensors).
