@@ -87,9 +87,9 @@ class Experts(Layout):
             blocks = loader.load_rows(module + _BLOCKS, e, e + 1)
             scales = loader.load_rows(module + _SCALES, e, e + 1)
             try:
-                y = decode(blocks, scales, out_dtype.name, device, module + _SCALES)
+                y = decode(blocks, scales, out_dtype.name, device, f"tensor {module + _SCALES!r}", e)
             except ValueError as exc:
-                raise CliError(f"tensor {exc}") from None
+                raise CliError(str(exc)) from None
             for k, v in count_nonfinite(y).items():
                 counts[k] += v
             judge_restored(counts, module, out_dtype.name, "error" if nonfinite == "error" else "allow", None)
@@ -102,10 +102,11 @@ EXPERTS = Experts()
 SCHEME = WeightScheme(CODE_TYPES[FP4], "group", True, E8M0, EXPERTS, group_size=GROUP)
 
 
-def decode(blocks, scales, dtype: str, device, name: str):
+def decode(blocks, scales, dtype: str, device, name: str, first: int = 0):
     """The dense ``[E, in, out]`` piece of ``blocks``/``scales`` (host arrays) in ``dtype``: the
     compiled decode on the host, :func:`gpuq.dequantize` on a device (the same bits: both are
-    the contract's product rounded once), transposed there.
+    the contract's product rounded once), transposed there. ``name`` and ``first`` (the number
+    of the first expert) say where in errors.
 
     >>> from gpuq.checkpoints.env import HostDevice
     >>> decode(np.full((1, 1, 1, 16), 0x10, np.uint8), np.full((1, 1, 1), 127, np.uint8), "float32",
@@ -113,12 +114,12 @@ def decode(blocks, scales, dtype: str, device, name: str):
     [0.0, 0.5, 0.0]
     """
     if device.xp is np:
-        return dequantize_experts(blocks, scales, dtype, name=name)
+        return dequantize_experts(blocks, scales, dtype, name=name, first=first)
     import gpuq
 
     from .gpt_oss_experts import check_arrays
 
-    e, rows, groups = check_arrays(blocks, scales, name)
+    e, rows, groups = check_arrays(blocks, scales, name, first)
     xp = device.xp
     out = []
     for i in range(e):

@@ -64,9 +64,10 @@ def value_table(dtype_name: str) -> np.ndarray:
     return table
 
 
-def check_arrays(blocks, scales, name: str = "blocks") -> tuple:
+def check_arrays(blocks, scales, name: str = "blocks", first: int = 0) -> tuple:
     """``(E, out, groups)`` of a blocks/scales pair in the published layout; ValueError naming
-    ``name`` for anything else, or for a scale byte 255 (NaN: no scale of a weight).
+    ``name`` for anything else, or for a scale byte 255 (NaN: no scale of a weight; ``first`` is
+    the number of the first expert, for a slice).
 
     >>> check_arrays(np.zeros((2, 3, 4, 16), np.uint8), np.zeros((2, 3, 4), np.uint8))
     (2, 3, 4)
@@ -86,18 +87,19 @@ def check_arrays(blocks, scales, name: str = "blocks") -> tuple:
     bad = np.flatnonzero(scales.reshape(-1) == NAN_SCALE)
     if bad.size:
         e, o, g = np.unravel_index(int(bad[0]), scales.shape)
-        raise ValueError(f"{name}: scale byte 255 (NaN) at expert {e}, row {o}, group {g}: an e8m0 "
+        raise ValueError(f"{name}: scale byte 255 (NaN) at expert {first + e}, row {o}, group {g}: an e8m0 "
                          f"scale of a weight is 0..254")
     return scales.shape
 
 
-def dequantize_experts(blocks, scales, dtype="bfloat16", *, out=None, name: str = "blocks"):
+def dequantize_experts(blocks, scales, dtype="bfloat16", *, out=None, name: str = "blocks", first: int = 0):
     """The dense ``[E, in, out]`` tensor of gpt-oss MXFP4 ``blocks`` ``[E, out, in/32, 16]`` and
     ``scales`` ``[E, out, in/32]`` (uint8 NumPy arrays; see the module docstring), in ``dtype``
     (bfloat16, float16, float32 or float64). For bfloat16 it is bit for bit transformers'
     ``convert_moe_packed_tensors(blocks, scales)``. ``out``: a C-contiguous array of that shape
     and dtype to write into (the only memory the call takes; a slice of experts may be passed
-    with the matching slices of ``blocks`` and ``scales``). ``name`` names the tensor in errors.
+    with the matching slices of ``blocks`` and ``scales``). ``name`` names the tensor in errors,
+    ``first`` the number of its first expert there.
 
     >>> import numpy as np
     >>> blocks = np.full((2, 3, 1, 16), 0x21, np.uint8)          # every pair: 0.5, then 1.0
@@ -109,7 +111,7 @@ def dequantize_experts(blocks, scales, dtype="bfloat16", *, out=None, name: str 
 
     if not isinstance(dtype, str):
         raise TypeError(f"dtype must be a dtype name (bfloat16, float16, float32, float64), got {dtype!r}")
-    E, rows, groups = check_arrays(blocks, scales, name)
+    E, rows, groups = check_arrays(blocks, scales, name, first)
     want = (E, groups * GROUP, rows)
     dt = float_dtype(dtype)
     if out is None:
