@@ -106,8 +106,8 @@ def quantize_options(src, out, *, format="gpuq", dtype=None, axis=None, per_tens
         nonfinite=_choice(nonfinite, "nonfinite", _NONFINITE), device=_choice(device, "device", _DEVICES),
         workers=_int(workers, "workers"), scheduler=scheduler,
         scale_rule=_choice(scale_rule, "scale_rule", MX_RULES, none=True))
-    if opts.scale_rule is not None and opts.format != "gpt-oss-mxfp4":
-        raise ValueError(f"scale_rule applies to format='gpt-oss-mxfp4' (MX scales), got format={opts.format!r}")
+    if opts.scale_rule is not None and opts.scale_rule not in getattr(for_output(opts.format), "SCALE_RULES", ()):
+        raise ValueError(f"scale_rule applies to formats with MX scales (gpt-oss-mxfp4), got format={opts.format!r}")
     if opts.symmetric and opts.asymmetric:
         raise ValueError("symmetric and asymmetric: give one")
     if opts.per_tensor and opts.axis is not None:

@@ -47,6 +47,9 @@ QUANT_METHOD = "mxfp4"
 IGNORE_KEY = "modules_to_not_convert"
 #: What the published checkpoints list there: attention, routers, embeddings, lm_head.
 NOT_CONVERTED = ("model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head")
+#: The ``scale_rule`` values the format takes (``gpuq.checkpoints.quantize``; the command's
+#: ``--scale-rule``): the MX rules.
+SCALE_RULES = ("floor", "even", "ceil", "rceil")
 #: The code and scale types of the layout.
 FP4, E8M0 = "float4_e2m1fn", "float8_e8m0fnu"
 #: The dense expert tensors that are quantized: ``*.mlp.experts.{gate_up_proj,down_proj}``.
@@ -170,14 +173,14 @@ def scale_rule(opts) -> str:
     >>> scale_rule(types.SimpleNamespace()), scale_rule(types.SimpleNamespace(scale_rule="rceil"))
     ('even', 'rceil')
     """
-    from ..._mx import DEFAULT_RULE, RULES
+    from ..._mx import DEFAULT_RULE
 
     rule = getattr(opts, "scale_rule", None)
     if rule is None:
         return DEFAULT_RULE
-    if rule not in RULES:
+    if rule not in SCALE_RULES:
         raise CliError(f"--scale-rule {rule}: --format {name} has MX scales, whose rules are "
-                       f"{', '.join(RULES)}")
+                       f"{', '.join(SCALE_RULES)}")
     return rule
 
 
