@@ -13,9 +13,10 @@ Decoding follows gpuq's contract (:func:`gpuq.dequantize`): each value is the fl
 significant bits, so it is exact in float32 and bfloat16 up to 2**127 and above 2**-133; beyond
 that, bfloat16 and float32 overflow to +/-inf alike and float16 rounds as any float16 output does.
 So the whole decode is a table of 256 x 16 output values, indexed by (scale byte, code): the
-compiled loop (numba, where :func:`gpuq.get_host_kernels` says it serves) reads each byte once
-and writes its two values straight into their transposed places, with no temporary; the NumPy
-loop does the same through fancy indexing, one expert at a time.
+compiled loop (numba, where :func:`gpuq.get_host_kernels` says it serves) reads each byte once,
+looks its two values up at once (:func:`pair_table`) and writes them straight into their
+transposed places, with no temporary; the NumPy loop does the same through fancy indexing, one
+expert at a time.
 
 >>> import numpy as np
 >>> blocks = np.zeros((1, 2, 1, 16), np.uint8); blocks[0, 1, 0, 0] = 0x72   # inputs 0, 1 of row 1
@@ -62,6 +63,22 @@ def value_table(dtype_name: str) -> np.ndarray:
     table = prod.astype(out).view(_BITS[out.itemsize])
     table.flags.writeable = False
     return table
+
+
+@functools.lru_cache(maxsize=None)
+def pair_table(dtype_name: str) -> np.ndarray:
+    """``[256, 256]``: for scale byte ``s`` and block byte ``b``, the bits of the values of its
+    low and high nibble (:func:`value_table`) side by side, the low one in the low half of an
+    integer twice as wide (2- and 4-byte outputs).
+
+    >>> hex(pair_table("bfloat16")[127, 0x72])                     # 2.0 (low nibble), 6.0
+    '0x40c04000'
+    """
+    t = value_table(dtype_name)
+    wide, byte = _BITS[2 * t.itemsize], np.arange(256)
+    pairs = t[:, byte & 15].astype(wide) | (t[:, byte >> 4].astype(wide) << wide(8 * t.itemsize))
+    pairs.flags.writeable = False
+    return pairs
 
 
 def check_arrays(blocks, scales, name: str = "blocks", first: int = 0) -> tuple:
@@ -121,35 +138,36 @@ def dequantize_experts(blocks, scales, dtype="bfloat16", *, out=None, name: str 
         raise ValueError(f"{name}: out must be a writable C-contiguous {dt.name} array of shape "
                          f"{list(want)}, got {type(out).__name__} {getattr(out, 'dtype', None)} "
                          f"{list(getattr(out, 'shape', ()))}")
-    bits = out.view(_BITS[dt.itemsize])
-    _decode(np.ascontiguousarray(blocks), np.ascontiguousarray(scales), value_table(dt.name), bits)
+    _decode(np.ascontiguousarray(blocks), np.ascontiguousarray(scales), dt, out.view(_BITS[dt.itemsize]))
     return out
 
 
-def _decode(blocks, scales, table, bits) -> None:
-    """Decode every expert into ``bits`` (the output's unsigned view), compiled where it serves."""
+def _decode(blocks, scales, dt, bits) -> None:
+    """Decode every expert into ``bits`` (the output's unsigned view), compiled where it serves
+    (2- and 4-byte outputs: float64 takes the NumPy loop)."""
     import gpuq
 
     E = blocks.shape[0]
-    if gpuq.get_host_kernels() != "numba":
+    if gpuq.get_host_kernels() != "numba" or dt.itemsize > 4:
         for e in range(E):
-            _decode_numpy(blocks[e], scales[e], table, bits[e])
+            _decode_numpy(blocks[e], scales[e], value_table(dt.name), bits[e])
         return
     from . import _gpt_oss_loops
 
+    pairs, shift = pair_table(dt.name), 8 * dt.itemsize
     # Threads split the work by (expert, group) runs: each writes its own 32-row bands.
     units = E * blocks.shape[2]
     threads = max(1, min(gpuq.get_num_threads(), units, blocks.size // (1 << 16) + 1))
     cuts = [units * i // threads for i in range(threads + 1)]
     if threads == 1:
-        _gpt_oss_loops.decode(blocks, scales, table, bits, 0, units)
+        _gpt_oss_loops.decode(blocks, scales, pairs, bits, shift, 0, units)
         return
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(threads - 1) as pool:
-        futures = [pool.submit(_gpt_oss_loops.decode, blocks, scales, table, bits, cuts[i], cuts[i + 1])
+        futures = [pool.submit(_gpt_oss_loops.decode, blocks, scales, pairs, bits, shift, cuts[i], cuts[i + 1])
                    for i in range(1, threads)]
-        _gpt_oss_loops.decode(blocks, scales, table, bits, cuts[0], cuts[1])
+        _gpt_oss_loops.decode(blocks, scales, pairs, bits, shift, cuts[0], cuts[1])
         for f in futures:
             f.result()
 
