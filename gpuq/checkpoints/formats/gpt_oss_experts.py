@@ -155,6 +155,9 @@ def _decode(blocks, scales, dt, bits) -> None:
     from . import _gpt_oss_loops
 
     pairs, shift = pair_table(dt.name), 8 * dt.itemsize
+    # Touch a fresh output's pages in order first: faulted in by the loop's 32-row bands on two
+    # threads they cost 4-5 s per GiB on the test VM (0.3 s in order; bench/NOTES.md).
+    bits.reshape(-1)[:: 4096 // dt.itemsize] = 0
     # Threads split the work by (expert, group) runs: each writes its own 32-row bands.
     units = E * blocks.shape[2]
     threads = max(1, min(gpuq.get_num_threads(), units, blocks.size // (1 << 16) + 1))
