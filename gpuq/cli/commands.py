@@ -209,7 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--format", choices=tuple(FORMATS), default="gpuq",
                    help="gpuq (default: IN's format, gpuq's metadata); compressed-tensors or "
                         "fp8-blocks: a model folder (config.json + safetensors) that vLLM, "
-                        "SGLang and transformers load (see 'Serving formats' above)")
+                        "SGLang and transformers load (see 'Serving formats' above); "
+                        "gpt-oss-mxfp4: a bf16 gpt-oss folder's experts in gpt-oss's own MXFP4")
     q.add_argument("--include", action="append", default=[], metavar="PATTERN",
                    help="quantize only tensors whose name matches this glob (repeatable)")
     q.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
