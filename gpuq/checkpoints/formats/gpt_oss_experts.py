@@ -71,8 +71,8 @@ def pair_table(dtype_name: str) -> np.ndarray:
     low and high nibble (:func:`value_table`) side by side, the low one in the low half of an
     integer twice as wide (2- and 4-byte outputs).
 
-    >>> hex(pair_table("bfloat16")[127, 0x72])                     # 2.0 (low nibble), 6.0
-    '0x40c04000'
+    >>> hex(pair_table("bfloat16")[127, 0x72])                     # 1.0 (low nibble: code 2), 6.0
+    '0x40c03f80'
     """
     t = value_table(dtype_name)
     wide, byte = _BITS[2 * t.itemsize], np.arange(256)
