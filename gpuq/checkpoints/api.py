@@ -111,6 +111,10 @@ def quantize_options(src, out, *, format="gpuq", dtype=None, axis=None, per_tens
         scales=_choice(scales, "scales", SCALES, none=True),
         scale_rule=_choice(scale_rule, "scale_rule", SCALE_RULES, none=True),
         preset=None if preset is None else check_preset(preset))
+    rules = getattr(for_output(opts.format), "SCALE_RULES", None)  # a format with its own rules
+    if opts.scale_rule is not None and rules is not None and opts.scale_rule not in rules:
+        raise ValueError(f"scale_rule for format={opts.format!r} must be one of {', '.join(rules)}, "
+                         f"got {opts.scale_rule!r}")
     if opts.symmetric and opts.asymmetric:
         raise ValueError("symmetric and asymmetric: give one")
     if opts.per_tensor and opts.axis is not None:
@@ -134,8 +138,8 @@ def quantize(src, out, *, format="gpuq", dtype=None, axis=None, per_tensor=False
     The keywords are ``gpuq quantize``'s flags: ``axis=None`` means no ``--axis`` (each tensor
     gets its default scheme), ``per_tensor=True`` one scale per tensor, ``group_size`` groups
     along the input dimension, ``block="AxB"`` (or ``(A, B)``) block scales; ``format`` is
-    ``"gpuq"`` (``src``'s own file format), ``"compressed-tensors"`` or ``"fp8-blocks"`` (model
-    folders). ``scales`` (``"float32"``, ``"mx"``, ``"nvfp4"``) and ``scale_rule`` (``"full"``,
+    ``"gpuq"`` (``src``'s own file format), ``"compressed-tensors"``, ``"fp8-blocks"`` or
+    ``"gpt-oss-mxfp4"`` (model folders; gpt-oss takes an MX ``scale_rule``). ``scales`` (``"float32"``, ``"mx"``, ``"nvfp4"``) and ``scale_rule`` (``"full"``,
     ``"narrow"``, an MX rule) are ``--scales`` and ``--scale-rule``: None takes the code type's
     default (symmetric int4/uint4: ``"full"``; int8/uint8: ``"narrow"``; fp4/fp6: MX ``"even"``).
     ``preset`` one of llm-compressor's preset names (``"W4A16"``, ``"NVFP4A16"``,
@@ -210,7 +214,7 @@ def run_dequantize(opts, *, progress, warn) -> dict:
 
 def inspect(src) -> dict:
     """What checkpoint ``src`` is, from its headers and config (the weights are not read):
-    ``format`` (gpuq, compressed-tensors, fp8-blocks, or dense), ``quant_method`` and
+    ``format`` (gpuq, compressed-tensors, fp8-blocks, gpt-oss-mxfp4, or dense), ``quant_method`` and
     ``config_groups`` where config.json has them, ``shards``, ``tensors`` (name, shape, dtype,
     role: quantized / parameter / kept, scheme) and ``dequantize_dtype`` (what
     :func:`dequantize` writes: a model folder's dtype, or the source dtypes of gpuq's tensors).

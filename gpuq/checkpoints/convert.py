@@ -605,14 +605,19 @@ def check_restored(y, name, nonfinite, warn) -> dict:
     tensor 'w' dequantizes to 1 non-finite value (1 NaN) (NaN codes, ...
     {'nan': 1, 'posinf': 0, 'neginf': 0}
     """
-    counts = count_nonfinite(y)
+    return judge_restored(count_nonfinite(y), name, y.dtype.name, nonfinite, warn)
+
+
+def judge_restored(counts, name, dtype_name, nonfinite, warn) -> dict:
+    """:func:`check_restored` on the NaN/Inf ``counts`` of a tensor of ``dtype_name`` (a tensor
+    dequantized piece by piece: the sum of its pieces' counts, or one piece's under ``error``)."""
     text = nonfinite_text(counts) if sum(counts.values()) else None
     if text and nonfinite == "error":
         raise CliError(f"tensor {name!r} dequantizes to {text} (NaN codes, or codes times scales beyond "
-                       f"{y.dtype.name}); --nonfinite warn or allow writes it")
+                       f"{dtype_name}); --nonfinite warn or allow writes it")
     if text and nonfinite == "warn" and warn is not None:
         warn(f"tensor {name!r} dequantizes to {text} (NaN codes, or codes times scales beyond "
-             f"{y.dtype.name}): written as it is; --nonfinite error refuses it, allow keeps quiet")
+             f"{dtype_name}): written as it is; --nonfinite error refuses it, allow keeps quiet")
     return counts
 
 

@@ -375,6 +375,34 @@ class Checkpoint:
                            f"{_one_line(exc)}") from exc
         return arr
 
+    def load_rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` of a tensor along its first dimension, as a fresh array: only
+        their bytes are read (.safetensors and C-ordered .npy; the others load the tensor and
+        slice it). For tensors read piece by piece (an expert at a time) in bounded memory.
+
+        >>> import tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "a.safetensors")
+        >>> write_checkpoint(path, "safetensors", {"w": np.arange(6, dtype=np.int8).reshape(3, 2)}, None)
+        >>> Checkpoint(path).load_rows("w", 1, 3)
+        array([[2, 3],
+               [4, 5]], dtype=int8)
+        """
+        e = self._entries[name]
+        if not e.shape or not 0 <= start <= stop <= e.shape[0]:
+            raise ValueError(f"rows [{start}, {stop}) of tensor {name!r} {list(e.shape)}: not a range of "
+                             f"its first dimension")
+        if self.format == "npz" or e.fortran:
+            return np.ascontiguousarray(self.load(name)[start:stop])
+        row = e.nbytes // e.shape[0] if e.shape[0] else 0
+        part = _Entry((stop - start,) + e.shape[1:], e.dtype, e.offset + start * row, (stop - start) * row)
+        try:
+            self._fh.seek(part.offset)
+            return _read_array(self._fh, part)
+        except CliError:
+            raise
+        except Exception as exc:
+            raise CliError(f"cannot read tensor {name!r} of IN {self.path!r}: {_one_line(exc)}") from exc
+
     def _read_at(self, offset, n):
         self._fh.seek(offset)
         data = self._fh.read(n)
@@ -592,6 +620,7 @@ class _Writer:
         self.path, self.tmp, self.entries = path, tmp, entries
         self.meta, self.extra_metadata = meta, dict(extra_metadata or {})
         self.written = set()
+        self._rows = {}  # name -> the (start, stop) row ranges write_rows wrote
 
     def guard(self, fn, *args):
         try:
@@ -602,7 +631,7 @@ class _Writer:
     def write(self, name: str, arr) -> None:
         """Write tensor ``name`` (declared up front; once)."""
         arr = np.asarray(arr)
-        if name not in self.entries or name in self.written:
+        if name not in self.entries or name in self.written or name in self._rows:
             raise RuntimeError(f"tensor {name!r} was not declared, or is written twice")
         shape, dtype = self.entries[name]
         if arr.shape != shape or arr.dtype != dtype:
@@ -610,6 +639,27 @@ class _Writer:
                                f"{arr.dtype} {arr.shape}")
         self.guard(self._write, name, arr)
         self.written.add(name)
+
+    def write_rows(self, name: str, arr, start: int) -> None:
+        """Write rows ``[start, start + len(arr))`` of tensor ``name`` (its first dimension; a
+        .safetensors file only): the tensor counts as written once every row is, each once.
+        For tensors made piece by piece (an expert at a time) in bounded memory."""
+        arr = np.asarray(arr)
+        if name not in self.entries or name in self.written or self.fmt != "safetensors":
+            raise RuntimeError(f"tensor {name!r} was not declared, is written already, or OUT is "
+                               f"not a .safetensors file")
+        shape, dtype = self.entries[name]
+        stop = start + (arr.shape[0] if arr.ndim else 0)
+        done = self._rows.setdefault(name, [])
+        if (arr.dtype != dtype or arr.shape[1:] != shape[1:] or not 0 <= start < stop <= shape[0]
+                or any(a < stop and start < b for a, b in done)):
+            raise RuntimeError(f"tensor {name!r}: rows [{start}, {stop}) of {dtype} {arr.shape[1:]} do not "
+                               f"fit the declared {dtype} {shape}, or overlap rows written before")
+        row = math.prod(shape[1:]) * dtype.itemsize
+        self.guard(_pwrite_all, self.fd, _bytes_of(arr), self.data_start + self.offsets[name] + start * row)
+        done.append((start, stop))
+        if sum(b - a for a, b in done) == shape[0]:
+            self.written.add(name)
 
     def start(self):
         pass

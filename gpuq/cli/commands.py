@@ -245,7 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--format", choices=tuple(FORMATS), default="gpuq",
                    help="gpuq (default: IN's format, gpuq's metadata); compressed-tensors or "
                         "fp8-blocks: a model folder (config.json + safetensors) that vLLM, "
-                        "SGLang and transformers load (see 'Serving formats' above)")
+                        "SGLang and transformers load (see 'Serving formats' above); "
+                        "gpt-oss-mxfp4: a bf16 gpt-oss folder's experts in gpt-oss's own MXFP4")
     q.add_argument("--preset", metavar="NAME",
                    help="llm-compressor's preset: W8A16, W4A16, W4A16_ASYM, W8A8, INT8, FP8_DYNAMIC, "
                         "FP8_BLOCK, NVFP4A16, MXFP4A16, MXFP4, MXFP6A16, MXFP8A16, MXFP8: the "

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Callable, Protocol
 
-from . import compressed_tensors, fp8_blocks, gpuq_files
+from . import compressed_tensors, fp8_blocks, gpt_oss, gpuq_files
 
 
 class Format(Protocol):
@@ -59,7 +59,7 @@ class Format(Protocol):
 
 #: ``--format`` name -> its module. The first is the default; :func:`for_input` asks the
 #: others first and falls back to it.
-FORMATS = {m.name: m for m in (gpuq_files, compressed_tensors, fp8_blocks)}
+FORMATS = {m.name: m for m in (gpuq_files, compressed_tensors, fp8_blocks, gpt_oss)}
 DEFAULT = "gpuq"
 
 
@@ -71,7 +71,7 @@ def for_output(name) -> Format:
     >>> for_output("gguf")
     Traceback (most recent call last):
     ...
-    ValueError: format must be one of gpuq, compressed-tensors, fp8-blocks, got 'gguf'
+    ValueError: format must be one of gpuq, compressed-tensors, fp8-blocks, gpt-oss-mxfp4, got 'gguf'
     """
     if not isinstance(name, str) or name not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {name!r}")

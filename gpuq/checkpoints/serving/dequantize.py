@@ -125,7 +125,7 @@ def recognise(model: ModelFolder, qc, where: str, readers=None) -> tuple:
     >>> recognise(None, {"quant_method": "gptq"}, "config.json")
     Traceback (most recent call last):
     ...
-    gpuq.checkpoints.files.CliError: config.json: quantization_config quant_method 'gptq' is not one gpuq reads (compressed-tensors, fp8 with weight_block_size; or gpuq's own files)
+    gpuq.checkpoints.files.CliError: config.json: quantization_config quant_method 'gptq' is not one gpuq reads (compressed-tensors, fp8 with weight_block_size, mxfp4 of gpt-oss; or gpuq's own files)
     """
     if not isinstance(qc, dict):
         raise CliError(f"{where}: quantization_config is {type(qc).__name__}, not an object")
@@ -133,7 +133,7 @@ def recognise(model: ModelFolder, qc, where: str, readers=None) -> tuple:
     reader = (readers or {}).get(method) if isinstance(method, str) else None
     if reader is None:
         raise CliError(f"{where}: quantization_config quant_method {method!r} is not one gpuq reads "
-                       f"(compressed-tensors, fp8 with weight_block_size; or gpuq's own files)")
+                       f"(compressed-tensors, fp8 with weight_block_size, mxfp4 of gpt-oss; or gpuq's own files)")
     specs = model.specs
     modules, what = reader(qc, specs, where)
     if not modules:
@@ -195,6 +195,20 @@ def _dequantize_shard(model, shard, path, modules, loader, out_dtype, device, ba
 
 
 def _dequantize_module(module, scheme, loader, out_dtype, device, w, model, nonfinite, warn) -> dict:
+    dense = scheme.layout.dense_name(module, scheme)
+    write_dense = getattr(scheme.layout, "write_dense", None)
+    if write_dense is not None:  # a layout that writes its dense tensor piece by piece (gpt-oss's experts)
+        shape, counts, nbytes = write_dense(module, scheme, loader, out_dtype, device, w, nonfinite, warn)
+    else:
+        shape, counts, nbytes = _dequantize_whole(module, scheme, loader, out_dtype, device, w, nonfinite, warn)
+    stored = [scheme.layout.primary(module, scheme)] + scheme.layout.companions(module, scheme)
+    before = sum(int(np.prod(model.specs[n][0])) * model.specs[n][1].itemsize for n in stored)
+    return {"name": dense, "shape": list(shape), "dtype": scheme.code.name, "quantized": True,
+            "bytes_before": before, "bytes_after": nbytes, "nonfinite": counts}
+
+
+def _dequantize_whole(module, scheme, loader, out_dtype, device, w, nonfinite, warn) -> tuple:
+    """``(shape, NaN/Inf counts, bytes)`` of the dense weight of ``module``, decoded and written whole."""
     import gpuq
 
     codes, scales, zps, shape = scheme.layout.decode(module, scheme, loader.load)
@@ -215,10 +229,7 @@ def _dequantize_module(module, scheme, loader, out_dtype, device, w, model, nonf
     dense = scheme.layout.dense_name(module, scheme)
     counts = check_restored(y, dense, nonfinite, warn)
     w.write(dense, y)
-    stored = [scheme.layout.primary(module, scheme)] + scheme.layout.companions(module, scheme)
-    before = sum(int(np.prod(model.specs[n][0])) * model.specs[n][1].itemsize for n in stored)
-    return {"name": dense, "shape": list(shape), "dtype": scheme.code.name, "quantized": True,
-            "bytes_before": before, "bytes_after": int(y.nbytes), "nonfinite": counts}
+    return shape, counts, int(y.nbytes)
 
 
 def _gpuq_files(model, out, dtype, device, bar, nonfinite, warn) -> list:

@@ -138,11 +138,18 @@ class Tensors:
     def __init__(self, model: ModelFolder):
         self.model, self._open = model, {}
 
-    def load(self, name: str):
+    def _holder(self, name: str) -> Checkpoint:
         shard = self.model.weight_map[name]
         if shard not in self._open:
             self._open[shard] = Checkpoint(self.model.shard_path(shard))
-        return self._open[shard].load(name)
+        return self._open[shard]
+
+    def load(self, name: str):
+        return self._holder(name).load(name)
+
+    def load_rows(self, name: str, start: int, stop: int):
+        """Rows ``[start, stop)`` of a tensor (:meth:`gpuq.checkpoints.files.Checkpoint.load_rows`)."""
+        return self._holder(name).load_rows(name, start, stop)
 
     def close(self):
         for ckpt in self._open.values():
