@@ -191,8 +191,6 @@ def test_compressed_tensors_int4_scales_equal_calculate_qparams(tmp_path, capsys
     (["--dtype", "float4_e2m1fn", "--scales", "mx", "--scale-rule", "full"], "MX scales take floor, even, "
                                                                              "ceil, rceil"),
     (["--dtype", "float4_e2m1fn", "--calibrate", "mse"], "--calibrate mse with --scales mx"),
-    (["--dtype", "float8_e4m3fn", "--scales", "mx", "--format", "compressed-tensors"],
-     "--scales mx: --format compressed-tensors stores its scales in the model's dtype"),
     (["--dtype", "int4", "--asymmetric", "--scale-rule", "full", "--format", "compressed-tensors"],
      "--scale-rule full is for symmetric integer codes"),
     (["--scale-rule", "full", "--format", "fp8-blocks"], "--scale-rule full is for symmetric integer codes"),

@@ -440,7 +440,7 @@ def test_thread_share_caps_a_call_and_the_pool_stays_the_process_size():
             _assert_same(q, want)
         assert gpuq.get_num_threads() == 4
         # A pool sized by its first (capped) caller would serve 2 threads at most.
-        assert host._executor()._max_workers == 3
+        assert host.executor()._max_workers == 3
         with host.thread_share(2), host.thread_share(3):  # nested: the smaller share
             assert gpuq.get_num_threads() == 2
         _assert_same(gpuq.quantize(x, s, z, axis=0), want)

@@ -83,10 +83,10 @@ def covers(x, scheme, device, method: str) -> bool:
     g = scheme.group_size if scheme.strategy == "group" else n
     if n % g:
         return False
-    code, layout = scheme.code, getattr(scheme.layout, "name", None)
-    if layout == "pack-quantized":
+    code, one_pass = scheme.code, getattr(scheme.layout, "one_pass", None)  # the layout says what it takes
+    if one_pass == "words":
         return code.codec == "affine" and code.bits in (4, 8) and (g == n or g % (32 // code.bits) == 0)
-    return layout == "naive-quantized" and code.codec == "float8" and scheme.symmetric
+    return one_pass == "bytes" and code.codec == "float8" and scheme.symmetric
 
 
 def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None):

@@ -54,6 +54,8 @@ from numba import njit, types
 from numba.extending import overload
 
 _JIT = dict(nogil=True, cache=True, boundscheck=False, error_model="numpy")
+#: The compile options of the host loops (the one-pass weight loop, weight_pass.py, takes the same).
+JIT = _JIT
 
 
 def to_compute(value, like):

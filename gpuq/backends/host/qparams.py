@@ -87,8 +87,8 @@ def _dynamic_rows_compiled(xb, qb, span, scratch, *, plan):
         x, table = x.view(np.uint16), float16_table()
     elif is_bfloat16(x.dtype):
         x = x.view(np.int16)  # bfloat16 bits, widened by a shift in the kernel
-    it = _KEY_INT[xb.dtype.itemsize]
-    shift, mag, inf = _key_constants(xb.dtype)
+    it = KEY_INT[xb.dtype.itemsize]
+    shift, mag, inf = key_constants(xb.dtype)
     zps = None if plan.zps is None else plan.zps[r0:r1]
     bad = plan.kernels.quantize_dynamic_rows(
         x, table, xb.reshape(-1).view(it), xb.shape[1], qb.reshape(-1), plan.scales[r0:r1], zps,
@@ -261,19 +261,19 @@ def _slot_minmax(x, kept, kernels):
         return None
     span, layout = rows
     slots = math.prod(x.shape[:kept])
-    it = _KEY_INT[x.dtype.itemsize]
-    shift, mag, inf = _key_constants(x.dtype)
+    it = KEY_INT[x.dtype.itemsize]
+    shift, mag, inf = key_constants(x.dtype)
     kmin, kmax = np.empty(slots, it), np.empty(slots, it)
     kernels.minmax_keys_rows(layout, span.view(it), math.prod(x.shape[kept:]), kmin, kmax, shift, mag, inf)
     return _floats_of_keys(kmin, kmax, x.dtype, shift, mag)
 
 
-_KEY_INT = {2: np.dtype(np.int16), 4: np.dtype(np.int32), 8: np.dtype(np.int64)}
+KEY_INT = {2: np.dtype(np.int16), 4: np.dtype(np.int32), 8: np.dtype(np.int64)}
 
 
-def _key_constants(dtype):
+def key_constants(dtype):
     """``(shift, mag, inf)`` of the order keys of ``dtype``'s bits (``loops.minmax_keys``)."""
-    it = _KEY_INT[dtype.itemsize]
+    it = KEY_INT[dtype.itemsize]
     info = np.iinfo(it)
     return it.type(info.bits - 1), it.type(info.max), np.array(np.inf, dtype).view(it)[()]
 
@@ -288,8 +288,8 @@ def row_minmax(rows, kernels):
         lo, hi = np.empty(rows.shape[0], rows.dtype), np.empty(rows.shape[0], rows.dtype)
         nan_skipping_minmax(rows, (1,), lo, hi, keepdims=False)
         return lo, hi
-    it = _KEY_INT[rows.dtype.itemsize]
-    shift, mag, inf = _key_constants(rows.dtype)
+    it = KEY_INT[rows.dtype.itemsize]
+    shift, mag, inf = key_constants(rows.dtype)
     kmin, kmax = np.empty(rows.shape[0], it), np.empty(rows.shape[0], it)
     kernels.minmax_keys(rows.reshape(-1).view(it), rows.shape[1], kmin, kmax, shift, mag, inf)
     return _floats_of_keys(kmin, kmax, rows.dtype, shift, mag)

@@ -112,7 +112,7 @@ def thread_share(n: int):
         _share.n = before
 
 
-def _executor() -> ThreadPoolExecutor:
+def executor() -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
@@ -130,7 +130,7 @@ def run_blocks(plans, block_fn) -> None:
         run_range(work, block_fn)
         return
     bounds = _shares(plans, threads)
-    pool = _executor()
+    pool = executor()
     futures = [pool.submit(run_range, work[bounds[i]:bounds[i + 1]], block_fn)
                for i in range(1, threads)]
     run_range(work[bounds[0]:bounds[1]], block_fn)

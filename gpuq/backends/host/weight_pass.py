@@ -31,8 +31,8 @@ from numba import njit
 from ..._dtypes import is_bfloat16
 from . import formats, threads
 from .affine import float16_table
-from .loops import _JIT, finalize_one, float_of_key, fp8_of, load, quantize_one, run_keys
-from .qparams import _KEY_INT, SCALE_FORMATS, _key_constants
+from .loops import JIT, finalize_one, float_of_key, fp8_of, load, quantize_one, run_keys
+from .qparams import KEY_INT, SCALE_FORMATS, key_constants
 
 _FMAX = np.float32(np.finfo(np.float32).max)
 
@@ -98,7 +98,7 @@ def _finite_range(x, table, base, g):
     return lo, hi, nan, pos, neg
 
 
-@njit(**_JIT)
+@njit(**JIT)
 def weight_rows(x, table, bits, r0, r1, n, g, qmin, qmax, symmetric, eps, fmt, shift, mag, inf,
                 f, values, cbits, out, scales, zps, acc, cnt, sq, sa, sd, tensor):
     """Rows ``r0:r1`` of a C-order ``[rows, n]`` weight (flat ``x``; ``bits`` its signed-integer
@@ -187,7 +187,7 @@ def weight_rows(x, table, bits, r0, r1, n, g, qmin, qmax, symmetric, eps, fmt, s
     return -1
 
 
-@njit(**_JIT)
+@njit(**JIT)
 def tensor_range(x, table, bits, n, shift, mag, inf):
     """``(lo, hi)`` (float32) of a whole flat weight for one per-tensor scale, row by row of
     ``n``: its min and max (NaN skipped, order keys), or, where it holds a NaN or +/-Inf, the
@@ -234,8 +234,8 @@ def quantize_rows(x, code, symmetric, eps, scale_dtype, g, tensor, out):
         flat, table = flat.view(np.uint16), _float16_table()
     elif is_bfloat16(x.dtype):
         flat = flat.view(np.int16)  # bfloat16 bits, widened by a shift in the loop
-    bits = x.reshape(-1).view(_KEY_INT[x.dtype.itemsize])
-    shift, mag, inf = _key_constants(x.dtype)
+    bits = x.reshape(-1).view(KEY_INT[x.dtype.itemsize])
+    shift, mag, inf = key_constants(x.dtype)
     fmt = SCALE_FORMATS[scale_dtype]
     if code.codec == "float8":
         f, values, cbits = formats.fp8_consts(code.fp8, True), formats.fp8_table(code.fp8, np.float32), 8
@@ -266,7 +266,7 @@ def quantize_rows(x, code, symmetric, eps, scale_dtype, g, tensor, out):
                            accs[i], cnts[i], sq, sa, sd, tensor)
 
     if len(chunks) > 1:
-        pool = threads._executor()
+        pool = threads.executor()
         futures = [pool.submit(run, i) for i in range(1, len(chunks))]
         failed = [run(0)] + [fu.result() for fu in futures]
     else:

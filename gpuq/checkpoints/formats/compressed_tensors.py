@@ -53,6 +53,8 @@ class PackQuantized(Layout):
     """compressed-tensors ``pack-quantized`` (int codes, weight-only)."""
 
     name = "pack-quantized"
+    #: What the one-pass weight loop (gpuq.checkpoints.fused) writes for this layout: int32 words.
+    one_pass = "words"
 
     def params(self, scheme):
         return ("weight_packed", "weight_scale", "weight_shape") + (() if scheme.symmetric else
@@ -132,6 +134,8 @@ class NaiveQuantized(Layout):
     same tensors, named for the activations they come with): the codes in their own dtype."""
 
     name = "naive-quantized"
+    #: The one-pass weight loop writes the codes' own bytes (fp8) for this layout.
+    one_pass = "bytes"
 
     def params(self, scheme):
         return ("weight", "weight_scale") + (() if scheme.symmetric else ("weight_zero_point",))
@@ -204,7 +208,7 @@ def request(opts) -> Request:
         code = as_code_type(dtype)
         if scales is not None:
             return _micro_request(code, scales, rule, getattr(opts, "calibrate", "minmax"), preset, preset)
-        layout = PACK if code.storage == "packed" or dtype == "int8" and strategy == "group" else \
+        layout = PACK if code.storage == "packed" or code.codec == "affine" and strategy == "group" else \
             INT_Q if code.codec == "affine" else FLOAT_Q
         return Request(name, code, strategy, group, symmetric, layout, block, scale_rule=rule, preset=preset)
     if opts.block is not None:
