@@ -340,15 +340,16 @@ __device__ __forceinline__ void for_each_packed_unit(const TIn* __restrict__ in,
         }
         map.seek(begin);
         if constexpr (kLoadsParams<Map>) op.reload(map.index());
-        unsigned char bytes[kUnit / 2];
-#pragma unroll
-        for (int k = 0; k < kUnit / 2; ++k) bytes[k] = 0;
+        // The 16 nibbles go straight into two 32-bit words (element l at bit 4 (l % 8) of word
+        // l / 8): little-endian, byte k of the pair is then elements 2k (low nibble) and 2k + 1.
+        // One shift-or per element at constant shifts, where a byte array took byte inserts.
+        unsigned words[2] = {0u, 0u};
         const bool uniform = len == kUnit && map.uniform();
 #pragma unroll
         for (int l = 0; l < kUnit; ++l) {
             if (l < len) {
                 if (!uniform && l > 0 && map.next()) op.reload(map.index());
-                bytes[l / 2] |= static_cast<unsigned char>(op(x[l]) << (4 * (l & 1)));
+                words[l / 8] |= static_cast<unsigned>(op(x[l])) << (4 * (l % 8));
             }
         }
         unsigned char* dst = out + begin / 2;
@@ -356,15 +357,12 @@ __device__ __forceinline__ void for_each_packed_unit(const TIn* __restrict__ in,
         if (len == kUnit && (vec & kVecPacked)) {
             // A vector type, not a plain 8-byte integer: the CPU execution of the kernels
             // checks a vector store's alignment as a GPU enforces it (kVecPacked's promise).
-            unsigned lo, hi;
-            memcpy(&lo, bytes, 4);
-            memcpy(&hi, bytes + 4, 4);
-            *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
+            *reinterpret_cast<uint2*>(dst) = make_uint2(words[0], words[1]);
         } else {
             const int nbytes = (len + 1) / 2;
 #pragma unroll
             for (int k = 0; k < kUnit / 2; ++k)
-                if (k < nbytes) dst[k] = bytes[k];
+                if (k < nbytes) dst[k] = static_cast<unsigned char>(words[k / 4] >> (8 * (k % 4)));
         }
     }
 }
