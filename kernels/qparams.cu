@@ -341,7 +341,7 @@ __device__ __forceinline__ QParams finalize_one(float lo, float hi, int qmin, in
         const float amax = max_keep(max_keep(hi, neg(lo)), 0.0f);
         // Half the code range: 127 (8-bit codes), 7 (4-bit), max_finite (fp8: qmin = -qmax);
         // symmetric == 2 (scale_rule="full"): the whole range, 127.5 and 7.5 (exact in float32).
-        const float half = symmetric == 2 ? 0.5f * static_cast<float>(qmax - qmin)
+        const float half = symmetric == 2 ? mul_rn(0.5f, static_cast<float>(qmax - qmin))
                                           : static_cast<float>((qmax - qmin) / 2);
         q.scale = round_scale(max_keep(div_rn(amax, half), eps), fmt);
         q.range = scale_out_of_range(q.scale);
