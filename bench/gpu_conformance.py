@@ -15,6 +15,16 @@ form, the count and the first bit patterns, and the exit status is 1.
   saturating cast ``f32_to_fp8<FMT, true>``; a NaN x must give a NaN code of the format (the
   kernels branch before the instruction, so this is reported, not relied on).
 
+* The exact division from a reciprocal (kernels/contract.cuh ``Divisor``, issue 38 point 2)
+  against ``div.rn.f32``: (a) significand pairs x, s in [1, 2) (scale-invariant while nothing
+  leaves the normal range: every quotient of the guarded scales' normal range), the kernels'
+  two-step form must give ``div.rn``'s bits; the one-step form's mismatches are reported (it
+  would replace the two-step form once this count is 0 over all 2**46 pairs); ``--division-log2-s``
+  K checks every 2**K-th s significand (default 2: a quarter, about 15 s on an H200; 0: all);
+  (b) every x of the pattern range at s = 2**-64, 2**64, 1/127, 1/448: the quotient equal to
+  ``div.rn``'s but where both are below 2**-24 or both at least 2**100 (no code tells them apart),
+  and the int8, e4m3 and e5m2 codes equal everywhere.
+
     python3 bench/gpu_conformance.py                      # on the GPU: all 2**32, a few seconds
     python3 bench/gpu_conformance.py --log2-count 16 --sim  # dry run on the CPU execution
 
@@ -35,7 +45,11 @@ if str(ROOT) not in sys.path:
 
 FORMS = ("cvt.rni.sat.s8.f32", "cvt.rni.sat.u8.f32", "cvt.rn.satfinite.e4m3x2.f32",
          "cvt.rn.satfinite.e5m2x2.f32", "e4m3x2 NaN in -> NaN code", "e5m2x2 NaN in -> NaN code",
-         "cvt.rn.f16x2.e4m3x2")
+         "cvt.rn.f16x2.e4m3x2", "division at 2^-64, 2^64, 1/127, 1/448")
+#: The significand-pair check of the division: the kernels' form, and the one-step form (reported only).
+DIVISION_FORMS = ("division, significand pairs", "division one-step, significand pairs (report only)")
+#: The scales of the all-x division check (float32 bits): the guard ends, 1/127, 1/448.
+DIVISION_SCALES = (0x1F800000, 0x5F800000, 0x3C010204, 0x3B124925)
 
 # Pattern i of a launch is base + i * stride (mod 2**32). bad[f] counts form f's mismatches and
 # first[f] keeps the smallest mismatching pattern.
@@ -101,6 +115,49 @@ extern "C" __global__ void gpuq_conformance(unsigned base, unsigned stride, unsi
                 conformance_miss(6, p, bad, first);
         }
 #endif
+        // The division at the guard ends and two code scales: quotient bits where a code can tell
+        // them apart, and the codes themselves everywhere.
+        for (int k = 0; k < 4; ++k) {
+            const unsigned scales[4] = {DIVISION_SCALES};
+            const float s = __uint_as_float(scales[k]);
+            const float q = divisor(s)(x), w = div_rn(x, s);
+            const unsigned aq = __float_as_uint(q) & 0x7fffffffu, aw = __float_as_uint(w) & 0x7fffffffu;
+            // Magnitudes order as their bits: 0x33800000 is 2^-24, 0x71800000 2^100.
+            const bool same = __float_as_uint(q) == __float_as_uint(w) || (is_nan(q) && is_nan(w)) ||
+                              (aq < 0x33800000u && aw < 0x33800000u) || (aq >= 0x71800000u && aw >= 0x71800000u);
+            if (!same || rint_to_code_sat<signed char>(q) != rint_to_code_sat<signed char>(w) ||
+                (!is_nan(w) && (f32_to_fp8<0, true>(q) != f32_to_fp8<0, true>(w) ||
+                                f32_to_fp8<1, true>(q) != f32_to_fp8<1, true>(w))))
+                conformance_miss(7, p, bad, first);
+        }
+    }
+}
+
+// Significand pairs: s = 1 + (s_first + blockIdx.y * s_step) * 2^-23, x = 1 + j * x_step * 2^-23 for
+// j in [0, 2^23 / x_step). Form 0: the kernels' Divisor against div.rn; form 1: the one-step form.
+// first[] holds the pair's s index << 23 | x index (the smallest on a tie of atomicMin).
+extern "C" __global__ void gpuq_division_pairs(unsigned s_first, unsigned s_step, unsigned x_step,
+                                               unsigned long long* bad, unsigned long long* first) {
+    using namespace gpuq;
+    const unsigned si = s_first + blockIdx.y * s_step;
+    const float s = __uint_as_float(0x3f800000u | si);
+    const Divisor<float> d = divisor(s);
+    const unsigned xs = (1u << 23) / x_step;
+    for (unsigned j = blockIdx.x * blockDim.x + threadIdx.x; j < xs; j += gridDim.x * blockDim.x) {
+        const unsigned xi = j * x_step;
+        const float x = __uint_as_float(0x3f800000u | xi);
+        const unsigned w = __float_as_uint(div_rn(x, s));
+        const float q0 = mul_rn(x, d.y);
+        const unsigned one = __float_as_uint(fma_rn(fma_rn(d.ns, q0, x), d.y, q0));
+        const unsigned long long where = (static_cast<unsigned long long>(si) << 23) | xi;
+        if (__float_as_uint(d(x)) != w) {
+            atomicAdd(bad, 1ULL);
+            atomicMin(first, where);
+        }
+        if (one != w) {
+            atomicAdd(bad + 1, 1ULL);
+            atomicMin(first + 1, where);
+        }
     }
 }
 """
@@ -110,7 +167,31 @@ def source() -> str:
     """formats.cu as the kernels compile it (contract.cuh and elementwise.cuh expanded) plus the check."""
     from gpuq.backends.cuda import registry
 
-    return registry.source_text("formats.cu") + _KERNEL
+    scales = ", ".join(f"0x{b:08x}u" for b in DIVISION_SCALES)
+    return registry.source_text("formats.cu") + _KERNEL.replace("{DIVISION_SCALES}", "{" + scales + "}")
+
+
+def run_division(cp, log2_s: int, log2_x: int = 0) -> dict:
+    """{form: (mismatches, first mismatching (s, x) significand pair or None)} of the division over
+    every 2**log2_s-th s significand and every 2**log2_x-th x significand in [1, 2)."""
+    import numpy as np
+    from gpuq.backends.cuda import registry
+
+    if not (0 <= log2_s <= 23 and 0 <= log2_x <= 23):
+        raise ValueError(f"log2 strides must be in [0, 23], got {log2_s}, {log2_x}")
+    kernel = cp.RawModule(code=source(), options=registry.OPTIONS).get_function("gpuq_division_pairs")
+    bad = cp.zeros(2, np.uint64)
+    first = cp.full(2, 2**64 - 1, np.uint64)
+    s_step, n_s = 1 << log2_s, 1 << (23 - log2_s)
+    blocks_x = min(((1 << (23 - log2_x)) + 255) // 256, 64)
+    for start in range(0, n_s, 65535):  # grid.y holds at most 65535 scales a launch
+        ny = min(65535, n_s - start)
+        kernel((blocks_x, ny), (256,), (np.uint32(start * s_step), np.uint32(s_step), np.uint32(1 << log2_x),
+                                        bad, first))
+    cp.cuda.Device().synchronize()
+    bad, first = cp.asnumpy(bad), cp.asnumpy(first)
+    return {f: (int(b), (int(p) >> 23, int(p) & 0x7FFFFF) if b else None)
+            for f, b, p in zip(DIVISION_FORMS, bad, first)}
 
 
 def run(cp, count: int, chunk: int = 1 << 28) -> dict:
@@ -139,6 +220,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--log2-count", type=int, default=32, choices=range(33), metavar="K",
                     help="check 2**K bit patterns spread over the 32-bit range (default 32: all)")
+    ap.add_argument("--division-log2-s", type=int, default=2, choices=range(24), metavar="K",
+                    help="the division's significand pairs: every 2**K-th s significand (default 2: a quarter)")
     ap.add_argument("--sim", action="store_true", help="run on tests/cudasim's CPU execution (no GPU)")
     args = ap.parse_args(argv)
     if args.sim:
@@ -161,6 +244,16 @@ def main(argv=None) -> int:
             continue
         print(f"  {form}: {'ok' if n == 0 else f'{n} MISMATCHES, first 0x{p:08x}'}")
         failed |= n != 0
+    t0 = time.perf_counter()
+    # The CPU execution runs one x in 2**12 (a dry run); the GPU every x.
+    log2_x = 12 if args.sim else 0
+    division = run_division(cp, args.division_log2_s, log2_x)
+    pairs = (1 << (23 - args.division_log2_s)) * (1 << (23 - log2_x))
+    print(f"division: {pairs} significand pairs (every 2**{args.division_log2_s}-th s, every "
+          f"2**{log2_x}-th x), {time.perf_counter() - t0:.1f}s")
+    for form, (n, p) in division.items():
+        print(f"  {form}: {'ok' if n == 0 else f'{n} MISMATCHES, first (s, x) significands 0x{p[0]:06x}, 0x{p[1]:06x}'}")
+    failed |= division[DIVISION_FORMS[0]][0] != 0
     return 1 if failed else 0
 
 

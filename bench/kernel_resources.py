@@ -225,7 +225,8 @@ def collect(nvrtc, cuobjdump: str, nvdisasm: str, arch: str, tmp: Path, reload: 
             u = dict(re.findall(r"([A-Z]+(?:\[\d\])?):(\d+)", usage[mangled]))
             fn = sass[mangled]
             try:
-                per_elem = f"{steady_path(fn, reload) / 16:.1f}" if "quantize<" in expr else ""
+                elementwise = re.search(r"quantize(_(fp8|int4|fp4|fp6))?<", expr) is not None
+                per_elem = f"{steady_path(fn, reload) / 16:.1f}" if elementwise else ""
             except (RuntimeError, KeyError, ValueError, TypeError):
                 per_elem = "?"
             p = ptxas[mangled]

@@ -63,7 +63,9 @@ block's numbers (NaN skipped), in the block's C order, of ``d * d`` in
 float64, ``d = float64(x) - float64(y)``, where ``y = dequantize(quantize(x))``
 with that candidate by the contract's formulas in the compute type (float64
 for float64 data, else float32; fp8 saturating), one IEEE operation at a
-time (no fused multiply-add). The smallest error wins, the smaller ``i`` on
+time (no fused multiply-add in the error; the quotient ``x / s`` is the
+correctly rounded one, which the CUDA kernels form from a reciprocal and
+fused multiply-adds proven equal to it). The smallest error wins, the smaller ``i`` on
 a tie, so a block's error is never above min/max's. A candidate whose scale
 rounds to 0 in ``scale_dtype`` (a tiny ``eps`` with float16) is left out;
 min/max's own failures (+/-Inf, a scale the dtype cannot hold) raise as

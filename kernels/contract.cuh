@@ -3,7 +3,8 @@
 //   quantize:    q = clamp(rint(x / s) + zp, qmin, qmax)
 //   dequantize:  y = (q - zp) * s
 //
-// One IEEE division (never a reciprocal multiply), round half to even, the zero
+// The correctly rounded IEEE quotient x / s (on float32 computed from a reciprocal and
+// fused multiply-adds, proven equal: Divisor below), round half to even, the zero
 // point added after rounding in integer arithmetic that cannot overflow, then
 // saturation; NaN quantizes to the zero point, +/-Inf saturate. Dequantize forms
 // (q - zp) in 64-bit integers, converts it once (round to nearest even) and
@@ -130,6 +131,14 @@ __device__ __forceinline__ float mul_rn(float a, float b) {
 }
 __device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
 
+// fma.rn.f32: a * b + c rounded once (no .ftz). The exact division below needs the fused
+// form; nothing else of the contract may use it (NVRTC would contract a * b + c into one).
+__device__ __forceinline__ float fma_rn(float a, float b, float c) {
+    float r;
+    asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));
+    return r;
+}
+
 __device__ __forceinline__ bool is_nan(float v) {
     return (__float_as_uint(v) & 0x7fffffffu) > 0x7f800000u;
 }
@@ -169,6 +178,65 @@ __device__ __forceinline__ void to_compute_rn(long long d, float& out) {
 __device__ __forceinline__ void to_compute_rn(long long d, double& out) {
     asm("cvt.rn.f64.s64 %0, %1;" : "=d"(out) : "l"(d));
 }
+
+// ---------------------------------------------------------------------------
+// The contract's division x / s from a reciprocal formed once per scale (issue 38).
+//
+// div.rn.f32 costs about 11 issue slots per element (ptxas: MUFU.RCP, the refinement of the
+// reciprocal, the quotient's correction and a slow-path check), and ptxas does not hoist the
+// part that depends on s alone. With y = RN(1/s) once per scale, each element takes
+//
+//   q0 = RN(x * y)
+//   e  = fma(-s, q, x)          the residual x - s*q, exact while q is faithful (Markstein)
+//   q  = fma(e, y, q)           from q = q0, kRecipSteps times
+//
+// and the result is RN(x / s), the IEEE quotient: Markstein's theorem (IBM J. Res. Dev.
+// 34(1), 1990) gives RN(x/s) from any faithful q with y within half an ulp of 1/s; the first
+// step makes q faithful from q0 (up to 1.5 ulp off), so the second is covered. The one-step
+// form is Brisebarre, Muller and Raina's "known divisor" scheme (IEEE Trans. Computers 53(8),
+// 2004); it is proven here only by sampling (tests/recip_division.cpp) until the GPU check
+// runs all 2^46 significand pairs, so the kernels take two steps.
+//
+// Where it is used: scales in [2^-64, 2^64] only (then y is a normal number and no residual
+// of a quotient a code can resolve is inexact); other scales (negative, zero, NaN, tiny,
+// huge) keep div.rn. Within that range the quotient equals x / s bit for bit except where no
+// code can tell: |x/s| and |q| both below 2^-24 (subnormal x, quotients near 2^-126), or both
+// at least 2^100 (x * y overflowed: q0 = +/-Inf is taken, every code saturates). A NaN step
+// (x = +/-Inf, or the overflow) falls back to q0, and the sign is x's (s > 0), so -0 stays
+// -0. tests/recip_division.cpp states this very sequence and counts those classes; the GPU
+// conformance step (bench/gpu_conformance.py) checks it against div.rn on the device.
+// float64 keeps __ddiv_rn.
+constexpr int kRecipSteps = 2;
+
+template <typename TC> struct Divisor;
+template <> struct Divisor<float> {
+    float s;    // the scale
+    float ns;   // -s, the residual's multiplier
+    float y;    // RN(1 / s)
+    bool fast;  // 2^-64 <= s <= 2^64 (from the bits: no float compare, no .ftz question)
+    __device__ __forceinline__ float operator()(float x) const {
+        if (!fast) return div_rn(x, s);
+        const float q0 = mul_rn(x, y);
+        float q = q0;
+#pragma unroll
+        for (int k = 0; k < kRecipSteps; ++k) q = fma_rn(fma_rn(ns, q, x), y, q);
+        if (is_nan(q)) q = q0;
+        return __uint_as_float((__float_as_uint(q) & 0x7fffffffu) | (__float_as_uint(x) & 0x80000000u));
+    }
+};
+template <> struct Divisor<double> {
+    double s;
+    __device__ __forceinline__ double operator()(double x) const { return __ddiv_rn(x, s); }
+};
+
+// The divisor of scale s, formed at each scale (re)load.
+__device__ __forceinline__ Divisor<float> divisor(float s) {
+    const unsigned b = __float_as_uint(s);
+    // Positive floats order as their bits; a negative s or a NaN lands above 2^64's bits.
+    const bool fast = b - 0x1f800000u <= 0x5f800000u - 0x1f800000u;  // 2^-64 .. 2^64
+    return {s, __uint_as_float(b ^ 0x80000000u), div_rn(1.0f, s), fast};
+}
+__device__ __forceinline__ Divisor<double> divisor(double s) { return {s}; }
 
 // ---------------------------------------------------------------------------
 // The contract, one element at a time.
@@ -224,8 +292,8 @@ __device__ __forceinline__ ZeroPoint<TQ> zero_point(int zp) {
 // the sum of the clamped value and zp is in [qmin, qmax], so nothing overflows.
 // The 64-bit path maps NaN to 0 from the bits (cvt.rni.s64 gives INT64_MIN).
 template <typename TQ, typename TC>
-__device__ __forceinline__ TQ quantize_rn_zp(TC x, TC s, const ZeroPoint<TQ>& zp) {
-    const TC v = div_rn(x, s);
+__device__ __forceinline__ TQ quantize_rn_zp(TC x, const Divisor<TC>& s, const ZeroPoint<TQ>& zp) {
+    const TC v = s(x);
     if constexpr (sizeof(TC) == 4) {
         if (zp.narrow) return static_cast<TQ>(min(max(rint_to_i32_sat(v), zp.lo32), zp.hi32) + zp.zp32);
     }
@@ -235,8 +303,8 @@ __device__ __forceinline__ TQ quantize_rn_zp(TC x, TC s, const ZeroPoint<TQ>& zp
 
 // Symmetric quantize (zp = 0): clamp(rint(x / s), qmin, qmax); NaN -> 0.
 template <typename TQ, typename TC>
-__device__ __forceinline__ TQ quantize_rn_sym(TC x, TC s) {
-    return rint_to_code_sat<TQ>(div_rn(x, s));
+__device__ __forceinline__ TQ quantize_rn_sym(TC x, const Divisor<TC>& s) {
+    return rint_to_code_sat<TQ>(s(x));
 }
 
 // Dequantize with a zero point: (q - zp) in int64 (|q - zp| can exceed int32),

@@ -28,6 +28,21 @@ struct ParamCursor {
     }
 };
 
+// The cursor of the quantize ops: the scale with its Divisor (contract.cuh: the reciprocal
+// of the exact division), formed at each (re)load, not per element.
+template <typename TS, bool HAS_ZP>
+struct QuantCursor : ParamCursor<TS, HAS_ZP> {
+    Divisor<TS> d;
+    __device__ void reload(long long p) {
+        ParamCursor<TS, HAS_ZP>::reload(p);
+        d = divisor(this->s);
+    }
+    __device__ void assign(TS scale, int zp) {
+        ParamCursor<TS, HAS_ZP>::assign(scale, zp);
+        d = divisor(scale);
+    }
+};
+
 // The scale of kMapValue, passed by value in a 64-bit kernel argument: float's
 // bits in the low 32 (little-endian, as on every CUDA device), double's in all 64.
 template <typename TS>

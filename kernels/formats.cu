@@ -205,14 +205,14 @@ template <> __device__ __forceinline__ __half narrow_nan_kept<__half>(float y) {
 }
 
 template <typename TIn, int FMT, typename TS>
-struct QuantizeFp8Op : ParamCursor<TS, false> {
-    using ParamCursor<TS, false>::s;
+struct QuantizeFp8Op : QuantCursor<TS, false> {
+    using QuantCursor<TS, false>::d;
     bool saturate;  // uniform over the launch: a branch, not a second instantiation
     __device__ unsigned char operator()(TIn x) const {
         const TS w = widen<TS>(x);
         // A NaN keeps its sign (the host's division does; the GPU's gives its canonical NaN).
         if (is_nan(w)) return static_cast<unsigned char>(Fp8<FMT>::nan_code | (sign_bit(x) ? 0x80u : 0u));
-        const float t = to_f32_rn(div_rn(w, s));
+        const float t = to_f32_rn(d(w));
 #if __CUDA_ARCH__ >= 890
         // The hardware conversion is the saturating cast; a NaN quotient (0/0, Inf/Inf) keeps
         // the software path's code, whose sign the instruction does not promise.
@@ -243,7 +243,7 @@ __global__ void __launch_bounds__(256)
 quantize_fp8(const TIn* __restrict__ x, unsigned char* __restrict__ q, const TS* __restrict__ scales,
              const int* __restrict__ zps, long long n, long long head, int vec, long long m0, long long m1,
              long long m2, const long long* __restrict__ dims, int saturate) {
-    QuantizeFp8Op<TIn, FMT, TS> op{{scales, zps, TS(0), 0}, saturate != 0};
+    QuantizeFp8Op<TIn, FMT, TS> op{{{scales, zps, TS(0), 0}, {}}, saturate != 0};
     if constexpr (MAP == kMapValue) op.assign(scale_from_bits<TS>(m0), 0);
     for_each_unit<typename MapOf<MAP>::type, TIn, unsigned char, true>(x, q, n, head, vec, m0, m1, m2, dims, op);
 }
@@ -266,9 +266,10 @@ template <> struct Int4Range<true> { static constexpr int lo = -8, hi = 7; };
 template <> struct Int4Range<false> { static constexpr int lo = 0, hi = 15; };
 
 template <typename TIn, bool SIGNED, typename TS, bool HAS_ZP>
-struct QuantizeInt4Op : ParamCursor<TS, HAS_ZP> {
-    using ParamCursor<TS, HAS_ZP>::s;
-    using ParamCursor<TS, HAS_ZP>::z;
+struct QuantizeInt4Op : QuantCursor<TS, HAS_ZP> {
+    using Cursor = QuantCursor<TS, HAS_ZP>;
+    using Cursor::d;
+    using Cursor::z;
     long long lo, hi, zpl;  // the zero point's clamp bounds (contract.cuh ZeroPoint), formed per reload
     __device__ void bounds() {
         if constexpr (HAS_ZP) {
@@ -278,16 +279,16 @@ struct QuantizeInt4Op : ParamCursor<TS, HAS_ZP> {
         }
     }
     __device__ void reload(long long p) {
-        ParamCursor<TS, HAS_ZP>::reload(p);
+        Cursor::reload(p);
         bounds();
     }
     __device__ void assign(TS scale, int zp) {
-        ParamCursor<TS, HAS_ZP>::assign(scale, zp);
+        Cursor::assign(scale, zp);
         bounds();
     }
     // The code's nibble (two's complement for int4).
     __device__ unsigned operator()(TIn x) const {
-        const TS v = div_rn(widen<TS>(x), s);
+        const TS v = d(widen<TS>(x));
         if constexpr (HAS_ZP) {
             const long long r = is_nan(v) ? 0LL : rint_to_i64_sat(v);
             return static_cast<unsigned>(min(max(r, lo), hi) + zpl) & 0xfu;
@@ -339,15 +340,16 @@ __device__ __forceinline__ void for_each_packed_unit(const TIn* __restrict__ in,
         }
         map.seek(begin);
         if constexpr (kLoadsParams<Map>) op.reload(map.index());
-        unsigned char bytes[kUnit / 2];
-#pragma unroll
-        for (int k = 0; k < kUnit / 2; ++k) bytes[k] = 0;
+        // The 16 nibbles go straight into two 32-bit words (element l at bit 4 (l % 8) of word
+        // l / 8): little-endian, byte k of the pair is then elements 2k (low nibble) and 2k + 1.
+        // One shift-or per element at constant shifts, where a byte array took byte inserts.
+        unsigned words[2] = {0u, 0u};
         const bool uniform = len == kUnit && map.uniform();
 #pragma unroll
         for (int l = 0; l < kUnit; ++l) {
             if (l < len) {
                 if (!uniform && l > 0 && map.next()) op.reload(map.index());
-                bytes[l / 2] |= static_cast<unsigned char>(op(x[l]) << (4 * (l & 1)));
+                words[l / 8] |= static_cast<unsigned>(op(x[l])) << (4 * (l % 8));
             }
         }
         unsigned char* dst = out + begin / 2;
@@ -355,15 +357,12 @@ __device__ __forceinline__ void for_each_packed_unit(const TIn* __restrict__ in,
         if (len == kUnit && (vec & kVecPacked)) {
             // A vector type, not a plain 8-byte integer: the CPU execution of the kernels
             // checks a vector store's alignment as a GPU enforces it (kVecPacked's promise).
-            unsigned lo, hi;
-            memcpy(&lo, bytes, 4);
-            memcpy(&hi, bytes + 4, 4);
-            *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
+            *reinterpret_cast<uint2*>(dst) = make_uint2(words[0], words[1]);
         } else {
             const int nbytes = (len + 1) / 2;
 #pragma unroll
             for (int k = 0; k < kUnit / 2; ++k)
-                if (k < nbytes) dst[k] = bytes[k];
+                if (k < nbytes) dst[k] = static_cast<unsigned char>(words[k / 4] >> (8 * (k % 4)));
         }
     }
 }
@@ -422,7 +421,7 @@ __global__ void __launch_bounds__(256)
 quantize_int4(const TIn* __restrict__ x, unsigned char* __restrict__ q, const TS* __restrict__ scales,
               const int* __restrict__ zps, long long n, int vec, long long m0, long long m1, long long m2,
               const long long* __restrict__ dims) {
-    QuantizeInt4Op<TIn, SIGNED, TS, HAS_ZP> op{{scales, zps, TS(0), 0}, 0, 0, 0};
+    QuantizeInt4Op<TIn, SIGNED, TS, HAS_ZP> op{{{scales, zps, TS(0), 0}, {}}, 0, 0, 0};
     if constexpr (MAP == kMapValue) op.assign(scale_from_bits<TS>(m0), static_cast<int>(m1));
     for_each_packed_unit<typename MapOf<MAP>::type, TIn>(x, q, n, vec, m0, m1, m2, dims, op);
 }
@@ -496,12 +495,12 @@ __device__ __forceinline__ float mini_to_f32(unsigned b) {
 }
 
 template <typename TIn, int MFMT, typename TS>
-struct QuantizeMiniOp : ParamCursor<TS, false> {
-    using ParamCursor<TS, false>::s;
+struct QuantizeMiniOp : QuantCursor<TS, false> {
+    using QuantCursor<TS, false>::d;
     __device__ unsigned char operator()(TIn x) const {
         const TS w = widen<TS>(x);
         if (is_nan(w)) return 0;
-        return f32_to_mini<MFMT>(to_f32_rn(div_rn(w, s)));
+        return f32_to_mini<MFMT>(to_f32_rn(d(w)));
     }
 };
 
@@ -529,7 +528,7 @@ __global__ void __launch_bounds__(256)
 quantize_fp6(const TIn* __restrict__ x, unsigned char* __restrict__ q, const TS* __restrict__ scales,
              const int* __restrict__ zps, long long n, long long head, int vec, long long m0, long long m1,
              long long m2, const long long* __restrict__ dims) {
-    fp6_units<MAP, TS, true>(x, q, QuantizeMiniOp<TIn, MFMT, TS>{{scales, zps, TS(0), 0}}, n, head, vec, m0, m1,
+    fp6_units<MAP, TS, true>(x, q, QuantizeMiniOp<TIn, MFMT, TS>{{{scales, zps, TS(0), 0}, {}}}, n, head, vec, m0, m1,
                              m2, dims);
 }
 
@@ -548,7 +547,7 @@ __global__ void __launch_bounds__(256)
 quantize_fp4(const TIn* __restrict__ x, unsigned char* __restrict__ q, const TS* __restrict__ scales,
              const int* __restrict__ zps, long long n, int vec, long long m0, long long m1, long long m2,
              const long long* __restrict__ dims) {
-    QuantizeMiniOp<TIn, 0, TS> op{{scales, zps, TS(0), 0}};
+    QuantizeMiniOp<TIn, 0, TS> op{{{scales, zps, TS(0), 0}, {}}};
     if constexpr (MAP == kMapValue) op.assign(scale_from_bits<TS>(m0), 0);
     for_each_packed_unit<typename MapOf<MAP>::type, TIn>(x, q, n, vec, m0, m1, m2, dims, op);
 }

@@ -14,9 +14,11 @@
 // the same element (one broadcast load), and keeps its own running sum: one float64 addition
 // per element in the contract's order, so the sums are the host's, bit for bit. The warp then
 // picks the winner with shuffles on (error bits, index): non-negative doubles order as their
-// bits. Every operation of the error is an explicitly rounded intrinsic or PTX (div.rn, mul.rn,
+// bits. Every operation of the error is an explicitly rounded intrinsic or PTX (mul.rn,
 // __dsub_rn, __dmul_rn, __dadd_rn): NVRTC contracts a * b + c into an FMA by default, which
-// would round once where the contract rounds twice.
+// would round once where the contract rounds twice. The quotient x / s is contract.cuh's
+// Divisor: the correctly rounded quotient, on float32 from the candidate's reciprocal and
+// fused multiply-adds proven to give it (no fused operation anywhere else).
 //
 // Blocks of any scheme are described as the strided map's merged dims (dims = [shape,
 // pstride, block] of nd dims, kernels/elementwise.cuh); the slot numbers are the parameter
@@ -42,21 +44,21 @@ __device__ __forceinline__ double as_f64(double v) { return v; }
 template <int CODEC> struct MseCodec;
 template <> struct MseCodec<0> {
     template <typename TC>
-    __device__ __forceinline__ static TC round_trip(TC v, TC s, long long zlo, long long zhi) {
-        long long r = rint_to_i64_sat(div_rn(v, s));  // v is a number and s > 0: no NaN here
+    __device__ __forceinline__ static TC round_trip(TC v, const Divisor<TC>& s, long long zlo, long long zhi) {
+        long long r = rint_to_i64_sat(s(v));  // v is a number and s > 0: no NaN here
         r = min(max(r, zlo), zhi);
         TC d;
         to_compute_rn(r, d);
-        return mul_rn(d, s);
+        return mul_rn(d, s.s);
     }
 };
 template <int FMT> struct MseFp8 {
     template <typename TC>
-    __device__ __forceinline__ static TC round_trip(TC v, TC s, long long, long long) {
-        const unsigned char b = f32_to_fp8<FMT, true>(to_f32_rn(div_rn(v, s)));
+    __device__ __forceinline__ static TC round_trip(TC v, const Divisor<TC>& s, long long, long long) {
+        const unsigned char b = f32_to_fp8<FMT, true>(to_f32_rn(s(v)));
         TC w;
         widen_fp8_to(fp8_to_f32<FMT>(b), w);
-        return mul_rn(w, s);
+        return mul_rn(w, s.s);
     }
 };
 template <> struct MseCodec<1> : MseFp8<0> {};
@@ -81,6 +83,7 @@ mse_search(const T* __restrict__ x, int nd, const long long* __restrict__ dims, 
         const bool valid = !q.range;
         TC sc;
         widen_scale(valid ? q.scale : 1.0f, sc);  // a left-out candidate: any scale, never chosen
+        const Divisor<TC> div = divisor(sc);  // the candidate's reciprocal, once per block
         const long long zlo = static_cast<long long>(qmin) - q.zp, zhi = static_cast<long long>(qmax) - q.zp;
 
         // The block's first element and extent along each dim (ragged at the ends), by
@@ -98,7 +101,7 @@ mse_search(const T* __restrict__ x, int nd, const long long* __restrict__ dims, 
             for (long long i = 0; i < inner; ++i) {
                 const TC v = widen<TC>(row[i]);
                 if (is_nan(v)) continue;  // not a number of the block (uniform across the warp)
-                const double d = __dsub_rn(as_f64(v), as_f64(MseCodec<CODEC>::round_trip(v, sc, zlo, zhi)));
+                const double d = __dsub_rn(as_f64(v), as_f64(MseCodec<CODEC>::round_trip(v, div, zlo, zhi)));
                 err = __dadd_rn(err, __dmul_rn(d, d));
             }
             int d = nd - 2;

@@ -431,7 +431,8 @@ dynamic_quantize_segments(const T* __restrict__ x, TQ* __restrict__ q, long long
         TC sc;
         widen_scale(qp.scale, sc);
         const ZeroPoint<TQ> zb = zero_point<TQ>(qp.zp);
-        for (long long i = lane; i < len; i += lanes) q[begin + i] = quantize_rn_zp<TQ>(widen<TC>(x[begin + i]), sc, zb);
+        const Divisor<TC> div = divisor(sc);  // the block's reciprocal, once
+        for (long long i = lane; i < len; i += lanes) q[begin + i] = quantize_rn_zp<TQ>(widen<TC>(x[begin + i]), div, zb);
     }
 }
 

@@ -11,23 +11,24 @@
 namespace gpuq {
 
 template <typename TIn, typename TQ, typename TS, bool HAS_ZP>
-struct QuantizeOp : ParamCursor<TS, HAS_ZP> {
-    using ParamCursor<TS, HAS_ZP>::s;
-    using ParamCursor<TS, HAS_ZP>::z;
+struct QuantizeOp : QuantCursor<TS, HAS_ZP> {
+    using Cursor = QuantCursor<TS, HAS_ZP>;
+    using Cursor::d;
+    using Cursor::z;
     ZeroPoint<TQ> zb;  // z with its clamp bounds, formed at each reload
     __device__ void reload(long long p) {
-        ParamCursor<TS, HAS_ZP>::reload(p);
+        Cursor::reload(p);
         if constexpr (HAS_ZP) zb = zero_point<TQ>(z);
     }
     __device__ void assign(TS scale, int zp) {
-        ParamCursor<TS, HAS_ZP>::assign(scale, zp);
+        Cursor::assign(scale, zp);
         if constexpr (HAS_ZP) zb = zero_point<TQ>(z);
     }
     __device__ TQ operator()(TIn x) const {
         if constexpr (HAS_ZP) {
-            return quantize_rn_zp<TQ>(widen<TS>(x), s, zb);
+            return quantize_rn_zp<TQ>(widen<TS>(x), d, zb);
         } else {
-            return quantize_rn_sym<TQ>(widen<TS>(x), s);
+            return quantize_rn_sym<TQ>(widen<TS>(x), d);
         }
     }
 };
@@ -42,7 +43,7 @@ __global__ void __launch_bounds__(256)
 quantize(const TIn* __restrict__ x, TQ* __restrict__ q, const TS* __restrict__ scales,
          const int* __restrict__ zps, long long n, long long head, int vec, long long m0, long long m1,
          long long m2, const long long* __restrict__ dims) {
-    QuantizeOp<TIn, TQ, TS, HAS_ZP> op{{scales, zps, TS(0), 0}, {}};
+    QuantizeOp<TIn, TQ, TS, HAS_ZP> op{{{scales, zps, TS(0), 0}, {}}, {}};
     if constexpr (MAP == kMapValue) op.assign(scale_from_bits<TS>(m0), static_cast<int>(m1));
     for_each_unit<typename MapOf<MAP>::type, TIn, TQ, true>(x, q, n, head, vec, m0, m1, m2, dims, op);
 }

@@ -27,10 +27,15 @@ ROOT = Path(__file__).resolve().parents[1]
 BUGS = {
     "reciprocal": (
         "kernels/contract.cuh",
-        'asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(x), "f"(s));',
-        'float inv; asm("div.rn.f32 %0, %1, %2;" : "=f"(inv) : "f"(1.0f), "f"(s)); '
-        'asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(x), "f"(inv));',
-        "x * (1/s) differs from x / s in the last bit: ties flip",
+        "constexpr int kRecipSteps = 2;",
+        "constexpr int kRecipSteps = 0;",
+        "x * (1/s) without the fused corrections differs from x / s in the last bit: ties flip",
+    ),
+    "reciprocal-guard": (
+        "kernels/contract.cuh",
+        "const bool fast = b - 0x1f800000u <= 0x5f800000u - 0x1f800000u;",
+        "const bool fast = b - 0x00800000u <= 0x7f000000u - 0x00800000u;",
+        "every normal scale takes the reciprocal: 2^70's is subnormal, the residual inexact",
     ),
     "nan-check": (
         "kernels/contract.cuh",

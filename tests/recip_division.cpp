@@ -3,12 +3,13 @@
 // -ffp-contract=off -fno-fast-math -fno-tree-vectorize: every operation below rounds on its own,
 // as PTX's mul.rn / fma.rn do (a contracted or vectorised rewrite lost -0's sign once).
 //
-//   y  = RN(1/s)                     once per scale
+//   y  = RN(1/s), ns = -s            once per scale
 //   q0 = RN(x*y)
-//   r  = fma(s, q0, -x)              exact (Markstein) where q0 is faithful
-//   q1 = fma(-r, y, q0)              the one-step form
-//   q2 = fma(-fma(s, q1, -x), y, q1) the two-step form (Markstein's theorem covers it)
-//   q  = NaN ? the previous step : q, then the sign of x/s (so -0 stays -0)
+//   e  = fma(ns, q, x)               the residual x - s*q, exact (Markstein) where q is faithful
+//   q  = fma(e, y, q)                from q = q0: once (the one-step form), twice (the two-step
+//                                    form, which Markstein's theorem covers)
+//   q  = NaN ? q0 : q, then the sign of x (s > 0: so -0 stays -0)
+// This is kernels/contract.cuh's Divisor<float> operation for operation.
 //
 // A result "differs" when its bits differ from RN(x/s). Allowed, because no code can tell:
 //   tiny: |x/s| < 2^-24 and |q| < 2^-24: every int8, int4 and fp8 code of both is a (signed)
@@ -32,23 +33,19 @@
 static float f_of(uint32_t b) { float f; std::memcpy(&f, &b, 4); return f; }
 static uint32_t b_of(float f) { uint32_t b; std::memcpy(&b, &f, 4); return b; }
 
-static float with_sign(float q, float x, float s) {
-    return (std::signbit(x) != std::signbit(s)) ? -std::fabs(q) : std::fabs(q);
+// contract.cuh's Divisor<float>::operator() for 2^-64 <= s <= 2^64, with `steps` corrections.
+static float recip_div(float x, float s, float y, int steps) {
+    const float ns = -s;
+    const float q0 = x * y;
+    float q = q0;
+    for (int k = 0; k < steps; ++k) q = fmaf(fmaf(ns, q, x), y, q);
+    if (std::isnan(q)) q = q0;  // x = +/-Inf, or x*y overflowed: q0 carries the answer
+    return std::copysign(q, x);
 }
 
 struct Quotients { float one, two; };
 
-static Quotients recip_div(float x, float s, float y) {
-    const float q0 = x * y;
-    const float r = fmaf(s, q0, -x);
-    float q1 = fmaf(-r, y, q0);
-    if (std::isnan(q1)) q1 = q0;  // x NaN/Inf, or x*y overflowed: q0 carries the answer
-    const float r2 = fmaf(s, q1, -x);
-    float q2 = fmaf(-r2, y, q1);
-    if (std::isnan(q2)) q2 = q1;
-    if (std::isnan(x)) return {q0, q0};
-    return {with_sign(q1, x, s), with_sign(q2, x, s)};
-}
+static Quotients recip_div(float x, float s, float y) { return {recip_div(x, s, y, 1), recip_div(x, s, y, 2)}; }
 
 static int int8_code(float v) {
     if (std::isnan(v)) return 0;

@@ -112,6 +112,64 @@ def test_special_values_bit_identical(fdtype, dtype, zp):
             assert np.array_equal(h.view(np.uint8), d.view(np.uint8)), (s, zp, out)
 
 
+def _stored_bytes(result) -> np.ndarray:
+    """The stored bytes of a quantize result (an array of codes or a gpuq.Codes), on the host."""
+    import cupy
+
+    data = result.data if isinstance(result, gpuq.Codes) else result
+    data = cupy.asnumpy(data) if isinstance(data, cupy.ndarray) else data
+    return np.ascontiguousarray(data).view(np.uint8)
+
+
+#: Scales of the division from a reciprocal (kernels/contract.cuh, Divisor): the guard ends and
+#: their outer neighbours (div.rn there), far outside, a subnormal scale, and scales whose
+#: reciprocal is inexact (1/127, 1/7, 1/448, 0.3, 3e-5, 1 + 1 ulp).
+_DIVISION_SCALES = np.array(
+    [2.0**-64, 2.0**64, np.nextafter(np.float32(2.0**-64), 0), np.nextafter(np.float32(2.0**64), np.inf),
+     2.0**-70, 2.0**70, 3e-37, 1.5e38, 1e-40, 1 / 127, 1 / 7, 1 / 448, 0.3, 3e-5, 1 + 2.0**-23], np.float32)
+
+
+def _division_inputs(s: np.float32) -> np.ndarray:
+    """x with x / s at and next to every half-integer up to +-300 (where one wrong quotient bit
+    moves a rint) and every half step of e4m3's and e5m2's subnormals (2**-9, 2**-16: with a scale
+    below 2**-64 those x are subnormal and the residual inexact), and NaN, +-Inf, +-0, subnormals,
+    and values whose x * (1/s) overflows."""
+    steps = np.arange(-64, 64) + 0.5
+    halves = np.concatenate([np.arange(-300, 301) + 0.5, steps * 2.0**-9, steps * 2.0**-16]) * np.float64(s)
+    with np.errstate(over="ignore", under="ignore"):
+        near = halves.astype(np.float32)
+        x = np.concatenate([near, np.nextafter(near, np.float32(np.inf)), np.nextafter(near, np.float32(-np.inf)),
+                            np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -1e-45, 1.1e-38, 3.4e38,
+                                      -3.4e38, np.float32(s) * 2.0**100], np.float32)])
+    return x.astype(np.float32)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype, extra", [
+    ("int8", {}), ("uint8", {"zero_point": 128}), ("int4", {}), ("uint4", {"zero_point": 8}),
+    ("float8_e4m3fn", {"saturate": True}), ("float8_e4m3fn", {"saturate": False}),
+    ("float8_e5m2", {"saturate": True}), ("float8_e5m2", {"saturate": False}),
+    ("float4_e2m1fn", {}), ("float6_e3m2fn", {})])
+def test_division_from_the_reciprocal_gives_the_ieee_codes(dtype, extra):
+    """The kernels' exact division (y = RN(1/s) once, two fused corrections per element) gives
+    the host's codes, whose division is IEEE x / s: at quotients on and beside every tie, at the
+    guard ends [2**-64, 2**64] and beyond them (div.rn), for every code format."""
+    import cupy
+
+    zp = extra.pop("zero_point", None)
+    for s in _DIVISION_SCALES:
+        x = _division_inputs(s)
+        with np.errstate(over="ignore"):
+            inputs = (x, x.astype(np.float16), x.astype(np.float64)) if dtype == "int8" else (x,)
+        for xs in inputs:
+            with np.errstate(all="ignore"):
+                host = gpuq.quantize(xs, s, zp, dtype=dtype, **extra)
+            dev = gpuq.quantize(cupy.asarray(xs), s, zp, dtype=dtype, **extra)
+            h, d = _stored_bytes(host), _stored_bytes(dev)
+            bad = np.flatnonzero(h != d)
+            assert bad.size == 0, (float(s), xs.dtype, xs.ravel()[bad[:3]], h[bad[:3]], d[bad[:3]])
+
+
 _SCHEMES = [
     ((1025,), None, None),
     ((17, 33), 0, None),

@@ -56,9 +56,9 @@ def helpers():
     return hostbuild.build_ptx_helpers()
 
 
-def test_the_twenty_forms_are_known_and_exported(helpers):
+def test_the_twenty_one_forms_are_known_and_exported(helpers):
     assert sorted(ptx.FORMS) == sorted([
-        "div.rn.f32", "mul.rn.f32", "sub.rn.f32", "min.f32", "max.f32",
+        "div.rn.f32", "mul.rn.f32", "sub.rn.f32", "fma.rn.f32", "min.f32", "max.f32",
         "cvt.rni.sat.s8.f32", "cvt.rni.sat.u8.f32", "cvt.rn.satfinite.e4m3x2.f32", "cvt.rn.satfinite.e5m2x2.f32",
         "cvt.rn.f16x2.e4m3x2",
         "cvt.rni.s32.f32", "cvt.rni.s32.f64", "cvt.rni.s64.f32", "cvt.rni.s64.f64",
@@ -110,6 +110,72 @@ def test_f32_arithmetic_keeps_subnormals_and_gives_the_canonical_nan(helpers, na
         assert helpers.cudasim_ptx_div_rn_f32(0x3F800000, 0x40400000) == int(f32bits(np.float32(1) / np.float32(3))[()])
     if name == "sub_rn_f32":
         assert helpers.cudasim_ptx_sub_rn_f32(0x00800001, 0x00800000) == 0x00000001
+
+
+def _round_f32(sign: int, mag) -> int:
+    """The bits of (-1)**sign * mag (an exact nonzero Fraction) rounded to nearest even into
+    float32, subnormals kept, overflow to infinity: a plain statement of IEEE rounding."""
+    from fractions import Fraction
+    e = mag.numerator.bit_length() - mag.denominator.bit_length()
+    if Fraction(2) ** e > mag:
+        e -= 1  # now 2**e <= mag < 2**(e + 1)
+    q = max(e, -126) - 23  # the exponent of one ulp
+    n, rem = divmod(mag / Fraction(2) ** q, 1)
+    n = int(n)
+    if rem > Fraction(1, 2) or (rem == Fraction(1, 2) and n % 2 == 1):
+        n += 1
+    value = n * 2.0**q  # n < 2**25: exact in float64
+    if value >= 2.0**128:
+        return (sign << 31) | 0x7F800000
+    return (sign << 31) | int(np.float32(value).view(np.uint32))
+
+
+def _fma_reference(a: int, b: int, c: int) -> int:
+    """fusedMultiplyAdd (IEEE 754) of three float32 bit patterns: specials by the standard's rules,
+    finite operands by exact rational arithmetic and one rounding."""
+    from fractions import Fraction
+    fa, fb, fc = (float(np.uint32(v).view(np.float32)) for v in (a, b, c))
+    if any(math.isnan(v) for v in (fa, fb, fc)):
+        return CANON32
+    if math.isinf(fa) or math.isinf(fb):
+        if fa == 0 or fb == 0:
+            return CANON32  # Inf * 0
+        prod_sign = (a ^ b) >> 31
+        if math.isinf(fc) and (c >> 31) != prod_sign:
+            return CANON32  # Inf - Inf
+        return (prod_sign << 31) | 0x7F800000
+    if math.isinf(fc):
+        return int(c)
+    exact = Fraction(fa) * Fraction(fb) + Fraction(fc)
+    if exact == 0:
+        prod_sign = (a ^ b) >> 31
+        # An exact zero sum is +0 under round to nearest, unless both addends are -0.
+        both_neg_zero = fa * fb == 0 and fc == 0 and prod_sign == 1 and (c >> 31) == 1
+        return 0x80000000 if both_neg_zero else 0
+    return _round_f32(int(exact < 0), abs(exact))
+
+
+def test_fma_rounds_once_like_exact_arithmetic(helpers):
+    fn = helpers.cudasim_ptx_fma_rn_f32
+    # Rounded once: (1 + 2^-23)(1 - 2^-23) - 1 = -2^-46 exactly (a multiply then an add gives 0).
+    assert fn(0x3F800001, 0x3F7FFFFE, 0xBF800000) == int(f32bits(-(2.0**-46))[()])
+    # A subnormal result is kept: 2^-126 * 0.75 - 2^-127 = 2^-128.
+    assert fn(0x00800000, 0x3F400000, 0x80400000) == 0x00200000
+    triples = [(int(a), int(b), int(c)) for a in SPECIAL32 for b in SPECIAL32 for c in SPECIAL32[::3]]
+    rng = np.random.default_rng(38)
+    # Random operands over every exponent (subnormal, overflowing and cancelling sums), and
+    # c = -RN(a * b): the exact residual the division from a reciprocal relies on.
+    ab = rng.integers(0, 2**32, size=(3000, 2), dtype=np.uint64).astype(np.uint32)
+    ab = ab[~_is_nan32(ab).any(axis=1) & ((ab & 0x7F800000) != 0x7F800000).all(axis=1)]
+    for a, b in ab:
+        with np.errstate(all="ignore"):
+            p = np.float32(a.view(np.float32)) * np.float32(b.view(np.float32))
+        c_near = int((-p).view(np.uint32))
+        triples += [(int(a), int(b), int(rng.integers(0, 2**32))), (int(a), int(b), c_near)]
+    got = [fn(a, b, c) for a, b, c in triples]
+    want = [_fma_reference(a, b, c) for a, b, c in triples]
+    bad = [(hex(a), hex(b), hex(c), hex(g), hex(w)) for (a, b, c), g, w in zip(triples, got, want) if g != w]
+    assert not bad, bad[:5]
 
 
 @pytest.mark.parametrize("name, npfn, zero_bits", [("min_f32", np.fmin, 0x80000000), ("max_f32", np.fmax, 0x00000000)])

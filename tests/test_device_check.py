@@ -170,3 +170,27 @@ def test_conformance_step_dry_runs_on_the_cpu_execution_and_reports_a_mismatch(m
     assert all(v == (0, None) for k, v in got.items() if k != "cvt.rni.sat.s8.f32")
     with pytest.raises(ValueError, match="power of two"):
         conf.run(cupy, 3)
+
+
+@pytest.mark.skipif(CUDA_MODE != "sim", reason="the dry run is for the CPU execution of the kernels")
+def test_conformance_division_dry_runs_and_reports_a_wrong_division(monkeypatch):
+    # The division's significand pairs (every 2**20-th s, every 2**12-th x on the CPU; [1, 2) each):
+    # the kernels' Divisor gives div.rn's bits; with its corrections planted away (x * RN(1/s),
+    # torch.compile's division) the step reports mismatches and the first pair.
+    import cupy
+
+    from bench import gpu_conformance as conf
+
+    got = conf.run_division(cupy, 20, 12)
+    assert list(got) == list(conf.DIVISION_FORMS)
+    assert all(v == (0, None) for v in got.values()), got
+    real = conf.source()
+    planted = real.replace("constexpr int kRecipSteps = 2;", "constexpr int kRecipSteps = 0;")
+    assert planted != real
+    monkeypatch.setattr(conf, "source", lambda: planted)
+    got = conf.run_division(cupy, 20, 12)
+    n, first = got[conf.DIVISION_FORMS[0]]
+    assert n > 0 and first is not None and first[1] % (1 << 12) == 0, got
+    assert got[conf.DIVISION_FORMS[1]] == (0, None)  # the one-step form is written out in the check
+    with pytest.raises(ValueError, match="log2 strides"):
+        conf.run_division(cupy, 24)

@@ -18,6 +18,8 @@ form                special values
 ==================  ===============================================================
 div/mul/sub.rn.f32  IEEE, round to nearest even, subnormals kept; a NaN result is
                     0x7fffffff (CUDA Programming Guide 20.3: single-precision NaN)
+fma.rn.f32          a * b + c rounded once (IEEE fusedMultiplyAdd), subnormals kept;
+                    a NaN result is 0x7fffffff
 min.f32, max.f32    the non-NaN operand if one is NaN, 0x7fffffff if both;
                     -0.0 < +0.0 (min(-0, +0) = -0, max = +0)
 cvt.rni.s32.f32     nearest even, saturating; NaN -> 0
@@ -88,6 +90,7 @@ FORMS: dict[str, Form] = {
     "div.rn.f32": Form("div_rn_f32", "f", ("f", "f")),
     "mul.rn.f32": Form("mul_rn_f32", "f", ("f", "f")),
     "sub.rn.f32": Form("sub_rn_f32", "f", ("f", "f")),
+    "fma.rn.f32": Form("fma_rn_f32", "f", ("f", "f", "f")),
     "min.f32": Form("min_f32", "f", ("f", "f")),
     "max.f32": Form("max_f32", "f", ("f", "f")),
     "cvt.rni.s32.f32": Form("cvt_rni_s32_f32", "r", ("f",)),

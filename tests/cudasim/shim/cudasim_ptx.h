@@ -26,7 +26,7 @@
 //     0x7fffffff (the sign of a NaN dropped).
 //
 // Conversions are done on the bits (one rounding routine, round_pack), so they
-// do not depend on the host's floating-point environment at all. The three f32
+// do not depend on the host's floating-point environment at all. The four f32
 // arithmetic forms use the host's IEEE float operations, which the launch (and
 // the test wrappers) run under a reset environment: round to nearest even, no
 // flush-to-zero, no denormals-are-zero (see FpEnvGuard in cudasim_runtime.h).
@@ -137,6 +137,13 @@ inline Decoded decode(uint64_t b) {
 inline float div_rn_f32(float a, float b) { return canonical32(a / b); }
 inline float mul_rn_f32(float a, float b) { return canonical32(a * b); }
 inline float sub_rn_f32(float a, float b) { return canonical32(a - b); }
+
+// fma.rn.f32 d, a, b, c (PTX ISA 9.7.3.6): a * b + c "computed in infinite precision and then
+// rounded" once to nearest even; no .ftz, so subnormals are kept. The host's fmaf is IEEE 754's
+// fusedMultiplyAdd (C99 7.12.13.1: "rounded as one ternary operation"), correctly rounded in the
+// launch's reset environment (glibc computes it exactly, with or without an FMA unit); the
+// engine's tests hold it to exact rational arithmetic.
+inline float fma_rn_f32(float a, float b, float c) { return canonical32(__builtin_fmaf(a, b, c)); }
 
 // min.f32 / max.f32 (PTX ISA min_num/max_num; -0.0 < +0.0).
 inline float min_f32(float a, float b) {
