@@ -12,8 +12,9 @@ public functions ``gpuq.quantize``, ``gpuq.dequantize``, ``gpuq.choose_qparams``
 and ``gpuq.quantize_dynamic`` hand torch tensors to these ops (the hook in
 ``gpuq/_interop.py``), so a compiled function that calls them is one graph, and
 it returns what the eager call returns: torch tensors, fp8 as torch fp8
-tensors, int4/uint4 as a :class:`gpuq.Codes` whose ``data`` is the packed
-uint8 tensor, zero points None where the eager call gives None. Outside
+tensors, int4/uint4/fp4 as a :class:`gpuq.Codes` whose ``data`` is the packed
+uint8 tensor, fp6 as a uint8 tensor, zero points None where the eager call
+gives None; MX and NVFP4 scales (``global_scale=`` a number) as eagerly. Outside
 tracing, nothing changes: the eager call runs as before (``gpuq/_interop.py``).
 Scales and zero points may be torch tensors, NumPy arrays, Python numbers or
 lists; ``out=`` is a torch tensor (or the Codes of one), written through
