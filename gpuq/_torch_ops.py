@@ -13,9 +13,11 @@ of 0, a zero point beyond int32, Inf in ``choose_qparams``) need the data and
 come from the kernel when it runs.
 
 Graph outputs must be tensors, so where the eager call returns a
-:class:`gpuq.Codes` (int4/uint4) an op returns its packed bytes (1-D uint8,
+:class:`gpuq.Codes` (int4/uint4/fp4) an op returns its packed bytes (1-D uint8,
 ``ceil(n / 2)``), and ``dequantize`` takes them back with ``packed=`` (the code
-dtype) and ``shape=`` (the logical shape). ``choose_qparams`` and
+dtype) and ``shape=`` (the logical shape); fp6 codes are a uint8 tensor of
+src's shape (torch has no fp6), read back with ``packed=`` naming them (see
+:func:`uint8_bytes`). NVFP4's ``global_scale`` is a ``float?`` keyword of all four. ``choose_qparams`` and
 ``quantize_dynamic`` return lists: the zero points are left out exactly where
 the eager call returns None for them (symmetric int8/int4, fp8).
 
