@@ -148,11 +148,13 @@ class Codes:
 
 def _is_uint8(dt) -> bool:
     """Whether ``dt`` is the uint8 of NumPy, CuPy, Dask (NumPy dtypes) or torch."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(dt, torch.dtype):  # first: dynamo traces no caught TypeError
+        return dt == torch.uint8
     try:
         return np.dtype(dt) == np.uint8
-    except TypeError:  # torch.uint8 and the like
-        torch = sys.modules.get("torch")
-        return torch is not None and dt == torch.uint8
+    except TypeError:
+        return False
 
 
 def _c_contiguous(a) -> bool:

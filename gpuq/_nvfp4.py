@@ -22,6 +22,8 @@ np.float32(448.0)
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from ._mx import _device_round_trip
@@ -78,14 +80,17 @@ def global_scale(x=None, *, amax=None, float_dtype=None, dtype="float4_e2m1fn"):
         if float_dtype is not None:
             raise TypeError("float_dtype goes with amax=; with x it is x's dtype")
         from ._dispatch import backend_for
+        from ._interop import adapt
         from ._scheme import Scheme
 
-        backend, arr = backend_for(x, "x")
-        if native(arr.dtype) not in FLOAT_DTYPES:
-            raise TypeError(f"x must be float16, float32, float64 or bfloat16, got {arr.dtype}")
-        dname = dtype_name(arr.dtype)
-        lo, hi = backend.minmax(arr, Scheme.build(arr.shape, None, None, None))
-        lo, hi = (np.asarray(backend_get(v), _F32) for v in (lo, hi))
+        adapted = adapt(x)  # torch tensors and the other array types, as the public functions read them
+        with adapted.context() if adapted.context is not None else contextlib.nullcontext():
+            backend, arr = backend_for(adapted.array, "x")
+            if native(arr.dtype) not in FLOAT_DTYPES:
+                raise TypeError(f"x must be float16, float32, float64 or bfloat16, got {arr.dtype}")
+            dname = dtype_name(arr.dtype)
+            lo, hi = backend.minmax(arr, Scheme.build(arr.shape, None, None, None))
+            lo, hi = (np.asarray(backend_get(v), _F32) for v in (lo, hi))
         if np.isinf(lo) or np.isinf(hi):
             raise ValueError("x must be finite (and within float32) to choose quantization parameters, got +/-inf")
         a = np.fmax(np.fmax(hi, -lo), np.float32(0))

@@ -113,12 +113,9 @@ def check_options(symmetric, eps, scale_dtype, method, scale_rule=None) -> tuple
     """
     if symmetric is not None:
         _check_symmetric(symmetric)
-    if scale_rule is not None:
-        _check_scale_rule(scale_rule)
     sdt = _scale_dtype(scale_dtype)
-    if sdt in RULE_SCALE_DTYPES:  # the torch ops: not this version
-        raise ValueError(f"scale_dtype={sdt!r} (MX, NVFP4 scales) is not in the torch ops in this version: "
-                         f"call gpuq.choose_qparams or gpuq.quantize_dynamic on the tensor")
+    if scale_rule is not None and not (sdt == "float8_e8m0fnu" and isinstance(scale_rule, str)):
+        _check_scale_rule(scale_rule)  # an MX rule's name is checked by validate (its message lists those)
     eps = None if eps is None else _check_eps(eps, SCALE_DTYPES[sdt])
     return (None if symmetric is None else bool(symmetric)), eps, sdt, _method(method)
 

@@ -13,9 +13,11 @@ of 0, a zero point beyond int32, Inf in ``choose_qparams``) need the data and
 come from the kernel when it runs.
 
 Graph outputs must be tensors, so where the eager call returns a
-:class:`gpuq.Codes` (int4/uint4) an op returns its packed bytes (1-D uint8,
+:class:`gpuq.Codes` (int4/uint4/fp4) an op returns its packed bytes (1-D uint8,
 ``ceil(n / 2)``), and ``dequantize`` takes them back with ``packed=`` (the code
-dtype) and ``shape=`` (the logical shape). ``choose_qparams`` and
+dtype) and ``shape=`` (the logical shape); fp6 codes are a uint8 tensor of
+src's shape (torch has no fp6), read back with ``packed=`` naming them (see
+:func:`uint8_bytes`). NVFP4's ``global_scale`` is a ``float?`` keyword of all four. ``choose_qparams`` and
 ``quantize_dynamic`` return lists: the zero points are left out exactly where
 the eager call returns None for them (symmetric int8/int4, fp8).
 
@@ -41,26 +43,31 @@ from . import _scheme, api, qparams
 from ._codes import Codes
 from ._codetypes import CODE_TYPES, fp8_dtype
 from ._dtypes import FLOAT_DTYPES, as_dtype, bfloat16, dtype_name
+from ._nvfp4 import check_global_scale
 from ._params import check_saturate, check_shape, quantize_code
+from ._qoptions import scale_rule as scale_rule_of
 from ._qoptions import validate
 from ._scheme import Scheme
 
-__all__ = ["SCHEMAS", "scheme", "eager_axis", "dtype_name_of", "register"]
+__all__ = ["SCHEMAS", "scheme", "eager_axis", "dtype_name_of", "uint8_bytes", "register"]
 
 #: The op schemas, pinned (tests/test_torch_ops.py compares them with the registered ones).
 SCHEMAS = {
     "quantize": "(Tensor src, Tensor scales, Tensor? zps=None, *, int[]? axis=None, "
                 "int? group_size=None, str dtype=\"int8\", bool saturate=True, "
-                "bool check_values=True, int[]? block_size=None) -> Tensor",
+                "bool check_values=True, int[]? block_size=None, float? global_scale=None) -> Tensor",
     "dequantize": "(Tensor src, Tensor scales, Tensor? zps=None, *, int[]? axis=None, "
                   "int? group_size=None, str? packed=None, SymInt[]? shape=None, "
-                  "str dtype=\"float32\", bool check_values=True, int[]? block_size=None) -> Tensor",
+                  "str dtype=\"float32\", bool check_values=True, int[]? block_size=None, "
+                  "float? global_scale=None) -> Tensor",
     "choose_qparams": "(Tensor x, *, int[]? axis=None, int? group_size=None, str dtype=\"int8\", "
                       "bool? symmetric=None, float? eps=None, int[]? block_size=None, "
-                      "str scale_dtype=\"float32\", str method=\"minmax\", str? scale_rule=None) -> Tensor[]",
+                      "str scale_dtype=\"float32\", str method=\"minmax\", str? scale_rule=None, "
+                      "float? global_scale=None) -> Tensor[]",
     "quantize_dynamic": "(Tensor x, *, int[]? axis=None, int? group_size=None, "
                         "str dtype=\"int8\", bool? symmetric=None, int[]? block_size=None, "
-                        "str scale_dtype=\"float32\", str method=\"minmax\", str? scale_rule=None) -> Tensor[]",
+                        "str scale_dtype=\"float32\", str method=\"minmax\", str? scale_rule=None, "
+                        "float? global_scale=None) -> Tensor[]",
 }
 
 
@@ -134,18 +141,18 @@ def _check_params(scales, zps, scheme_, src):
 # -- quantize ----------------------------------------------------------------------------------
 
 def _quantize(src, scales, zps=None, *, axis=None, group_size=None, dtype="int8", saturate=True,
-              check_values=True, block_size=None):
+              check_values=True, block_size=None, global_scale=None):
     out = _quantize_fake(src, scales, zps, axis=axis, group_size=group_size, dtype=dtype, saturate=saturate,
-                         block_size=block_size)
+                         block_size=block_size, global_scale=global_scale)
     code = quantize_code(dtype, None)
-    into = Codes(out, tuple(src.shape), code.name) if code.storage == "packed" else out
+    into = Codes(out, tuple(src.shape), code.name) if uint8_bytes(code) else out
     api.quantize(src, scales, zps, axis=eager_axis(axis), group_size=group_size, block_size=block_size,
-                 dtype=dtype, out=into, saturate=saturate, check_values=check_values)
+                 dtype=dtype, out=into, saturate=saturate, check_values=check_values, global_scale=global_scale)
     return out
 
 
 def _quantize_fake(src, scales, zps=None, *, axis=None, group_size=None, dtype="int8", saturate=True,
-                   check_values=True, block_size=None):
+                   check_values=True, block_size=None, global_scale=None):
     """The codes tensor ``quantize`` makes, empty, after the eager call's metadata checks in its
     order (gpuq/api.py). The fake, and the kernel's output: torch's allocator, on torch's current
     stream and, while a CUDA graph is captured, in its pool (CuPy's would allocate outside it)."""
@@ -154,8 +161,30 @@ def _quantize_fake(src, scales, zps=None, *, axis=None, group_size=None, dtype="
                         f"got {dtype_name_of(src)}")
     code = quantize_code(dtype, None)
     check_saturate(saturate, code)
-    _check_params(scales, zps, scheme(src.shape, eager_axis(axis), group_size, block_size), src)
+    s = scheme(src.shape, eager_axis(axis), group_size, block_size)
+    _check_params(scales, None, s, src)
+    _check_global_scale(global_scale, code)  # between the scales and the zero points, as eagerly
+    _check_params(None, zps, s, src)
     return _codes_like(src, code)
+
+
+def uint8_bytes(code) -> bool:
+    """Whether torch holds ``code``'s codes as uint8 bytes that do not name the code type: packed
+    int4/uint4/fp4, and fp6 (one code per byte; torch has no fp6). Those travel as a
+    :class:`gpuq.Codes` of the bytes inside the kernels, and as the bytes with ``packed=`` (the
+    code dtype) between ops.
+
+    >>> from gpuq._codetypes import CODE_TYPES
+    >>> [name for name, row in CODE_TYPES.items() if uint8_bytes(row)]
+    ['int4', 'uint4', 'float4_e2m1fn', 'float6_e2m3fn', 'float6_e3m2fn']
+    """
+    return code.torch == "uint8" and code.name != "uint8"
+
+
+def _check_global_scale(global_scale, code):
+    """NVFP4's ``global_scale`` of quantize/dequantize, checked as the eager call checks it."""
+    if global_scale is not None:
+        api._nvfp4_scales(np.ones((), np.float32), global_scale, code)
 
 
 def _codes_like(src, code):
@@ -169,16 +198,17 @@ def _codes_like(src, code):
 # -- dequantize --------------------------------------------------------------------------------
 
 def _dequantize(src, scales, zps=None, *, axis=None, group_size=None, packed=None, shape=None,
-                dtype="float32", check_values=True, block_size=None):
+                dtype="float32", check_values=True, block_size=None, global_scale=None):
     out = _dequantize_fake(src, scales, zps, axis=axis, group_size=group_size, packed=packed, shape=shape,
-                           dtype=dtype, block_size=block_size)
+                           dtype=dtype, block_size=block_size, global_scale=global_scale)
     codes = src if packed is None else Codes(src, tuple(out.shape), packed)
     return api.dequantize(codes, scales, zps, axis=eager_axis(axis), group_size=group_size,
-                          block_size=block_size, dtype=dtype, out=out, check_values=check_values)
+                          block_size=block_size, dtype=dtype, out=out, check_values=check_values,
+                          global_scale=global_scale)
 
 
 def _dequantize_fake(src, scales, zps=None, *, axis=None, group_size=None, packed=None, shape=None,
-                     dtype="float32", check_values=True, block_size=None):
+                     dtype="float32", check_values=True, block_size=None, global_scale=None):
     """The float tensor ``dequantize`` makes, empty, after the eager call's metadata checks:
     the fake, and the kernel's output (as for quantize)."""
     if packed is None:  # codes one per element: a dtype of the table's (gpuq/_dispatch.py: source_codes)
@@ -188,26 +218,36 @@ def _dequantize_fake(src, scales, zps=None, *, axis=None, group_size=None, packe
                             f"got {dtype_name_of(src)}")
         logical = tuple(src.shape)
     else:
-        logical = _check_packed(src, packed, shape)
+        code, logical = _check_packed(src, packed, shape)
     out_dtype = dtype_name(as_dtype(dtype, "dtype", FLOAT_DTYPES))
-    _check_params(scales, zps, scheme(logical, eager_axis(axis), group_size, block_size), src)
+    s = scheme(logical, eager_axis(axis), group_size, block_size)
+    _check_params(scales, None, s, src)
+    _check_global_scale(global_scale, code)
+    _check_params(None, zps, s, src)
     return src.new_empty(logical, dtype=getattr(torch, out_dtype))
 
 
 def _check_packed(src, packed, shape):
-    """The logical shape of packed codes ``src``, checked as :class:`gpuq.Codes` checks them
-    (its messages), without turning symbolic sizes into ints."""
+    """``(code, logical shape)`` of uint8 codes ``src`` whose code dtype ``packed`` names (packed
+    int4/uint4/fp4 with ``shape``; fp6, one code per byte, whose ``shape`` is src's), checked as
+    :class:`gpuq.Codes` checks them (its messages), without turning symbolic sizes into ints."""
     code = CODE_TYPES.get(packed)
-    if code is None or code.storage != "packed":
-        names = [name for name, row in CODE_TYPES.items() if row.storage == "packed"]
-        raise ValueError(f"packed must be one of {', '.join(names)} (src holds packed codes), got {packed!r}")
-    if shape is None:
+    if code is None or not uint8_bytes(code):
+        names = [name for name, row in CODE_TYPES.items() if uint8_bytes(row)]
+        raise ValueError(f"packed must be one of {', '.join(names)} (src holds their codes as uint8 bytes), "
+                         f"got {packed!r}")
+    if shape is None and code.storage == "packed":
         raise ValueError(f"shape is required with packed={packed!r}: the codes' logical shape")
-    shape = tuple(shape)
+    shape = tuple(src.shape) if shape is None else tuple(shape)
     if any(isinstance(d, int) and d < 0 for d in shape):
         raise ValueError(f"shape must be a tuple of non-negative ints, got {shape!r}")
     if src.dtype != torch.uint8:  # "Tensor": the eager call's word for a real tensor
         raise TypeError(f"data must be a uint8 array, got Tensor of dtype {src.dtype}")
+    if code.storage != "packed":
+        if tuple(src.shape) != shape:
+            raise ValueError(f"data must hold the shape for {packed} codes of shape {shape}: "
+                             f"expected data.shape {shape}, got {tuple(src.shape)}")
+        return code, shape
     want = (code.packed_size(math.prod(shape)),)
     if tuple(src.shape) != want:
         raise ValueError(f"data must hold ceil(prod(shape) / 2) bytes, 1-D for {packed} codes of shape "
@@ -215,37 +255,40 @@ def _check_packed(src, packed, shape):
     if not src.is_contiguous():
         raise ValueError("data of int4/uint4 codes must be C-contiguous (the bytes are packed), "
                          "got a strided view (strides None)")
-    return shape
+    return code, shape
 
 
 # -- choose_qparams and quantize_dynamic -------------------------------------------------------
 
 def _choose_qparams(x, *, axis=None, group_size=None, dtype="int8", symmetric=None, eps=None, block_size=None,
-                    scale_dtype="float32", method="minmax", scale_rule=None):
+                    scale_dtype="float32", method="minmax", scale_rule=None, global_scale=None):
     return _present(qparams.choose_qparams(x, axis=eager_axis(axis), group_size=group_size,
                                            block_size=block_size, dtype=dtype, symmetric=symmetric, eps=eps,
-                                           scale_dtype=scale_dtype, method=method, scale_rule=scale_rule))
+                                           scale_dtype=scale_dtype, method=method, scale_rule=scale_rule,
+                                           global_scale=global_scale))
 
 
 def _choose_qparams_fake(x, *, axis=None, group_size=None, dtype="int8", symmetric=None, eps=None,
-                         block_size=None, scale_dtype="float32", method="minmax", scale_rule=None):
+                         block_size=None, scale_dtype="float32", method="minmax", scale_rule=None,
+                         global_scale=None):
     _, s, with_zps = _qparams_meta(x, axis, group_size, block_size, dtype, symmetric, eps, scale_dtype,
-                                   method, scale_rule)
+                                   method, scale_rule, global_scale)
     return _params_like(x, s, with_zps)
 
 
 def _quantize_dynamic(x, *, axis=None, group_size=None, dtype="int8", symmetric=None, block_size=None,
-                      scale_dtype="float32", method="minmax", scale_rule=None):
+                      scale_dtype="float32", method="minmax", scale_rule=None, global_scale=None):
     q, scales, zps = qparams.quantize_dynamic(x, axis=eager_axis(axis), group_size=group_size,
                                               block_size=block_size, dtype=dtype, symmetric=symmetric,
-                                              scale_dtype=scale_dtype, method=method, scale_rule=scale_rule)
+                                              scale_dtype=scale_dtype, method=method, scale_rule=scale_rule,
+                                              global_scale=global_scale)
     return _present((q.data if isinstance(q, Codes) else q, scales, zps))
 
 
 def _quantize_dynamic_fake(x, *, axis=None, group_size=None, dtype="int8", symmetric=None, block_size=None,
-                           scale_dtype="float32", method="minmax", scale_rule=None):
+                           scale_dtype="float32", method="minmax", scale_rule=None, global_scale=None):
     code, s, with_zps = _qparams_meta(x, axis, group_size, block_size, dtype, symmetric, None, scale_dtype,
-                                      method, scale_rule)
+                                      method, scale_rule, global_scale)
     return [_codes_like(x, code), *_params_like(x, s, with_zps)]
 
 
@@ -254,11 +297,15 @@ def _present(results):
     return [r for r in results if r is not None]
 
 
-def _qparams_meta(x, axis, group_size, block_size, dtype, symmetric, eps, scale_dtype, method, scale_rule=None):
+def _qparams_meta(x, axis, group_size, block_size, dtype, symmetric, eps, scale_dtype, method, scale_rule=None,
+                  global_scale=None):
     """``(code, scheme, with_zps)`` of a choose_qparams/quantize_dynamic call, its arguments
-    checked by the eager call's own validation on a NumPy stand-in of x (its dtype and shape)."""
-    _, _, _, code, symmetric, *_ = validate(_stand_in(x), eager_axis(axis), group_size, block_size,
-                                                     dtype, symmetric, eps, scale_dtype, method, scale_rule)
+    checked by the eager call's own validation on a NumPy stand-in of x (its dtype and shape),
+    the scale rules' (MX, NVFP4) included."""
+    _, _, _, code, symmetric, _, sdt, method_ = validate(_stand_in(x), eager_axis(axis), group_size, block_size,
+                                                         dtype, symmetric, eps, scale_dtype, method, scale_rule)
+    if scale_rule_of(scale_rule, sdt, code, eps, method_, global_scale) == "nvfp4":
+        check_global_scale(global_scale)
     # Zero points are None where they are all 0 by the formula: symmetric codes centred on 0.
     with_zps = not symmetric or bool(code.symmetric_zp)
     return code, scheme(x.shape, eager_axis(axis), group_size, block_size), with_zps

@@ -12,8 +12,9 @@ public functions ``gpuq.quantize``, ``gpuq.dequantize``, ``gpuq.choose_qparams``
 and ``gpuq.quantize_dynamic`` hand torch tensors to these ops (the hook in
 ``gpuq/_interop.py``), so a compiled function that calls them is one graph, and
 it returns what the eager call returns: torch tensors, fp8 as torch fp8
-tensors, int4/uint4 as a :class:`gpuq.Codes` whose ``data`` is the packed
-uint8 tensor, zero points None where the eager call gives None. Outside
+tensors, int4/uint4/fp4 as a :class:`gpuq.Codes` whose ``data`` is the packed
+uint8 tensor, fp6 as a uint8 tensor, zero points None where the eager call
+gives None; MX and NVFP4 scales (``global_scale=`` a number) as eagerly. Outside
 tracing, nothing changes: the eager call runs as before (``gpuq/_interop.py``).
 Scales and zero points may be torch tensors, NumPy arrays, Python numbers or
 lists; ``out=`` is a torch tensor (or the Codes of one), written through
@@ -50,9 +51,10 @@ from . import _interop, api, qparams
 from ._codes import Codes
 from ._codetypes import CODE_TYPES, as_code_type, code_type
 from ._dtypes import FLOAT_DTYPES, as_dtype
+from ._nvfp4 import check_global_scale
 from ._params import check_saturate
 from ._qoptions import check_options
-from ._torch_ops import SCHEMAS, dtype_name_of, register, scheme
+from ._torch_ops import SCHEMAS, dtype_name_of, register, scheme, uint8_bytes
 
 __all__ = ["OPS", "SCHEMAS"]
 
@@ -183,57 +185,74 @@ def _out_dtype(out, default):
 
 
 def _as_codes(q, src, dtype):
-    """An op's codes as the eager call returns them: packed bytes (int4/uint4) as Codes."""
+    """An op's codes as the eager call returns them: packed bytes (int4/uint4/fp4) as Codes
+    (fp6 stays the uint8 tensor the eager call returns)."""
     code = code_type(dtype)
     return _codes(q, src.shape, code.name) if code is not None and code.storage == "packed" else q
+
+
+def _global_scale(gs):
+    """``global_scale`` as the schema's ``float?``: a Python float as it is (dynamo may trace it
+    as a symbolic float; the op's fake and kernel check its value), anything else (NumPy's
+    float32, a 0-d array) checked as the eager call checks it, as the float of the same value."""
+    if gs is None or type(gs) is float:
+        return gs
+    return float(check_global_scale(gs))
 
 
 # -- the four routes ---------------------------------------------------------------------------
 
 def _quantize(src, scales, zps=None, *, axis=None, group_size=None, block_size=None, dtype=None, out=None,
-              check_values=True, saturate=True):
+              check_values=True, saturate=True, global_scale=None):
     dtype = _dtype_name(dtype, as_code_type) if dtype is not None else _out_dtype(out, "int8")
-    check_saturate(saturate, as_code_type(dtype))  # the schema's bool would take 1 or None
+    code = as_code_type(dtype)
+    check_saturate(saturate, code)  # the schema's bool would take 1 or None
     q = torch.ops.gpuq.quantize(src, _param(scales, "scales"), _param(zps, "zps"), dtype=dtype,
                                 saturate=saturate, check_values=check_values,
+                                global_scale=_global_scale(global_scale),
                                 **_granularity(src, axis, group_size, block_size))
-    q = _as_codes(q, src, dtype)
-    return q if out is None else _into(out, q)
+    if out is None:
+        return _as_codes(q, src, dtype)
+    # fp6's out is the Codes of a uint8 tensor, as eagerly (a bare uint8 tensor means uint8 codes)
+    return _into(out, _codes(q, src.shape, code.name) if uint8_bytes(code) else q)
 
 
 def _dequantize(src, scales, zps=None, *, axis=None, group_size=None, block_size=None, dtype=None, out=None,
-                check_values=True):
+                check_values=True, global_scale=None):
     data, packed, shape = src, None, None
     if isinstance(src, Codes):
         code = CODE_TYPES[src.dtype]
-        if code.storage == "packed":
+        if uint8_bytes(code):  # packed int4/uint4/fp4, fp6: the bytes and their code dtype
             data, packed, shape = src.data, code.name, list(src.shape)
         else:  # fp8 bits: torch's fp8 tensor of them
             data = src.data.view(getattr(torch, code.torch))
     dtype = _dtype_name(dtype, _float_dtype) if dtype is not None else _out_dtype(out, "float32")
     y = torch.ops.gpuq.dequantize(data, _param(scales, "scales"), _param(zps, "zps"), packed=packed,
                                   shape=shape, dtype=dtype, check_values=check_values,
+                                  global_scale=_global_scale(global_scale),
                                   **_granularity(src, axis, group_size, block_size))
     return y if out is None else _into(out, y)
 
 
 def _choose_qparams(x, *, axis=None, group_size=None, block_size=None, dtype="int8", symmetric=None, eps=None,
-                    scale_dtype="float32", method="minmax", scale_rule=None):
+                    scale_dtype="float32", method="minmax", scale_rule=None, global_scale=None):
     # checked here as the eager call checks them: the schema's bool?/float? would take 1 or True
     symmetric, eps, scale_dtype, method = check_options(symmetric, eps, scale_dtype, method, scale_rule)
     scales, *zps = torch.ops.gpuq.choose_qparams(x, dtype=_dtype_name(dtype, as_code_type), symmetric=symmetric,
                                                  eps=eps, scale_dtype=scale_dtype, method=method,
-                                                 scale_rule=scale_rule,
+                                                 scale_rule=scale_rule, global_scale=_global_scale(global_scale),
                                                  **_granularity(x, axis, group_size, block_size))
     return scales, (zps[0] if zps else None)
 
 
 def _quantize_dynamic(x, *, axis=None, group_size=None, block_size=None, dtype="int8", symmetric=None,
-                      scale_dtype="float32", method="minmax", scale_rule=None):
+                      scale_dtype="float32", method="minmax", scale_rule=None, global_scale=None):
     dtype = _dtype_name(dtype, as_code_type)
     symmetric, _, scale_dtype, method = check_options(symmetric, None, scale_dtype, method, scale_rule)
     q, scales, *zps = torch.ops.gpuq.quantize_dynamic(x, dtype=dtype, symmetric=symmetric, scale_dtype=scale_dtype,
-                                                      method=method, scale_rule=scale_rule, **_granularity(x, axis, group_size, block_size))
+                                                      method=method, scale_rule=scale_rule,
+                                                      global_scale=_global_scale(global_scale),
+                                                      **_granularity(x, axis, group_size, block_size))
     return _as_codes(q, x, dtype), scales, (zps[0] if zps else None)
 
 

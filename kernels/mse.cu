@@ -27,6 +27,7 @@
 // Instantiated by name from Python (gpuq/backends/cuda/registry.py, mse_name), e.g.
 //   gpuq::mse_search<float, 0>      int8/uint8/int4/uint4 (qmin, qmax at launch)
 //   gpuq::mse_search<__half, 1>     fp8 e4m3fn (2: e5m2)
+//   gpuq::mse_search<float, 3>      fp4 e2m1 (4: fp6 e2m3, 5: fp6 e3m2)
 #include "qparams.cu"
 #include "formats.cu"
 
@@ -40,7 +41,7 @@ __device__ __forceinline__ double as_f64(double v) { return v; }
 
 // dequantize(quantize(v)) with one candidate, in the compute type TC. CODEC 0: the integer
 // codes, (q - zp) formed as the clamped rint (the zero point's bounds zlo/zhi: zero_point()'s
-// identity, contract.cuh); CODEC 1 / 2: fp8 e4m3fn / e5m2, saturating.
+// identity, contract.cuh); CODEC 1 / 2: fp8 e4m3fn / e5m2, saturating; 3 / 4 / 5: fp4 and fp6.
 template <int CODEC> struct MseCodec;
 template <> struct MseCodec<0> {
     template <typename TC>
@@ -63,6 +64,19 @@ template <int FMT> struct MseFp8 {
 };
 template <> struct MseCodec<1> : MseFp8<0> {};
 template <> struct MseCodec<2> : MseFp8<1> {};
+// CODEC 3 / 4 / 5: fp4 e2m1, fp6 e2m3, fp6 e3m2 (always saturating), quantize_fp4/fp6's element
+// operations (formats.cu): one division, the float32 quotient's nearest-even code, its value * s.
+template <int MFMT> struct MseMini {
+    template <typename TC>
+    __device__ __forceinline__ static TC round_trip(TC v, TC s, long long, long long) {
+        TC w;
+        widen_fp8_to(mini_to_f32<MFMT>(f32_to_mini<MFMT>(to_f32_rn(div_rn(v, s)))), w);
+        return mul_rn(w, s);
+    }
+};
+template <> struct MseCodec<3> : MseMini<0> {};
+template <> struct MseCodec<4> : MseMini<1> {};
+template <> struct MseCodec<5> : MseMini<2> {};
 
 template <typename T, int CODEC>
 __global__ void __launch_bounds__(256)

@@ -29,6 +29,7 @@ import pytest
 
 import gpuq
 from conftest import CUDA_MODE, _cuda_skip_reason
+from gpuq._codetypes import CODE_TYPES
 from gpuq._dtypes import FLOAT_DTYPES
 
 #: The one-byte integer codes of quantize.cu/dequantize.cu and their ranges.
@@ -118,7 +119,8 @@ def _cases() -> dict:
     # grid capped so that each warp searches several blocks in turn.
     for f in FLOAT_DTYPES:
         for codec in registry.MSE_CODECS:
-            code = [n for n, c in registry.FP8_FMT.items() if c + 1 == codec][0] if codec else ""
+            code = next((n for n in (*registry.FP8_FMT, *registry.MINI_FMT)
+                         if registry.mse_codec(CODE_TYPES[n]) == codec), "") if codec else ""
             cases[registry.mse_name(f, codec)] = Case("choose_qparams", f, np.dtype(np.uint8), block_cap=True,
                                                       shape=(2, 9, 70), block=(1, 4, 32), code=code,
                                                       method="mse")

@@ -1,7 +1,8 @@
 """fp4 (float4_e2m1fn, packed two per byte) and fp6 (float6_e2m3fn, float6_e3m2fn) codes with
 float32 scales, against independent references: ml_dtypes' round-to-nearest-even saturating
 casts of the quotient (NaN: the +0 code, gpuq's rule, where ml_dtypes gives 0x8/0x20) and
-onnx.reference's opset-23 QuantizeLinear/DequantizeLinear for fp4 with block scales.
+onnx.reference's opset-23/24 QuantizeLinear/DequantizeLinear for fp4 with float32 and e8m0
+(FLOAT8E8M0, MX) block scales; the op objects and Dask with these codes.
 
 Every half-way point of each grid and its float32 neighbours, saturation, +-0, NaN, +-Inf,
 subnormal scales; odd sizes, views, per-tensor/channel/group/block schemes; both host loops
@@ -181,33 +182,73 @@ def test_fp4_is_packed_as_int4():
         gpuq.quantize(x, 1.0, out=np.zeros(5, _ml("float4_e2m1fn")))
 
 
-def test_fp4_against_onnx_reference():
-    onnx = pytest.importorskip("onnx", minversion="1.18")
-    from onnx import TensorProto, helper
+def _onnx_run(node, inputs, out_type, out_shape, opset=23):
+    """One ONNX node through onnx.reference (``inputs``: name -> (TensorProto type, array))."""
+    pytest.importorskip("onnx", minversion="1.18")
+    from onnx import helper
     from onnx.reference import ReferenceEvaluator
+
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info(k, t, v.shape) for k, (t, v) in inputs.items()],
+                          [helper.make_tensor_value_info("y", out_type, out_shape)])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    with np.errstate(over="ignore"):  # its x / y_scale at the subnormal scale
+        return ReferenceEvaluator(model).run(None, {k: v for k, (_, v) in inputs.items()})[0]
+
+
+def test_fp4_against_onnx_reference():
+    pytest.importorskip("onnx", minversion="1.18")
+    from onnx import TensorProto, helper
 
     x = (RNG.standard_normal((6, 64)) * 4).astype(np.float32)
     x[0, :4] = [np.inf, -np.inf, -0.0, 0.0]  # NaN left out: the policies differ (module docstring)
     s = RNG.uniform(0.05, 2, (6, 4)).astype(np.float32)
     s[1, 0] = np.float32(2.0 ** -135)
 
-    def run(node, inputs, out_type, out_shape):
-        g = helper.make_graph([node], "g", [helper.make_tensor_value_info(k, t, v.shape) for k, (t, v) in inputs.items()],
-                              [helper.make_tensor_value_info("y", out_type, out_shape)])
-        model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 23)])
-        with np.errstate(over="ignore"):  # its x / y_scale at the subnormal scale
-            return ReferenceEvaluator(model).run(None, {k: v for k, (_, v) in inputs.items()})[0]
-
     qnode = helper.make_node("QuantizeLinear", ["x", "s"], ["y"], axis=1, block_size=16,
                              output_dtype=TensorProto.FLOAT4E2M1)
-    want = run(qnode, {"x": (TensorProto.FLOAT, x), "s": (TensorProto.FLOAT, s)}, TensorProto.FLOAT4E2M1, x.shape)
+    want = _onnx_run(qnode, {"x": (TensorProto.FLOAT, x), "s": (TensorProto.FLOAT, s)}, TensorProto.FLOAT4E2M1,
+                     x.shape)
     q = gpuq.quantize(x, s, axis=1, group_size=16, dtype="float4_e2m1fn")
     np.testing.assert_array_equal(_bits(q, "float4_e2m1fn").reshape(x.shape), want.view(np.uint8))
     dnode = helper.make_node("DequantizeLinear", ["q", "s"], ["y"], axis=1, block_size=16,
                              output_dtype=TensorProto.FLOAT)
-    ywant = run(dnode, {"q": (TensorProto.FLOAT4E2M1, want), "s": (TensorProto.FLOAT, s)}, TensorProto.FLOAT, x.shape)
+    ywant = _onnx_run(dnode, {"q": (TensorProto.FLOAT4E2M1, want), "s": (TensorProto.FLOAT, s)}, TensorProto.FLOAT,
+                      x.shape)
     y = gpuq.dequantize(q, s, axis=1, group_size=16)
     np.testing.assert_array_equal(y.view(np.uint32), ywant.view(np.uint32))
+
+
+@pytest.mark.parametrize("opset", [23, 24])
+@pytest.mark.parametrize("rule", ["floor", "even", "rceil"])
+def test_fp4_with_mx_scales_against_onnx_reference(opset, rule):
+    """MX: e8m0 scale bytes (FLOAT8E8M0) with FLOAT4E2M1 codes, blocks of 32, onnx.reference's
+    QuantizeLinear/DequantizeLinear against gpuq's scales as chosen: magnitudes from 2**-130 to
+    2**60, a zero block (byte 0x00: the scale 2**-127, a float32 subnormal), +-Inf, -0.0."""
+    pytest.importorskip("onnx", minversion="1.18")
+    from onnx import TensorProto, helper
+
+    x = (RNG.standard_normal((8, 96)) * 3).astype(np.float32)
+    x *= np.float32(2.0) ** np.float32([-130, -100, -20, -1, 0, 3, 30, 60])[:, None]
+    x[2, 32:64] = 0
+    x[3, :3] = [-0.0, 0.0, 5.5]
+    s, _ = gpuq.choose_qparams(x, axis=1, group_size=32, dtype="float4_e2m1fn", scale_dtype="float8_e8m0fnu",
+                               scale_rule=rule)
+    x[4, 5:7] = [np.inf, -np.inf]  # saturate to +-6 (choose_qparams refuses them: scales chosen before)
+    e8 = gpuq.e8m0_bytes(s).view(ml_dtypes.float8_e8m0fnu)
+    assert 0 in gpuq.e8m0_bytes(s)  # a 0x00 block is among them
+    qnode = helper.make_node("QuantizeLinear", ["x", "s"], ["y"], axis=1, block_size=32,
+                             output_dtype=TensorProto.FLOAT4E2M1)
+    want = _onnx_run(qnode, {"x": (TensorProto.FLOAT, x), "s": (TensorProto.FLOAT8E8M0, e8)},
+                     TensorProto.FLOAT4E2M1, x.shape, opset)
+    q = gpuq.quantize(x, s, axis=1, group_size=32, dtype="float4_e2m1fn")
+    np.testing.assert_array_equal(_bits(q, "float4_e2m1fn").reshape(x.shape), want.view(np.uint8))
+    for out, otype in (("float32", TensorProto.FLOAT), ("bfloat16", TensorProto.BFLOAT16)):
+        dnode = helper.make_node("DequantizeLinear", ["q", "s"], ["y"], axis=1, block_size=32, output_dtype=otype)
+        ywant = _onnx_run(dnode, {"q": (TensorProto.FLOAT4E2M1, want), "s": (TensorProto.FLOAT8E8M0, e8)}, otype,
+                          x.shape, opset)
+        y = gpuq.dequantize(q, gpuq.e8m0_scales(gpuq.e8m0_bytes(s)), axis=1, group_size=32, dtype=out)
+        np.testing.assert_array_equal(y.view(np.uint16 if out == "bfloat16" else np.uint32),
+                                      ywant.view(np.uint16 if out == "bfloat16" else np.uint32))
 
 
 @pytest.mark.parametrize("name", NAMES[1:])
@@ -222,6 +263,8 @@ def test_dask_fp6_as_fp8(name):
     np.testing.assert_array_equal(s.compute(), ws)
     y = gpuq.dequantize(da.from_array(want, chunks=(4, 32)), ws, axis=1, group_size=32).compute()
     np.testing.assert_array_equal(y, gpuq.dequantize(want, ws, axis=1, group_size=32))
+    op = gpuq.DynamicQuantize(qtype="per_group", group_shape=[1, 32], dtype=name)  # the op objects too
+    np.testing.assert_array_equal(op(d, ws).compute().view(np.uint8), want.view(np.uint8))
 
 
 def test_dask_refuses_packed_fp4_as_int4():
@@ -233,24 +276,23 @@ def test_dask_refuses_packed_fp4_as_int4():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_device_choose_qparams_as_the_host(backend, name):
-    """The CUDA min/max parameters equal the host's (e2m3's divisor 7.5 and the MSE search are
-    host-only: a TypeError on the device); quantize_dynamic is choose_qparams then quantize."""
+    """The CUDA parameters equal the host's, min/max and the MSE search (e2m3's divisor 7.5 is
+    handed to the kernels as the whole range of (-8, 7)); quantize_dynamic is choose_qparams
+    then quantize."""
     if backend.name != "cuda":
         pytest.skip("the device path; the host's is test_choose_qparams_and_quantize_dynamic")
     x = (RNG.standard_normal((5, 40)) * 3).astype(np.float32)
     x[1, 3] = np.nan
-    if name == "float6_e2m3fn":
-        with pytest.raises(TypeError, match="choose_qparams with float6_e2m3fn codes runs on host"):
-            gpuq.choose_qparams(backend.put(x), axis=1, group_size=32, dtype=name)
-        return
-    with pytest.raises(TypeError, match=f"method='mse' with {name} codes runs on host"):
-        gpuq.choose_qparams(backend.put(x), axis=1, group_size=32, dtype=name, method="mse")
-    want, _ = gpuq.choose_qparams(x, axis=1, group_size=32, dtype=name)
-    q, s, z = gpuq.quantize_dynamic(backend.put(x), axis=1, group_size=32, dtype=name)
-    np.testing.assert_array_equal(backend.get(s), want)
-    assert z is None
-    np.testing.assert_array_equal(_bits(q, name, backend),
-                                  _bits(gpuq.quantize(x, want, axis=1, group_size=32, dtype=name), name))
+    for method in ("minmax", "mse"):
+        want, _ = gpuq.choose_qparams(x, axis=1, group_size=32, dtype=name, method=method)
+        got, z = gpuq.choose_qparams(backend.put(x), axis=1, group_size=32, dtype=name, method=method)
+        np.testing.assert_array_equal(backend.get(got), want)
+        assert z is None
+        q, s, z = gpuq.quantize_dynamic(backend.put(x), axis=1, group_size=32, dtype=name, method=method)
+        np.testing.assert_array_equal(backend.get(s), want)
+        assert z is None
+        np.testing.assert_array_equal(_bits(q, name, backend),
+                                      _bits(gpuq.quantize(x, want, axis=1, group_size=32, dtype=name), name))
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -272,3 +314,29 @@ def test_torch_tensors_on_the_cpu(name):
     y = gpuq.dequantize(codes, 0.3)
     assert isinstance(y, torch.Tensor)
     np.testing.assert_array_equal(y.numpy(), gpuq.dequantize(want, 0.3))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_op_objects_take_fp4_fp6_codes(backend, name):
+    """The oneDNN-style op objects with fp4/fp6 codes and float32 scales give the functions' bits
+    (per channel, per group); they refuse saturate=False and non-zero zero points as the
+    functions do."""
+    x = (RNG.standard_normal((3, 40)) * 4).astype(np.float32)
+    x[0, :3] = [np.nan, np.inf, -0.0]
+    sc = RNG.uniform(0.2, 2, 3).astype(np.float32)
+    sg = RNG.uniform(0.2, 2, (3, 3)).astype(np.float32)
+    q = gpuq.Quantize(scales=sc, qtype="per_channel", axis=0, dtype=name)(backend.put(x))
+    want = gpuq.quantize(x, sc, axis=0, dtype=name)
+    np.testing.assert_array_equal(_bits(q, name, backend), _bits(want, name))
+    y = gpuq.Dequantize(scales=sc, qtype="per_channel", axis=0, dtype="bfloat16")(q)
+    np.testing.assert_array_equal(backend.get(y).view(np.uint16),
+                                  gpuq.dequantize(want, sc, axis=0, dtype="bfloat16").view(np.uint16))
+    qg = gpuq.DynamicQuantize(qtype="per_group", group_shape=[1, 16], dtype=name)(backend.put(x), backend.put(sg))
+    wantg = gpuq.quantize(x, sg, block_size=(1, 16), dtype=name)
+    np.testing.assert_array_equal(_bits(qg, name, backend), _bits(wantg, name))
+    yg = gpuq.DynamicDequantize(qtype="per_group", group_shape=[1, 16])(qg, backend.put(sg))
+    np.testing.assert_array_equal(backend.get(yg), gpuq.dequantize(wantg, sg, block_size=(1, 16)))
+    with pytest.raises(ValueError, match=f"saturate=False applies to fp8 codes only.*got it with {name} codes"):
+        gpuq.Quantize(scales=[1.0], dtype=name, saturate=False)
+    with pytest.raises(ValueError, match="must be None or all 0"):
+        gpuq.Quantize(scales=[1.0], zps=[2], dtype=name)(backend.put(x))

@@ -29,7 +29,8 @@ TINY = np.finfo(np.float32).tiny
 #: (qmin, qmax, divisor of a symmetric scale, symmetric zero point or None) of each code dtype.
 CODES = {"int8": (-128, 127, 127, None), "uint8": (0, 255, 127, 128), "int4": (-8, 7, 7, None),
          "uint4": (0, 15, 7, 8), "float8_e4m3fn": (-448, 448, 448, None),
-         "float8_e5m2": (-57344, 57344, 57344, None)}
+         "float8_e5m2": (-57344, 57344, 57344, None), "float4_e2m1fn": (-6, 6, 6, None),
+         "float6_e2m3fn": (-7.5, 7.5, 7.5, None), "float6_e3m2fn": (-28, 28, 28, None)}
 ROUND = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 FACTORS = [np.float32((100 - i) / 100) for i in range(20)]
 
@@ -69,7 +70,7 @@ def _error(values, s, z, dtype, ct):
     qmin, qmax, _, _ = CODES[dtype]
     v = values.astype(ct)
     sc = ct.type(s)
-    if dtype.startswith("float8"):
+    if dtype.startswith("float"):  # fp8, fp6, fp4: ml_dtypes' nearest-even cast of the clipped quotient
         t = np.clip((v / sc).astype(np.float32), -qmax, qmax)
         y = t.astype(getattr(ml_dtypes, dtype)).astype(ct) * sc
     else:
@@ -85,7 +86,7 @@ def naive(x, axis=None, group_size=None, block=None, dtype="int8", symmetric=Fal
           eps=None):
     """The search, one block at a time (see the module docstring): ``(scales, zps, errors)``,
     ``errors`` the ``(blocks, 20)`` float64 error of every candidate (NaN for a left-out one)."""
-    symmetric = symmetric or dtype.startswith("float8")
+    symmetric = symmetric or dtype.startswith("float")
     eps = np.float32((2.0**-24 if scale_dtype == "float16" else TINY) if eps is None else eps)
     ct = np.dtype(np.float64) if x.dtype == np.float64 else np.dtype(np.float32)
     bshape = _block_shape(x.shape, axis, group_size, block)
@@ -107,7 +108,7 @@ def naive(x, axis=None, group_size=None, block=None, dtype="int8", symmetric=Fal
         errors.append(errs)
     pshape = _param_shape(x.shape, axis, group_size, block, grid)
     s = np.array(scales, np.float32).reshape(pshape)
-    no_zps = dtype.startswith("float8") or (symmetric and CODES[dtype][3] is None)
+    no_zps = dtype.startswith("float") or (symmetric and CODES[dtype][3] is None)
     return s, None if no_zps else np.array(zps, np.int32).reshape(pshape), np.array(errors)
 
 
@@ -184,6 +185,39 @@ def test_float_dtypes_and_scale_dtypes(backend, fdtype, scale_dtype):
         kw = dict(axis=1, group_size=16, dtype=dtype, symmetric=sym, scale_dtype=scale_dtype)
         want = naive(x, 1, 16, None, dtype, sym, scale_dtype)
         _same(gpuq.choose_qparams(backend.put(x), method="mse", **kw), want)
+
+
+@pytest.mark.parametrize("dtype", ["float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn"])
+def test_fp4_fp6_with_each_scale_dtype(backend, dtype):
+    """fp4/fp6 codes (issue 37) by the same rule: symmetric candidates max|x| * p_i / max
+    (e2m3: / 7.5), float32, bfloat16 and float16 scales, codes by ml_dtypes' cast; float32,
+    bfloat16 and float64 data; a ragged group, a 2-D block and per channel."""
+    x = _data((5, 45), "outliers", 17)
+    for fdtype, scale_dtype, kw in ((np.float32, "float32", dict(axis=1, group_size=16)),
+                                    (ml_dtypes.bfloat16, "bfloat16", dict(block_size=(2, 32))),
+                                    (np.float64, "float16", dict(axis=0))):
+        xs = x.astype(fdtype)
+        if scale_dtype == "float16":
+            xs = (xs * 1e-3).astype(fdtype)  # scales among float16's subnormals
+        want = naive(xs, kw.get("axis"), kw.get("group_size"), kw.get("block_size"), dtype, True, scale_dtype)
+        _same(gpuq.choose_qparams(backend.put(xs), method="mse", dtype=dtype, scale_dtype=scale_dtype, **kw), want)
+        q, s, z = gpuq.quantize_dynamic(backend.put(xs), method="mse", dtype=dtype, scale_dtype=scale_dtype, **kw)
+        ref = gpuq.quantize(xs, want[0], dtype=dtype, **kw)
+        got, ref = (c.data if isinstance(c, gpuq.Codes) else c for c in (q, ref))  # CuPy's fp6: Codes
+        assert z is None
+        np.testing.assert_array_equal(np.asarray(backend.get(got)).view(np.uint8), np.asarray(ref).view(np.uint8))
+
+
+def test_mse_with_rule_scale_dtypes_is_refused():
+    """MX (e8m0) and NVFP4 (e4m3) scales come from their rules; the search is not offered there."""
+    x = np.ones((2, 32), np.float32)
+    with pytest.raises(ValueError, match="method='mse' with scale_dtype='float8_e8m0fnu' is not supported"):
+        gpuq.choose_qparams(x, axis=1, group_size=32, dtype="float4_e2m1fn", scale_dtype="float8_e8m0fnu",
+                            method="mse")
+    with pytest.raises(ValueError, match="scale_dtype='float8_e4m3fn' \\(NVFP4\\) takes float4_e2m1fn codes, "
+                                         "method='minmax'.*got float4_e2m1fn codes, method='mse'"):
+        gpuq.quantize_dynamic(x, axis=1, group_size=16, dtype="float4_e2m1fn", scale_dtype="float8_e4m3fn",
+                              global_scale=1.0, method="mse")
 
 
 def test_a_candidate_whose_scale_rounds_to_zero_is_left_out(backend):

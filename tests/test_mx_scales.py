@@ -148,13 +148,6 @@ def test_e8m0_bytes_and_scales():
         gpuq.dequantize(np.int8([1]).view(ml_dtypes.float8_e4m3fn), gpuq.e8m0_scales(np.uint8([255])))
 
 
-def test_torch_ops_refuse_mx_scales():
-    from gpuq._qoptions import check_options
-
-    with pytest.raises(ValueError, match="not in the torch ops in this version"):
-        check_options(None, None, E8M0, "minmax")
-
-
 # --- compressed-tensors 0.20 (the bytes llm-compressor writes and vLLM serves) ------------------------
 
 def _ct():

@@ -88,6 +88,39 @@ def test_one_graph_with_the_bits_of_eager_and_numpy():
     assert (bits(x), bits(xb)) == before  # inputs never written
 
 
+def _fp4_fp6(x, xb, gs):
+    """fp4 with MX and NVFP4 scales, fp6 with float32 and MSE scales (issue 37), quantized and
+    dequantized (fp6 codes read back through a gpuq.Codes naming the type)."""
+    qm, sm, _ = gpuq.quantize_dynamic(x, axis=1, group_size=32, dtype="float4_e2m1fn", scale_dtype="float8_e8m0fnu")
+    qn, sn, _ = gpuq.quantize_dynamic(xb, axis=1, group_size=16, dtype="float4_e2m1fn",
+                                      scale_dtype="float8_e4m3fn", global_scale=gs)
+    s6, _ = gpuq.choose_qparams(x, axis=0, dtype="float6_e3m2fn", method="mse")
+    q6 = gpuq.quantize(x, s6, axis=0, dtype="float6_e3m2fn")
+    q2 = gpuq.quantize(xb, _S10[:1] * 2, dtype="float6_e2m3fn")
+    c6 = q6 if isinstance(q6, np.ndarray) else gpuq.Codes(q6, tuple(q6.shape), "float6_e3m2fn")  # torch: uint8
+    return (qm, sm, qn, sn, s6, q6, q2,
+            gpuq.dequantize(qm, sm, axis=1, group_size=32, dtype="bfloat16"),
+            gpuq.dequantize(qn, sn, axis=1, group_size=16, global_scale=gs),
+            gpuq.dequantize(c6, s6, axis=0))
+
+
+def test_fp4_fp6_one_graph_with_the_bits_of_eager_and_numpy():
+    x = _x((6, 64))
+    xb = (_x((6, 64), seed=1) * 4).to(torch.bfloat16)
+    gs = float(gpuq.global_scale(xb))
+    rec = Recorder()
+    got = torch.compile(_fp4_fp6, fullgraph=True, backend=rec)(x, xb, gs)
+    assert len(rec.graphs) == 1
+    assert rec.gpuq_ops() == ["choose_qparams", "dequantize", "quantize", "quantize_dynamic"]
+    same(got, _fp4_fp6(x, xb, gs))
+    assert isinstance(got[0], gpuq.Codes) and got[0].dtype == "float4_e2m1fn" and got[5].dtype == torch.uint8
+    numpy = _fp4_fp6(x.numpy(), as_numpy(xb), gs)
+    # NumPy's fp6 codes are ml_dtypes arrays; torch's the uint8 tensor of the same bytes.
+    numpy = tuple(n.view(np.uint8) if isinstance(n, np.ndarray) and n.dtype.name.startswith("float6") else n
+                  for n in numpy)
+    same(as_numpy(got), numpy)
+
+
 @pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")  # the eager path's
 def test_without_the_ops_dynamo_breaks_the_graph():
     """The control, measured with torch._dynamo.explain: the eager call is opaque to dynamo

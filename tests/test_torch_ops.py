@@ -115,7 +115,7 @@ def test_a_keyword_appended_to_a_schema_keeps_saved_programs_running():
             return getattr(torch.ops, ns).quantize(x, torch.tensor(0.5), axis=[0], dtype="int8")
 
     x, today = _x((3,)), gpuq.torch.SCHEMAS["quantize"]
-    before = today.replace(", int[]? block_size=None) -> Tensor", ") -> Tensor")
+    before = today.split(", int[]? block_size=None")[0] + ") -> Tensor"  # before block_size (and what came after it)
     assert before != today
     define(before)
     buf = io.BytesIO()
@@ -254,6 +254,107 @@ def test_each_op_gives_the_numpy_calls_bits(i):
     same(got, want)
 
 
+def _fp4_fp6_cases():
+    """fp4/fp6 codes with float32 scales, MX (e8m0) and NVFP4 (e4m3 + global_scale) scales (issue 37)."""
+    x, xb = _x((4, 40)), _x((3, 33), torch.bfloat16, 2)
+    s4, sb = torch.rand(4, 2) + 0.1, torch.rand(3) + 0.1
+    f4 = torch.ops.gpuq.quantize(x, s4, axis=[1], group_size=32, dtype="float4_e2m1fn")
+    f6 = torch.ops.gpuq.quantize(xb, sb, axis=[0], dtype="float6_e3m2fn")
+    gs = float(gpuq.global_scale(x.numpy()))
+    sn = torch.ops.gpuq.choose_qparams(x, axis=[1], group_size=16, dtype="float4_e2m1fn",
+                                       scale_dtype="float8_e4m3fn", global_scale=gs)[0]
+    fn = torch.ops.gpuq.quantize(x, sn, axis=[1], group_size=16, dtype="float4_e2m1fn", global_scale=gs)
+    return [
+        ("quantize", (x, s4), dict(axis=[1], group_size=32, dtype="float4_e2m1fn")),
+        ("quantize", (xb, sb), dict(axis=[0], dtype="f6_e3m2")),
+        ("quantize", (_x((5, 7)), torch.tensor(0.3)), dict(dtype="float6_e2m3fn")),
+        ("quantize", (x, sn), dict(axis=[1], group_size=16, dtype="float4_e2m1fn", global_scale=gs)),
+        ("dequantize", (f4, s4), dict(axis=[1], group_size=32, packed="float4_e2m1fn", shape=[4, 40],
+                                      dtype="bfloat16")),
+        ("dequantize", (f6, sb), dict(axis=[0], packed="float6_e3m2fn", dtype="float16")),
+        ("dequantize", (f6, sb), dict(axis=[0], packed="float6_e3m2fn", shape=[3, 33])),
+        ("dequantize", (fn, sn), dict(axis=[1], group_size=16, packed="float4_e2m1fn", shape=[4, 40],
+                                      global_scale=gs)),
+        ("choose_qparams", (xb,), dict(axis=[1], group_size=32, dtype="float6_e2m3fn")),
+        ("choose_qparams", (x,), dict(axis=[1], group_size=32, dtype="float4_e2m1fn", scale_dtype="float8_e8m0fnu",
+                                      scale_rule="rceil")),
+        ("choose_qparams", (xb,), dict(axis=[1], group_size=16, dtype="float4_e2m1fn", scale_dtype="float8_e4m3fn",
+                                       global_scale=gs)),
+        ("choose_qparams", (x,), dict(axis=[0], dtype="float6_e3m2fn", method="mse", scale_dtype="bfloat16")),
+        ("quantize_dynamic", (x,), dict(axis=[1], group_size=32, dtype="float4_e2m1fn",
+                                        scale_dtype="float8_e8m0fnu")),
+        ("quantize_dynamic", (xb,), dict(axis=[1], group_size=32, dtype="float6_e2m3fn",
+                                         scale_dtype="float8_e8m0fnu", scale_rule="floor")),
+        ("quantize_dynamic", (x,), dict(axis=[1], group_size=16, dtype="float4_e2m1fn", scale_dtype="float8_e4m3fn",
+                                        global_scale=gs)),
+        ("quantize_dynamic", (xb,), dict(axis=[0], dtype="float4_e2m1fn", method="mse", scale_dtype="float16")),
+    ]
+
+
+@pytest.mark.parametrize("i", range(16))
+def test_opcheck_fp4_fp6(i):
+    name, args, kwargs = _fp4_fp6_cases()[i]
+    torch.library.opcheck(getattr(torch.ops.gpuq, name).default, args, kwargs, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("i", range(16))
+def test_each_fp4_fp6_op_gives_the_numpy_calls_bits(i):
+    """The op's tensors are the NumPy call's bits: fp4 its packed bytes, fp6 the bytes of its
+    ml_dtypes array (read back through a gpuq.Codes naming the type), scales exactly."""
+    name, args, kwargs = _fp4_fp6_cases()[i]
+    got = getattr(torch.ops.gpuq, name)(*args, **kwargs)
+    kw = _eager_kwargs(kwargs)
+    packed, shape = kw.pop("packed", None), kw.pop("shape", None)
+    np_args = [host(a.detach()) for a in args]
+    if packed is not None:
+        np_args[0] = gpuq.Codes(np_args[0], tuple(np_args[0].shape if shape is None else shape), packed)
+    want = getattr(gpuq, name)(*np_args, **kw)
+
+    def raw(w):  # the graph's tensor of an eager NumPy result
+        if isinstance(w, gpuq.Codes):
+            return w.data
+        return w.view(np.uint8) if w.dtype.name.startswith("float6") else w
+
+    want = tuple(raw(w) for w in want if w is not None) if isinstance(want, tuple) else raw(want)
+    same(tuple(got) if isinstance(got, list) else got, want)
+
+
+def test_fp6_bytes_are_checked_as_codes_checks_them():
+    """packed= names fp6 codes too (one uint8 byte per code, shape= optional and src's); the fake
+    and the kernel refuse what gpuq.Codes refuses, with its words."""
+    codes = torch.zeros(4, 6, dtype=torch.uint8)
+    for kwargs in (dict(packed="float6_e2m3fn", shape=[6, 4]), dict(packed="float6_e2m3fn", shape=[24])):
+        eager = _error(gpuq.Codes, codes, tuple(kwargs["shape"]), "float6_e2m3fn")
+        assert _error(torch.ops.gpuq.dequantize, codes, torch.tensor(0.5), **kwargs) == eager
+        with FakeTensorMode() as mode:
+            assert _error(torch.ops.gpuq.dequantize, mode.from_tensor(codes), torch.tensor(0.5), **kwargs) == eager
+    eager = _error(gpuq.Codes, codes.to(torch.int8), (4, 6), "float6_e3m2fn")
+    assert _error(torch.ops.gpuq.dequantize, codes.to(torch.int8), torch.tensor(0.5), packed="float6_e3m2fn") == eager
+    with pytest.raises(ValueError, match="packed must be one of int4, uint4, float4_e2m1fn, float6_e2m3fn, "
+                                         "float6_e3m2fn .*got 'float8_e4m3fn'"):
+        torch.ops.gpuq.dequantize(codes, torch.tensor(0.5), packed="float8_e4m3fn")
+
+
+def test_fp6_codes_under_tracing_are_the_eager_calls():
+    """The public calls on fake tensors: fp6 codes come back as a uint8 tensor and dequantize reads
+    the gpuq.Codes of one, as eagerly; NVFP4's global_scale goes through as a number."""
+    x = _x((4, 32))
+    q = gpuq.quantize(x, 0.25, dtype="float6_e2m3fn")
+    assert q.dtype == torch.uint8 and q.shape == (4, 32)
+    gs = gpuq.global_scale(x)  # torch tensors (CPU here) read as the NumPy call reads them
+    assert gs == gpuq.global_scale(x.numpy())
+    assert gpuq.global_scale(x.to(torch.bfloat16)) == gpuq.global_scale(host(x.to(torch.bfloat16)))
+    with FakeTensorMode() as mode:
+        xf = mode.from_tensor(x)
+        qf = gpuq.quantize(xf, 0.25, dtype="float6_e2m3fn")
+        assert (qf.dtype, qf.shape) == (torch.uint8, (4, 32))
+        y = gpuq.dequantize(gpuq.Codes(qf, (4, 32), "float6_e2m3fn"), 0.25, dtype="bfloat16")
+        assert (y.dtype, y.shape) == (torch.bfloat16, (4, 32))
+        qn, sn, zn = gpuq.quantize_dynamic(xf, axis=1, group_size=16, dtype="float4_e2m1fn",
+                                           scale_dtype="float8_e4m3fn", global_scale=gs)
+        assert isinstance(qn, gpuq.Codes) and qn.data.shape == (64,) and sn.shape == (4, 2) and zn is None
+
+
 def test_outputs_never_require_grad():
     w = torch.nn.Parameter(_x())
     s = torch.nn.Parameter(torch.rand(6) + 0.1)
@@ -345,6 +446,8 @@ def _error_cases():
     x, s6, z6 = _x(), torch.rand(6) + 0.1, torch.zeros(6, dtype=torch.int32)
     q = gpuq.quantize(x, s6, axis=1)
     c = gpuq.quantize(x, s6, axis=1, dtype="int4")
+    c4 = gpuq.quantize(x, 0.5, dtype="float4_e2m1fn")
+    f6 = gpuq.Codes(gpuq.quantize(x, s6, axis=1, dtype="float6_e2m3fn"), (4, 6), "float6_e2m3fn")
     return [
         (gpuq.quantize, (x, torch.rand(5) + 0.1), dict(axis=1)),
         (gpuq.quantize, (x, s6, torch.zeros(3, dtype=torch.int32)), dict(axis=1)),
@@ -378,6 +481,17 @@ def _error_cases():
         (gpuq.quantize, (x, 0.5), dict(saturate=1)),
         (gpuq.quantize_dynamic, (x,), dict(symmetric=0)),
         (gpuq.quantize, (x, np.True_), {}),
+        # fp4/fp6 codes, MX and NVFP4 scales (issue 37)
+        (gpuq.quantize, (x, 0.5), dict(dtype="float4_e2m1fn", global_scale=-1.0)),
+        (gpuq.quantize, (x, 0.5), dict(dtype="int8", global_scale=2.0)),
+        (gpuq.quantize, (x, 0.5), dict(dtype="float6_e3m2fn", saturate=False)),
+        (gpuq.dequantize, (f6, torch.rand(5) + 0.1), dict(axis=1)),
+        (gpuq.dequantize, (c4, 0.5), dict(global_scale="gs")),
+        (gpuq.choose_qparams, (x,), dict(dtype="float4_e2m1fn", scale_dtype="float8_e4m3fn")),
+        (gpuq.choose_qparams, (x,), dict(dtype="float6_e2m3fn", scale_dtype="float8_e8m0fnu", method="mse")),
+        (gpuq.choose_qparams, (x,), dict(dtype="int4", scale_dtype="float8_e8m0fnu")),
+        (gpuq.quantize_dynamic, (x,), dict(dtype="float4_e2m1fn", scale_dtype="float8_e4m3fn", global_scale=0.0)),
+        (gpuq.quantize_dynamic, (x,), dict(dtype="float4_e2m1fn", scale_dtype="float8_e8m0fnu", scale_rule="up")),
     ]
 
 
@@ -392,7 +506,7 @@ def _fake(mode, a):
         gpuq.Codes(mode.from_tensor(a.data), a.shape, a.dtype) if isinstance(a, gpuq.Codes) else a)
 
 
-@pytest.mark.parametrize("i", range(31))
+@pytest.mark.parametrize("i", range(41))
 def test_fake_tensors_raise_the_eager_calls_error(i):
     """The public call on fake tensors (what torch.export's tracing does) goes through the op's
     fake implementation and raises what the eager call on real tensors raises, word for word."""
@@ -405,7 +519,7 @@ def test_fake_tensors_raise_the_eager_calls_error(i):
 
 
 def test_the_error_cases_are_all_run():
-    assert len(_error_cases()) == 31
+    assert len(_error_cases()) == 41
 
 
 @pytest.mark.parametrize("zps", [np.int32(3), [np.int64(1), 2, np.uint8(3), 4, 5, 6]])

@@ -24,13 +24,19 @@ from .launch import StreamReaders, as_cupy, cupy_module, device_id
 _U8 = np.dtype(np.uint8)
 
 
-def _no_device_search(code, method) -> None:
-    """fp4/fp6 on the device: quantize, dequantize and min/max parameters have kernels; the MSE
-    search and e2m3's min/max (a divisor of 7.5 the parameter kernel does not take) do not yet."""
-    if code.codec == "float8" and code.bits < 8 and (method == "mse" or code.qmax != int(code.qmax)):
-        what = "method='mse'" if method == "mse" else "choose_qparams"
-        raise TypeError(f"{what} with {code.name} codes runs on host (NumPy) arrays in this version "
-                        f"of gpuq, got a device array: copy it to the host")
+def kernel_range(code, symmetric):
+    """``(qmin, qmax, symmetric)`` as the parameter kernels take them (int32 code bounds, and
+    ``symmetric`` 1, or 2 for "the whole range": scale ``max|x| / ((qmax - qmin) / 2)`` exact).
+    A float code whose largest value is no integer (e2m3's 7.5) is stated by bounds whose exact
+    half range it is: ``(-8, 7, 2)``, ``15 / 2 = 7.5``; there is no zero point either way.
+
+    >>> from gpuq._codetypes import CODE_TYPES
+    >>> kernel_range(CODE_TYPES["float6_e2m3fn"], True), kernel_range(CODE_TYPES["float4_e2m1fn"], True)
+    ((-8, 7, 2), (-6, 6, True))
+    """
+    if code.qmax == int(code.qmax):
+        return int(code.qmin), int(code.qmax), symmetric
+    return -int(code.qmax) - 1, int(code.qmax), 2
 
 
 class CudaBackend:
@@ -172,10 +178,10 @@ class CudaBackend:
 
     @staticmethod
     def choose_qparams(code, x, scheme, symmetric, eps, scale_dtype, method):
-        _no_device_search(code, method)
+        qmin, qmax, symmetric = kernel_range(code, symmetric)
         if method == "mse":
-            return mse.choose_qparams(x, scheme, code, symmetric, eps, scale_dtype)
-        return qparams.choose_qparams(x, scheme, code.qmin, code.qmax, symmetric, eps, scale_dtype)
+            return mse.choose_qparams(x, scheme, code, qmin, qmax, symmetric, eps, scale_dtype)
+        return qparams.choose_qparams(x, scheme, qmin, qmax, symmetric, eps, scale_dtype)
 
     @staticmethod
     def quantize_dynamic(code, x, scheme, symmetric, eps, scale_dtype):

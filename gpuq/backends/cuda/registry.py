@@ -288,16 +288,18 @@ def _formats_groups() -> list:
 # --- mse.cu: the MSE search for scales (gpuq.backends.cuda.mse launches these) ---------------------
 
 #: The kernels' CODEC template argument: 0 for the integer codes (their range is a launch
-#: argument), 1 + ``FP8_FMT`` for fp8.
-MSE_CODECS = (0, 1, 2)
+#: argument), 1 + ``FP8_FMT`` for fp8, 3 + ``MINI_FMT`` for fp4 and fp6.
+MSE_CODECS = (0, 1, 2, 3, 4, 5)
 
 
 def mse_codec(code) -> int:
     """The ``CODEC`` of a code type's row (kernels/mse.cu).
 
-    >>> mse_codec(CODE_TYPES["int4"]), mse_codec(CODE_TYPES["float8_e5m2"])
-    (0, 2)
+    >>> mse_codec(CODE_TYPES["int4"]), mse_codec(CODE_TYPES["float8_e5m2"]), mse_codec(CODE_TYPES["float6_e2m3fn"])
+    (0, 2, 4)
     """
+    if code.name in MINI_FMT:
+        return 3 + MINI_FMT[code.name]
     return 1 + FP8_FMT[code.name] if code.codec == "float8" else 0
 
 
@@ -314,7 +316,7 @@ def mse_names() -> list:
     """Every name expression of ``mse.cu``.
 
     >>> len(mse_names())
-    12
+    24
     """
     return [mse_name(f, c) for f in _FLOATS for c in MSE_CODECS]
 
