@@ -65,13 +65,13 @@ template <int FMT> struct MseFp8 {
 template <> struct MseCodec<1> : MseFp8<0> {};
 template <> struct MseCodec<2> : MseFp8<1> {};
 // CODEC 3 / 4 / 5: fp4 e2m1, fp6 e2m3, fp6 e3m2 (always saturating), quantize_fp4/fp6's element
-// operations (formats.cu): one division, the float32 quotient's nearest-even code, its value * s.
+// operations (formats.cu): one division (Divisor), the quotient's nearest-even code, its value * s.
 template <int MFMT> struct MseMini {
     template <typename TC>
-    __device__ __forceinline__ static TC round_trip(TC v, TC s, long long, long long) {
+    __device__ __forceinline__ static TC round_trip(TC v, const Divisor<TC>& s, long long, long long) {
         TC w;
-        widen_fp8_to(mini_to_f32<MFMT>(f32_to_mini<MFMT>(to_f32_rn(div_rn(v, s)))), w);
-        return mul_rn(w, s);
+        widen_fp8_to(mini_to_f32<MFMT>(f32_to_mini<MFMT>(to_f32_rn(s(v)))), w);
+        return mul_rn(w, s.s);
     }
 };
 template <> struct MseCodec<3> : MseMini<0> {};
