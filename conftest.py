@@ -12,4 +12,5 @@ only (``tests/conftest.py``), and the doctests lose those modules.
 from gpuq.backends.host import choice
 
 collect_ignore = [] if choice.available() else ["gpuq/backends/host/loops.py",
-                                                  "gpuq/backends/host/mse_loops.py"]
+                                                  "gpuq/backends/host/mse_loops.py",
+                                                  "gpuq/backends/host/weight_pass.py"]

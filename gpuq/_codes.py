@@ -149,7 +149,8 @@ class Codes:
 def _is_uint8(dt) -> bool:
     """Whether ``dt`` is the uint8 of NumPy, CuPy, Dask (NumPy dtypes) or torch."""
     torch = sys.modules.get("torch")
-    if torch is not None and isinstance(dt, torch.dtype):  # first: dynamo traces no caught TypeError
+    torch_dtype = getattr(torch, "dtype", None)  # None: no torch, or a stand-in module without dtypes
+    if torch_dtype is not None and isinstance(dt, torch_dtype):  # first: dynamo traces no caught TypeError
         return dt == torch.uint8
     try:
         return np.dtype(dt) == np.uint8

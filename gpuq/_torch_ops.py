@@ -178,7 +178,7 @@ def uint8_bytes(code) -> bool:
     >>> [name for name, row in CODE_TYPES.items() if uint8_bytes(row)]
     ['int4', 'uint4', 'float4_e2m1fn', 'float6_e2m3fn', 'float6_e3m2fn']
     """
-    return code.torch == "uint8" and code.name != "uint8"
+    return not code.torch_native  # their bytes travel as uint8 tensors (int4, fp4 packed; fp6)
 
 
 def _check_global_scale(global_scale, code):

@@ -9,6 +9,10 @@
 
 namespace gpuq {
 
+// The exact divisor of a scale (contract.cuh, which the kernels include first; the traversal
+// harness of tests/test_kernels_compile.py includes this file alone and never quantizes).
+template <typename TC> struct Divisor;
+
 // The scale (and zero point) of the element being processed, reloaded by
 // for_each_unit only when the map says the parameter index changed. Shared by
 // the quantize and dequantize ops, which add their operator().
