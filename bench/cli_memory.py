@@ -36,6 +36,11 @@ import time
 
 import numpy as np
 
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.llama_folder import llama_tensors  # noqa: E402
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIB = 2**20
 
@@ -55,19 +60,7 @@ def layout(dtype: str, total_mb: float) -> dict:
     embed = vocab * hidden * item
     per_layer = (4 * hidden * hidden + 3 * hidden * mlp + 2 * hidden) * item
     layers = max(1, round((total_mb * 1e6 - 2 * embed) / per_layer))
-    t = {"model.embed_tokens.weight": (vocab, hidden)}
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            t[p + f"self_attn.{name}.weight"] = (hidden, hidden)
-        t[p + "mlp.gate_proj.weight"] = (mlp, hidden)
-        t[p + "mlp.up_proj.weight"] = (mlp, hidden)
-        t[p + "mlp.down_proj.weight"] = (hidden, mlp)
-        t[p + "input_layernorm.weight"] = (hidden,)
-        t[p + "post_attention_layernorm.weight"] = (hidden,)
-    t["model.norm.weight"] = (hidden,)
-    t["lm_head.weight"] = (vocab, hidden)
-    return t
+    return llama_tensors(hidden, mlp, vocab, layers)
 
 
 def generate(path: str, dtype: str, shapes: dict, seed: int = 0) -> None:
