@@ -40,7 +40,7 @@ namespace gpuq {
 
 template <int FMT> struct Fp8;
 template <> struct Fp8<0> {
-    static constexpr int mbits = 3, bias = 7;
+    static constexpr int bits = 8, mbits = 3, bias = 7;
     static constexpr unsigned min_normal = 0x3c800000u;  // 2^-6 as float32 bits
     static constexpr unsigned max_bits = 0x43e00000u;    // 448
     static constexpr unsigned max_code = 0x7e;
@@ -51,7 +51,7 @@ template <> struct Fp8<0> {
     static constexpr float sub_scale = 512.0f;  // 2^9: fp8 subnormal step 2^-9
 };
 template <> struct Fp8<1> {
-    static constexpr int mbits = 2, bias = 15;
+    static constexpr int bits = 8, mbits = 2, bias = 15;
     static constexpr unsigned min_normal = 0x38800000u;  // 2^-14
     static constexpr unsigned max_bits = 0x47600000u;    // 57344
     static constexpr unsigned max_code = 0x7b;
@@ -124,12 +124,13 @@ __device__ __forceinline__ unsigned char f32_to_fp8_satfinite(float t) {
 }
 #endif
 
-// e4m3 bits other than NaN -> float32 in integer operations, exactly: the decode before sm_89
-// and the reference bench/gpu_conformance.py holds the hardware's decode to.
-__device__ __forceinline__ float e4m3_to_f32_soft(unsigned char b) {
-    using F = Fp8<0>;
-    const unsigned sign = static_cast<unsigned>(b & 0x80u) << 24;
-    const unsigned e = (b & 0x7fu) >> F::mbits;
+// Sign-magnitude float bits of format F (fp8's e4m3, fp4/fp6; no NaN or Inf code among the
+// bits given) -> float32 in integer operations, exactly; the bits above F::bits are not read.
+template <typename F>
+__device__ __forceinline__ float sign_magnitude_to_f32(unsigned b) {
+    constexpr unsigned top = 1u << (F::bits - 1);
+    const unsigned sign = (b & top) ? 0x80000000u : 0u;
+    const unsigned e = (b & (top - 1u)) >> F::mbits;
     const unsigned m = b & ((1u << F::mbits) - 1u);
     if (e != 0) return __uint_as_float(sign | ((e + 127u - F::bias) << 23) | (m << (23 - F::mbits)));
     // Subnormal (or zero): m times the step, both exact in float32.
@@ -137,6 +138,12 @@ __device__ __forceinline__ float e4m3_to_f32_soft(unsigned char b) {
     to_compute_rn(static_cast<long long>(m), v);
     v = mul_rn(v, 1.0f / F::sub_scale);
     return __uint_as_float(__float_as_uint(v) | sign);
+}
+
+// e4m3 bits other than NaN -> float32: the decode before sm_89 and the reference
+// bench/gpu_conformance.py holds the hardware's decode to.
+__device__ __forceinline__ float e4m3_to_f32_soft(unsigned char b) {
+    return sign_magnitude_to_f32<Fp8<0>>(b);
 }
 
 #if __CUDA_ARCH__ >= 890
@@ -482,16 +489,7 @@ __device__ __forceinline__ unsigned char f32_to_mini(float t) {
 // fp4/fp6 bits -> float32, exactly (the bits above the code's are not read).
 template <int MFMT>
 __device__ __forceinline__ float mini_to_f32(unsigned b) {
-    using F = Mini<MFMT>;
-    constexpr unsigned top = 1u << (F::bits - 1);
-    const unsigned sign = (b & top) ? 0x80000000u : 0u;
-    const unsigned e = (b & (top - 1u)) >> F::mbits;
-    const unsigned m = b & ((1u << F::mbits) - 1u);
-    if (e != 0) return __uint_as_float(sign | ((e + 127u - F::bias) << 23) | (m << (23 - F::mbits)));
-    float v;
-    to_compute_rn(static_cast<long long>(m), v);
-    v = mul_rn(v, 1.0f / F::sub_scale);
-    return __uint_as_float(__float_as_uint(v) | sign);
+    return sign_magnitude_to_f32<Mini<MFMT>>(b);
 }
 
 template <typename TIn, int MFMT, typename TS>
