@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -203,6 +204,32 @@ def test_gpuq_reads_what_compressed_tensors_wrote(tmp_path):
 def _ct_format(preset) -> str:
     return {"NVFP4A16": "nvfp4-pack-quantized", "MXFP4A16": "mxfp4-pack-quantized",
             "MXFP6A16": "mxfp6-pack-quantized", "MXFP8A16": "mxfp8-quantized"}[preset]
+
+
+# --- folders compressed-tensors 0.20.0 wrote itself (tests/data/ct_microscaling) -----------------
+
+CT_FIXTURES = Path(__file__).resolve().parents[1] / "data" / "ct_microscaling"
+
+
+@pytest.mark.parametrize("preset", MICRO)
+def test_gpuq_reads_compressed_tensors_own_folders(tmp_path, preset):
+    """Folders made by compressed-tensors' own compressors (make_fixtures.py there) dequantize to
+    its dequantizer's bits, the all-zero group (up_proj's row 0: MX scale byte 0) included."""
+    from compressed_tensors.entrypoints.convert import CompressedTensorsDequantizer
+
+    q = CT_FIXTURES / preset
+    assert json.loads((q / "config.json").read_text())["quantization_config"]["format"] == _ct_format(preset)
+    assert gpuq_main("dequantize", q, "-o", tmp_path / "d", "--device", "cpu", "-q") == 0
+    # The model-free dequantizer takes every M.weight of a module not ignored as quantized.
+    theirs = CompressedTensorsDequantizer(str(q), ignore=["model.embed_tokens"], dtype=torch.bfloat16).process(
+        _st(q / "model.safetensors"))
+    ours = _st(tmp_path / "d" / "model.safetensors")
+    assert theirs.keys() == ours.keys() and len(ours) == 12
+    assert [k for k in ours if not _same(theirs[k], ours[k])] == []
+    up = ours["model.layers.0.mlp.up_proj.weight"]
+    assert not up[0, :32].any() and up[1:].count_nonzero() > up[1:].numel() // 2
+    if preset != "NVFP4A16":
+        assert _st(q / "model.safetensors")["model.layers.0.mlp.up_proj.weight_scale"][0, 0] == 0
 
 
 # --- MoE: each expert's gate/up share the NVFP4 global scale; routers in float --------------------
