@@ -329,7 +329,12 @@ def config(model_config: dict, scheme, ignore: list) -> dict:
 
 
 def column_notes(request) -> list:
-    """What the vLLM column checks for int codes (fp8's column is all '-')."""
+    """What the vLLM column checks for int codes and fp4 weight-only codes (fp8's and fp6's
+    column is all '-')."""
+    if request.code.codec == "float8" and request.code.bits == 4 and request.preset != "MXFP4":
+        return ["note: vLLM column: fp4 Marlin's shape rules (out padded to 64; in % 128, or in % 64 with "
+                "the padded out % 128; groups of 16 with e4m3 scales, 32 with e8m0); '-' where no rule "
+                "is checked"]
     if request.code.codec == "float8":
         return []
     return ["note: vLLM column: Marlin's shape rules for int weights (group -1/32/64/128, "
