@@ -239,7 +239,8 @@ MOE_SIZES = {"Qwen3MoeConfig": {"intermediate_size": 64, "moe_intermediate_size"
 
 
 @pytest.mark.parametrize("layout, preset", [("Qwen3MoeConfig", "NVFP4A16"), ("MixtralConfig", "MXFP4A16"),
-                                            ("Qwen3MoeConfig", "MXFP6A16"), ("Qwen3MoeConfig", "MXFP8A16")])
+                                            ("MixtralConfig", "NVFP4A16"), ("Qwen3MoeConfig", "MXFP6A16"),
+                                            ("Qwen3MoeConfig", "MXFP8A16")])
 def test_moe_folders(tmp_path, layout, preset):
     import transformers
     from compressed_tensors.quantization.utils.helpers import generate_gparam
@@ -262,14 +263,18 @@ def test_moe_folders(tmp_path, layout, preset):
     src, got = _st(tmp_path / "m" / "model.safetensors"), _st(q / "model.safetensors")
     routers = [k for k in src if k.rsplit(".", 2)[1] in ("gate", "router") and k.endswith(".weight")]
     assert routers and all(_same(got[k], src[k]) for k in routers)
-    if preset == "NVFP4A16":
-        for e in range(4):
-            p = f"model.layers.0.mlp.experts.{e}."
-            g, u = src[p + "gate_proj.weight"], src[p + "up_proj.weight"]
-            gs = generate_gparam(torch.minimum(g.min(), u.min()), torch.maximum(g.max(), u.max()))
-            assert _same(got[p + "gate_proj.weight_global_scale"], gs.reshape(1).float())
-            assert _same(got[p + "up_proj.weight_global_scale"], gs.reshape(1).float())
-    _check_transformers_moe_load(q, d, preset, got)
+    # Each expert's gate and up (Mixtral's w1 and w3) share one NVFP4 global scale: vLLM fuses
+    # them and reads the fused layer with the first part's (vllm#54150).
+    prefix, gate, up = {"Qwen3MoeConfig": ("model.layers.0.mlp.experts", "gate_proj", "up_proj"),
+                        "MixtralConfig": ("model.layers.0.block_sparse_moe.experts", "w1", "w3")}[layout]
+    for e in range(4 if preset == "NVFP4A16" else 0):
+        p = f"{prefix}.{e}."
+        g, u = src[p + gate + ".weight"], src[p + up + ".weight"]
+        gs = generate_gparam(torch.minimum(g.min(), u.min()), torch.maximum(g.max(), u.max()))
+        assert _same(got[p + gate + ".weight_global_scale"], gs.reshape(1).float())
+        assert _same(got[p + up + ".weight_global_scale"], gs.reshape(1).float())
+    if layout == "Qwen3MoeConfig" or preset != "NVFP4A16":
+        _check_transformers_moe_load(q, d, preset, got)
 
 
 def _check_transformers_moe_load(q, d, preset, got):

@@ -30,8 +30,11 @@ from ..files import CliError
 from ..report import natural_key
 from ..selection import is_float, select
 
-#: vLLM's merged Linears (the Llama family's ``packed_modules_mapping``): parts of one layer.
-FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+#: vLLM's merged Linears (the Llama family's ``packed_modules_mapping``) and Mixtral's expert
+#: gate/up (``w1``/``w3``, which vLLM's FusedMoE loads into one ``w13`` and, for NVFP4, reads
+#: with w1's global scale alone: vllm#54150): parts of one layer.
+FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj"),
+         "w13": ("w1", "w3")}
 #: Marlin's rules (vLLM ``marlin_utils``): group sizes, and the multiples of out and in.
 MARLIN_GROUPS, MARLIN_OUT, MARLIN_IN = (-1, 32, 64, 128), 64, 128
 
