@@ -37,8 +37,8 @@ def decode_x4(words, scales, pairs, bits, u0, u1):
     """:func:`decode` for 2-byte outputs, four weight rows at a time: ``bits[e, i, q]`` (the
     output's ``uint64`` view, ``[E, in, out / 4]``) holds inputs ``i`` of rows ``4q .. 4q + 3``,
     so each store writes four values where :func:`decode` writes one, and ``words``
-    (``[E, out, G, 2]``, the blocks' ``uint64`` view) is read 8 bytes at a time: 1.3-2x faster
-    here (bench/NOTES.md). ``out % 4 == 0``."""
+    (``[E, out, G, 2]``, the blocks' ``uint64`` view) is read 8 bytes at a time: about 2x faster
+    on one thread here (bench/NOTES.md). ``out % 4 == 0``; little-endian bytes."""
     groups, q = words.shape[2], words.shape[1] // 4
     m16, s16, s32, s48, ff = uint64(0xFFFF), uint64(16), uint64(32), uint64(48), uint64(255)
     for u in range(u0, u1):
