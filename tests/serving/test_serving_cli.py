@@ -381,6 +381,27 @@ def test_vllm_column(tmp_path, capsys):
     assert vllm == {"down_proj": "no: out 100 % 64"}  # the others: 32 does not divide their 100 inputs
 
 
+@pytest.mark.parametrize("preset", ["NVFP4A16", "MXFP4A16", "MXFP4", "MXFP6A16", "MXFP8A16"])
+def test_vllm_column_fp4(tmp_path, capsys, preset):
+    """fp4 Marlin (NVFP4A16, MXFP4A16): out padded to 64; in % 128, or in % 64 with the padded
+    out % 128. q_proj and o_proj [192, 192] fail both; k/v [96 -> 128, 192] and gate/up [128, 192] pass by
+    the second; down [192, 128] by the first. MXFP4 (fp4 activations), fp6 and MX fp8: '-'."""
+    make_model(tmp_path / "m", hidden=192, inter=128, heads=2, kv_heads=1, head_dim=96, vocab=64, extra=False)
+    report = _quantize(tmp_path / "m", tmp_path / "q", "--preset", preset, capsys=capsys)
+    vllm = {r["name"].rsplit(".", 2)[1]: r["vllm"] for r in report["tensors"] if r["quantized"]}
+    assert len(vllm) == 7
+    note = [n for n in report["notes"] if n.startswith("note: vLLM column")]
+    if preset not in ("NVFP4A16", "MXFP4A16"):
+        assert set(vllm.values()) == {"-"} and note == []
+        return
+    for m in ("q_proj", "o_proj"):
+        assert vllm.pop(m) == "no: in 192 % 128 (or in % 64 with out 192, padded to 192, % 128)"
+    assert set(vllm.values()) == {"Marlin ok"}
+    assert note == ["note: vLLM column: fp4 Marlin's shape rules (out padded to 64; in % 128, or in % 64 with "
+                    "the padded out % 128; groups of 16 with e4m3 scales, 32 with e8m0); '-' where no rule is "
+                    "checked"]
+
+
 def _transformers_note(report):
     found = [n for n in report["notes"] if n.startswith("note: transformers 5.24 does not load this folder")]
     assert len(found) <= 1

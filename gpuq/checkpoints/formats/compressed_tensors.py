@@ -329,7 +329,12 @@ def config(model_config: dict, scheme, ignore: list) -> dict:
 
 
 def column_notes(request) -> list:
-    """What the vLLM column checks for int codes (fp8's column is all '-')."""
+    """What the vLLM column checks for int codes and fp4 weight-only codes (fp8's and fp6's
+    column is all '-')."""
+    if request.code.codec == "float8" and request.code.bits == 4 and request.preset != "MXFP4":
+        return ["note: vLLM column: fp4 Marlin's shape rules (out padded to 64; in % 128, or in % 64 with "
+                "the padded out % 128; groups of 16 with e4m3 scales, 32 with e8m0); '-' where no rule "
+                "is checked"]
     if request.code.codec == "float8":
         return []
     return ["note: vLLM column: Marlin's shape rules for int weights (group -1/32/64/128, "
@@ -339,8 +344,9 @@ def column_notes(request) -> list:
 def load_notes(chosen: dict, specs: dict, request) -> list:
     """The line saying an asymmetric folder will not load in transformers 5.24: it allocates an
     unpacked ``weight_zero_point`` and refuses the packed one (llm-compressor#1618); the one
-    saying a float16 MXFP4 folder will not load in vLLM."""
-    notes = []
+    saying a float16 MXFP4 folder will not load in vLLM; the one saying transformers 5.24 will not
+    load per-expert NVFP4 or MXFP8 MoE weights right (:func:`_expert_note`)."""
+    notes = _expert_note(chosen, request)
     if request.layout is ct_microscaling.MX[4] and any(specs[n][1].name == "float16" for n in chosen):
         notes.append("note: vLLM's MXFP4 kernel (Marlin) takes bfloat16 activations only: this float16 "
                      "model's MXFP4 layers do not load there (convert the model to bfloat16 first)")
@@ -349,6 +355,33 @@ def load_notes(chosen: dict, specs: dict, request) -> list:
     return notes + ["note: transformers 5.24 does not load this folder: --asymmetric compressed-tensors' packed "
             "weight_zero_point is refused with a size mismatch (llm-compressor#1618); vLLM (the layers "
             "its column rates ok) and gpuq dequantize read it right"]
+
+
+def _expert_note(chosen: dict, request) -> list:
+    """transformers 5.24 fuses per-expert Linears (``...experts.N.gate_proj``, Mixtral's ``w1``)
+    into 3-D parameters and dequantizes them on load in ``CompressedTensorsDequantize.convert``
+    (``transformers/integrations/compressed_tensors.py``): NVFP4 experts lose their global scale
+    there (each weight comes out multiplied by it), MXFP8 experts stop the load (the scale bytes
+    multiply the codes without their groups expanded). MXFP4 and MXFP6 experts load right.
+
+    >>> r = type("Request", (), {"layout": ct_microscaling.NVFP4})()
+    >>> _expert_note({"model.layers.0.mlp.experts.3.up_proj.weight": None}, r)[0][:68]
+    'note: transformers 5.24 does not load this folder right: its 1 per-e'
+    >>> _expert_note({"model.layers.0.mlp.up_proj.weight": None}, r)
+    []
+    """
+    experts = [n for n in chosen if _PER_EXPERT.search(n)]
+    if not experts or request.layout not in (ct_microscaling.NVFP4, ct_microscaling.MX[8]):
+        return []
+    what = ("come out multiplied by their global scale" if request.layout is ct_microscaling.NVFP4
+            else "stop the load with a conversion error")
+    return [f"note: transformers 5.24 does not load this folder right: its {len(experts)} per-expert "
+            f"{request.layout.name} weights (e.g. {experts[0]}) {what} in its fused-experts dequantizer "
+            "(transformers' CompressedTensorsDequantize.convert); vLLM and gpuq dequantize read them right"]
+
+
+#: A per-expert Linear's tensor name: ``...experts.<index>.<projection>...``.
+_PER_EXPERT = re.compile(r"(^|\.)experts\.\d+\.")
 
 
 #: What the readers accept of compressed-tensors' per-group weight arguments.

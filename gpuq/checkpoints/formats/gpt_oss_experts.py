@@ -29,6 +29,7 @@ expert at a time.
 from __future__ import annotations
 
 import functools
+import sys
 
 import numpy as np
 
@@ -162,15 +163,20 @@ def _decode(blocks, scales, dt, bits) -> None:
     units = E * blocks.shape[2]
     threads = max(1, min(gpuq.get_num_threads(), units, blocks.size // (1 << 16) + 1))
     cuts = [units * i // threads for i in range(threads + 1)]
+    if dt.itemsize == 2 and blocks.shape[1] % 4 == 0 and sys.byteorder == "little":
+        # Four rows per 8-byte store (bfloat16, float16: gpt-oss's case).
+        args = (blocks.view(np.uint64), scales, pairs, bits.view(np.uint64))
+        loop = _gpt_oss_loops.decode_x4
+    else:
+        args, loop = (blocks, scales, pairs, bits, shift), _gpt_oss_loops.decode
     if threads == 1:
-        _gpt_oss_loops.decode(blocks, scales, pairs, bits, shift, 0, units)
+        loop(*args, 0, units)
         return
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(threads - 1) as pool:
-        futures = [pool.submit(_gpt_oss_loops.decode, blocks, scales, pairs, bits, shift, cuts[i], cuts[i + 1])
-                   for i in range(1, threads)]
-        _gpt_oss_loops.decode(blocks, scales, pairs, bits, shift, cuts[0], cuts[1])
+        futures = [pool.submit(loop, *args, cuts[i], cuts[i + 1]) for i in range(1, threads)]
+        loop(*args, cuts[0], cuts[1])
         for f in futures:
             f.result()
 

@@ -30,8 +30,11 @@ from ..files import CliError
 from ..report import natural_key
 from ..selection import is_float, select
 
-#: vLLM's merged Linears (the Llama family's ``packed_modules_mapping``): parts of one layer.
-FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+#: vLLM's merged Linears (the Llama family's ``packed_modules_mapping``) and Mixtral's expert
+#: gate/up (``w1``/``w3``, which vLLM's FusedMoE loads into one ``w13`` and, for NVFP4, reads
+#: with w1's global scale alone: vllm#54150): parts of one layer.
+FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj"),
+         "w13": ("w1", "w3")}
 #: Marlin's rules (vLLM ``marlin_utils``): group sizes, and the multiples of out and in.
 MARLIN_GROUPS, MARLIN_OUT, MARLIN_IN = (-1, 32, 64, 128), 64, 128
 
@@ -168,8 +171,10 @@ def merged_position(module: str, present) -> tuple:
 def vllm_check(module: str, shape, scheme, present) -> str:
     """Whether vLLM's kernels take this layer's shape: for int codes Marlin's rules (group size
     in -1/32/64/128, ``out % 64``, ``in % 128``; zero points for 4-bit codes only), for
+    fp4 weight-only codes (NVFP4, MXFP4) fp4 Marlin's (:func:`fp4_marlin_check`), for
     fine-grained fp8 the merged layers' rule (every part but the last a whole number of blocks
-    along out); fp8 per channel or tensor has no shape rule here (``"-"``).
+    along out); fp8 per channel or tensor, fp6, MX fp8 and the MXFP4 preset with fp4
+    activations have no shape rule here (``"-"``).
 
     >>> from gpuq.checkpoints.formats.compressed_tensors import PACK
     >>> from gpuq.checkpoints.serving.formats import WeightScheme, int_code
@@ -179,6 +184,8 @@ def vllm_check(module: str, shape, scheme, present) -> str:
     """
     out, n = shape
     problems = []
+    if scheme.code.codec == "float8" and scheme.code.bits == 4 and scheme.preset != "MXFP4":
+        return fp4_marlin_check(shape, scheme)
     if scheme.code.codec == "float8":
         if scheme.strategy != "block":
             return "-"
@@ -195,4 +202,38 @@ def vllm_check(module: str, shape, scheme, present) -> str:
         problems.append(f"in {n} % {MARLIN_IN}")
     if not scheme.symmetric and scheme.code.bits != 4:
         problems.append(f"asymmetric {scheme.code.name}: Marlin's zero points are 4-bit only")
+    return "Marlin ok" if not problems else "no: " + "; ".join(problems)
+
+
+#: fp4 Marlin (vLLM ``generate_kernels.py``): the group of each scale dtype (NVFP4's e4m3 scales
+#: per 16, MXFP4's e8m0 per 32), the only ones its kernels are built for.
+FP4_MARLIN_GROUPS = {"float8_e4m3fn": 16, "float8_e8m0fnu": 32}
+
+
+def fp4_marlin_check(shape, scheme) -> str:
+    """Whether vLLM's fp4 Marlin kernel (what it runs compressed-tensors' NVFP4A16 and MXFP4A16
+    Linears with: ``CompressedTensorsW4A16Fp4``, ``CompressedTensorsW4A16Mxfp4``) takes an
+    ``[out, in]`` weight: ``prepare_fp4_layer_for_marlin`` pads ``out`` up to a multiple of 64
+    (``marlin_utils_fp4.py``), and ``marlin_gemm`` needs one of its thread tiles (k, n) in
+    (128, 128), (64, 256), (64, 128), (128, 64) to divide (in, padded out) (``marlin.cu``
+    ``is_valid_config``; (128, 64) and (64, 128) serve every batch size): so ``in % 128 == 0``,
+    or ``in % 64 == 0`` with the padded ``out % 128 == 0``. The group must be the kernel's (16
+    for e4m3 scales, 32 for e8m0). MXFP4's kernels take bfloat16 activations only (a load note
+    says so for float16 models).
+
+    >>> from gpuq.checkpoints.serving.formats import WeightScheme
+    >>> from gpuq._codetypes import as_code_type
+    >>> nv = WeightScheme(as_code_type("float4_e2m1fn"), "tensor_group", True, "float8_e4m3fn", None, group_size=16)
+    >>> fp4_marlin_check((100, 256), nv), fp4_marlin_check((100, 192), nv), fp4_marlin_check((64, 192), nv)
+    ('Marlin ok', 'Marlin ok', 'no: in 192 % 128 (or in % 64 with out 64, padded to 64, % 128)')
+    """
+    out, n = shape
+    problems = []
+    group = FP4_MARLIN_GROUPS.get(scheme.scale_dtype)
+    if scheme.group_size != group:
+        problems.append(f"group {scheme.group_size} with {scheme.scale_dtype} scales: fp4 Marlin takes "
+                        f"{', '.join(f'{g} ({d})' for d, g in FP4_MARLIN_GROUPS.items())}")
+    padded = -(-out // 64) * 64
+    if n % 128 and not (n % 64 == 0 and padded % 128 == 0):
+        problems.append(f"in {n} % 128 (or in % 64 with out {out}, padded to {padded}, % 128)")
     return "Marlin ok" if not problems else "no: " + "; ".join(problems)
