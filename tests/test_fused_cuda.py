@@ -260,3 +260,13 @@ def test_the_stand_in_uploads_pinned_memory_when_the_stream_runs():
     stream.synchronize()
     assert (a.get() == 2).all() and (b.get() == 1).all()
     assert cupy.cuda._pinned.is_pinned(pinned[8:16]) and not cupy.cuda._pinned.is_pinned(pageable)
+
+
+def test_the_checkpoint_bench_runs_the_gpu_pass(tmp_path):
+    """bench/checkpoint.py's ``--device cuda`` in-memory figure runs (its time on the stand-in is
+    no GPU's: this checks the path, not a number)."""
+    from bench import checkpoint as ck
+
+    folder = ck.make_folder(str(tmp_path / "model"), 64, 1)
+    assert ck.in_memory(folder, "fp8", "cuda") > 0
+    assert ck.command(folder, "out", "int4", "cuda")[-3:] == ["--device", "cuda", "-q"]
