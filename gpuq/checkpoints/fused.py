@@ -8,9 +8,10 @@ and the caller then takes the multi-pass path (:func:`gpuq.checkpoints.serving.q
 whose bytes it reproduces exactly. Covered: the host device with the compiled loops,
 ``--calibrate minmax``, per-tensor, per-channel or per-group scales in bfloat16, float16 or float32,
 compressed-tensors' ``pack-quantized`` int codes of 4 or 8 bits (symmetric or with zero points,
-each group starting on a word) and ``naive-quantized`` fp8. Everything else (block scales,
-fine-grained fp8, the MSE search, float64 weights, a GPU, NumPy-only hosts, gpuq's own
-files) keeps the multi-pass path.
+each group starting on a word) and ``naive-quantized`` fp8; on a CUDA device the same cases go
+through the GPU's pass (:mod:`gpuq.checkpoints.fused_cuda`, the hook in :func:`covers` and
+:func:`quantize_weight`). Everything else (block scales, fine-grained fp8, the MSE search,
+float64 weights, NumPy-only hosts, gpuq's own files) keeps the multi-pass path.
 
 :class:`Buffers` holds the read and write buffers a run reuses from weight to weight.
 """
