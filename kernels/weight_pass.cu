@@ -3,8 +3,9 @@
 // stored dtype (bfloat16, float16, float32), groups of g along a row (g == n: per channel),
 // one launch:
 //
-//   1. a team (a warp for groups of at most kWarpGroup elements, the thread block above) takes
-//      one group: the min and max of its finite elements with 0 among them (NaN and +/-Inf
+//   1. a team (WARP: a warp, for groups of at most weight_pass.py's WARP_GROUP elements;
+//      otherwise the thread block) takes one group: the min and max of its finite elements
+//      with 0 among them (NaN and +/-Inf
 //      skipped: the command's parameters come from the finite values, and 0 is in every range
 //      finalize_one forms, so this gives the host's parameters), and counts NaN, +Inf, -Inf;
 //   2. finalize_one (qparams.cu): scale (rounded to the scale dtype) and zero point; per
@@ -34,9 +35,6 @@
 #include "formats.cu"
 
 namespace gpuq {
-
-// Groups of at most this many elements go to a warp, longer ones to the whole block.
-constexpr long long kWarpGroup = 512;
 
 // Element j's value and whether it is a finite number, from the stored bits.
 template <typename T>

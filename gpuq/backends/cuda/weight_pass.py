@@ -26,7 +26,7 @@ SOURCE = "weight_pass.cu"
 THREADS = 256
 #: Most blocks of a launch: the figures' partials (3 float64 and 3 int64 each) are this many at most.
 MAX_BLOCKS = 1024
-#: Groups of at most this many elements go to one warp (kWarpGroup in the kernel), longer ones to a block.
+#: Groups of at most this many elements go to one warp (the kernels' WARP), longer ones to a block.
 WARP_GROUP = 512
 #: The dtypes the kernels read, by their storage (bfloat16 arrives as its bits).
 _DTYPES = {"bfloat16", "float16", "float32"}
