@@ -125,6 +125,23 @@ def test_blocks_that_take_several_groups_in_turn(cap, monkeypatch):
     assert_same_rows(*_both(x, "float8_e4m3fn", 1, "float32", None, False))
 
 
+@pytest.mark.skipif(not _SIM, reason="the fiber schedules of the CPU execution of the kernels")
+def test_the_figures_do_not_depend_on_the_threads_order(monkeypatch):
+    """Every fiber schedule gives the same figures, bit for bit: the partials meet in a fixed tree,
+    not in the order threads finish (a missing barrier or an atomic float sum would show)."""
+    import cupy
+
+    monkeypatch.setattr(cuda_pass, "MAX_BLOCKS", 2)
+    x = weight((12, 256), np.dtype(np.float32), seed=6)
+    out = _out(x.shape, code_type("int4"))
+    figures = set()
+    for schedule in ("inorder", "reversed", "interleaved"):
+        with cupy._sim.schedule(schedule):
+            got = fused_cuda.quantize_rows(x, code_type("int4"), 0, EPS, "float32", 128, False, out)
+        figures.add((np.float64(got[2][:2]).tobytes(), got[2][2], tuple(got[3].values())))
+    assert len(figures) == 1
+
+
 def test_a_scale_the_scale_dtype_cannot_hold_is_refused():
     x = np.full((2, 64), 1e30, np.float32)
     want, got = _both(x, "int8", 1, "float16", None, False)

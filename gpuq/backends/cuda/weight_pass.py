@@ -28,6 +28,7 @@ THREADS = 256
 MAX_BLOCKS = 1024
 #: Groups of at most this many elements go to one warp (the kernels' WARP), longer ones to a block.
 WARP_GROUP = 512
+_NULL = np.uint64(0)  # no zero points (symmetric): a null pointer, as gpuq.backends.cuda.mse passes it
 #: The dtypes the kernels read, by their storage (bfloat16 arrives as its bits).
 _DTYPES = {"bfloat16", "float16", "float32"}
 
@@ -116,7 +117,7 @@ def enqueue(x, p: Plan, out, scales, zps, sums, counts, flag, keys) -> None:
     fn((p.blocks,), (THREADS,),
        (x, np.int64(p.rows), np.int64(p.n), np.int64(p.g), np.int32(p.cbits), np.int32(p.qmin),
         np.int32(p.qmax), np.int32(p.symmetric), np.float32(p.eps), np.int32(p.fmt), keys[0:1], keys[1:2],
-        out, scales, zps, sums, counts, flag), stream=stream)
+        out, scales, _NULL if zps is None else zps, sums, counts, flag), stream=stream)
 
 
 def figures(sums: np.ndarray, counts: np.ndarray, blocks: int) -> tuple:
