@@ -287,3 +287,44 @@ def test_the_checkpoint_bench_runs_the_gpu_pass(tmp_path):
     folder = ck.make_folder(str(tmp_path / "model"), 64, 1)
     assert ck.in_memory(folder, "fp8", "cuda") > 0
     assert ck.command(folder, "out", "int4", "cuda")[-3:] == ["--device", "cuda", "-q"]
+
+
+@pytest.mark.parametrize("flags", [["--dtype", "int4"], ["--dtype", "int8", "--asymmetric"],
+                                   ["--dtype", "float8_e4m3fn"]], ids=["int4", "int8-asym", "fp8"])
+def test_the_command_on_cuda_writes_the_cpu_bytes(tmp_path, capsys, flags):
+    """``gpuq quantize MODEL --format compressed-tensors --device cuda`` through the GPU's pass:
+    every output file byte for byte the ``--device cpu`` one's, the report's rows the same but
+    for the float64 sums' order (SQNR within 1e-9)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from gpuq import cli
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "serving"))
+    from _serving import make_model
+
+    make_model(tmp_path / "m", hidden=128, inter=256, seed=3, extra=False)
+    reports = {}
+    for device in ("cpu", "cuda"):
+        argv = ["quantize", str(tmp_path / "m"), "-o", str(tmp_path / device), "--format", "compressed-tensors",
+                *flags, "--device", device, "-q", "--json"]
+        assert cli.main(argv) == 0
+        reports[device] = json.loads(capsys.readouterr().out)
+    if _SIM:
+        import cupy
+
+        assert any(r.name.startswith("gpuq::weight_pass<") for r in cupy._sim.launches)
+    files = sorted(p.name for p in (tmp_path / "cpu").iterdir())
+    assert files == sorted(p.name for p in (tmp_path / "cuda").iterdir())
+    for name in files:
+        assert (tmp_path / "cpu" / name).read_bytes() == (tmp_path / "cuda" / name).read_bytes(), name
+    rows = {d: {r["name"]: r for r in rep["tensors"]} for d, rep in reports.items()}
+    assert rows["cpu"].keys() == rows["cuda"].keys()
+    assert sum(r["quantized"] for r in rows["cpu"].values()) == 7  # the layer's seven Linear weights
+    for name, a in rows["cpu"].items():
+        b = rows["cuda"][name]
+        assert {k: v for k, v in a.items() if k != "sqnr_db"} == {k: v for k, v in b.items() if k != "sqnr_db"}
+        assert (a["sqnr_db"] is None) == (b["sqnr_db"] is None)
+        if a["sqnr_db"] is not None:
+            assert b["sqnr_db"] == pytest.approx(a["sqnr_db"], rel=1e-9)
