@@ -6,6 +6,7 @@ Run from the repository root (no GPU needed)::
     python bench/checkpoint.py --scale 16         # a small folder for a quick run
     python bench/checkpoint.py --scheme int4      # one scheme only (int4 g128 or fp8)
     python bench/checkpoint.py --json out.json    # the figures as JSON too
+    python bench/checkpoint.py --device cuda      # on a GPU: the command's --device cuda, the GPU pass
 
 It writes, once (cached in ``--dir``), a bfloat16 Llama-shaped model folder made with
 NumPy: ``config.json`` with the fields of transformers' ``LlamaConfig`` and one
@@ -26,6 +27,13 @@ compressed-tensors, it reports in one run:
   share of the command's work;
 * a cProfile table of the command (a second run under ``python -m cProfile``), sorted by
   cumulative time, top ``--top`` rows (rows contain one another).
+
+With ``--device cuda`` the command runs with ``--device cuda`` and ``in_memory_s`` is the GPU's
+one-pass weight (``gpuq.checkpoints.fused_cuda.quantize_stream``: pinned uploads, the kernel,
+the codes and figures back, two streams) over the same in-memory weights, synchronised at the
+end; ``input_gb_s`` is the folder's bytes over the command's wall time (issue 40's GPU target:
+at least 2 GB/s from the page cache). Without a GPU the stand-in of the tests can run it, for
+its structure only: its times are no GPU's.
 
 The load of the machine (``os.getloadavg``) is printed before each scheme: on a shared
 machine the figures are only as good as the quiet they were taken in.
@@ -190,19 +198,59 @@ def warm_copy(src: str, tmp: str) -> float:
     return t
 
 
-def command(folder: str, out: str, scheme: str) -> list:
+def command(folder: str, out: str, scheme: str, device: str = "cpu") -> list:
     """The command line a user types for ``scheme`` (``python -m gpuq quantize ...``)."""
     return [sys.executable, "-m", "gpuq", "quantize", folder, "-o", out, "--format",
-            "compressed-tensors", *SCHEMES[scheme]["argv"], "--device", "cpu", "-q"]
+            "compressed-tensors", *SCHEMES[scheme]["argv"], "--device", device, "-q"]
 
 
-def in_memory(folder: str, scheme: str) -> float:
-    """Seconds of choose_qparams + quantize over the folder's Linear weights, loaded in memory."""
-    import gpuq
+def _linear_weights(folder: str) -> dict:
     from safetensors.numpy import load_file
 
-    weights = {k: v for k, v in load_file(os.path.join(folder, "model.safetensors")).items()
-               if k.endswith("_proj.weight")}
+    return {k: v for k, v in load_file(os.path.join(folder, "model.safetensors")).items()
+            if k.endswith("_proj.weight")}
+
+
+def in_memory_cuda(folder: str, scheme: str) -> float:
+    """Seconds of the GPU's one-pass weight over the folder's Linear weights, in memory: each
+    weight copied into a pinned buffer, uploaded, quantized, its codes and figures brought back
+    (``fused_cuda.quantize_stream``, the command's scheme: bfloat16 scales, the full-range int4
+    rule), after one untimed weight (the kernels' compilation)."""
+    from gpuq._codetypes import code_type
+    from gpuq._qoptions import FULL_RANGE, SCALE_DTYPES
+    from gpuq.backends.cuda import weight_pass
+    from gpuq.checkpoints import fused_cuda
+
+    kw = SCHEMES[scheme]["qparams"]
+    code = code_type(kw["dtype"])
+    symmetric = FULL_RANGE if kw.get("scale_rule") == "full" else 1
+    g = kw.get("group_size")
+
+    def job(k, w):
+        p = weight_pass.plan(w.shape, "bfloat16", code, symmetric, SCALE_DTYPES["bfloat16"], "bfloat16",
+                             g or w.shape[1], False)
+        return fused_cuda.Job(k, w.shape, w.dtype, lambda buf: np.copyto(buf, w), p)
+
+    # A small --scale can leave rows that groups of 128 do not divide: the command takes the
+    # multi-pass path for those, and they are left out here.
+    weights = {k: w for k, w in _linear_weights(folder).items() if not g or w.shape[1] % g == 0}
+    pipe = fused_cuda.Pipeline()
+    w0 = next(iter(weights.values()))
+    list(fused_cuda.quantize_stream([job("warm", w0)], pipe))
+    t0 = time.perf_counter()
+    for _ in fused_cuda.quantize_stream((job(k, w) for k, w in weights.items()), pipe):
+        pass
+    return time.perf_counter() - t0
+
+
+def in_memory(folder: str, scheme: str, device: str = "cpu") -> float:
+    """Seconds of choose_qparams + quantize over the folder's Linear weights, loaded in memory
+    (``device`` "cuda": :func:`in_memory_cuda`)."""
+    import gpuq
+
+    if device == "cuda":
+        return in_memory_cuda(folder, scheme)
+    weights = _linear_weights(folder)
     kw = SCHEMES[scheme]["qparams"]
     # One small call first: the numba compilation is not the weights' time.
     w0 = next(iter(weights.values()))[:2, :128]
@@ -214,10 +262,10 @@ def in_memory(folder: str, scheme: str) -> float:
     return time.perf_counter() - t0
 
 
-def profile(folder: str, out: str, scheme: str, tmp: str, top: int) -> str:
+def profile(folder: str, out: str, scheme: str, tmp: str, top: int, device: str = "cpu") -> str:
     """The command under cProfile: its ``top`` rows by cumulative time, as pstats prints them."""
     prof = os.path.join(tmp, f"{scheme}.prof")
-    argv = command(folder, out, scheme)
+    argv = command(folder, out, scheme, device)
     argv[1:1] = ["-m", "cProfile", "-o", prof]
     res = subprocess.run(argv, capture_output=True, text=True)
     if res.returncode != 0:
@@ -237,7 +285,7 @@ def run(args) -> dict:
     src = os.path.join(folder, "model.safetensors")
     size = os.path.getsize(src)
     result = {"folder": folder, "bytes": size, "dims": dims(args.scale), "layers": args.layers,
-              "cpus": os.cpu_count(), "schemes": {}}
+              "cpus": os.cpu_count(), "device": args.device, "schemes": {}}
     print(f"folder: {folder} ({size / 1e9:.3f} GB, {dims(args.scale)}, {args.layers} layers)")
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         copy_s = warm_copy(src, tmp)
@@ -249,22 +297,24 @@ def run(args) -> dict:
             if args.warmup:
                 # A first run fills numba's on-disk cache: a user's later runs do not compile.
                 warm = make_folder(os.path.join(tmp, "warmup"), 32, 1)
-                subprocess.run(command(warm, out, scheme), check=True, capture_output=True)
+                subprocess.run(command(warm, out, scheme, args.device), check=True, capture_output=True)
                 shutil.rmtree(out)
-            m = run_measured(command(folder, out, scheme))
+            m = run_measured(command(folder, out, scheme, args.device))
             if m["rc"] != 0:
                 raise RuntimeError(f"{scheme}: the command failed ({m['rc']}): {m['stderr'][-2000:]}")
             shutil.rmtree(out)
-            mem_s = in_memory(folder, scheme)
-            table = profile(folder, out, scheme, tmp, args.top) if args.top > 0 else ""
+            mem_s = in_memory(folder, scheme, args.device)
+            table = profile(folder, out, scheme, tmp, args.top, args.device) if args.top > 0 else ""
             shutil.rmtree(out, ignore_errors=True)
             row = {"wall_s": m["wall_s"], "ratio_to_copy": m["wall_s"] / copy_s,
                    "peak_rss_mib": m["peak_rss_mib"], "in_memory_s": mem_s,
+                   "input_gb_s": size / m["wall_s"] / 1e9,
                    "load_before": list(load), "profile": table}
             result["schemes"][scheme] = row
             print(f"\n== {scheme} (compressed-tensors), load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
             print(f"command wall: {m['wall_s']:.2f} s = {row['ratio_to_copy']:.1f}x the warm copy; "
-                  f"peak RSS {m['peak_rss_mib']:.0f} MiB; gpuq.quantize in memory {mem_s:.2f} s")
+                  f"{row['input_gb_s']:.2f} GB/s of input; peak RSS {m['peak_rss_mib']:.0f} MiB; "
+                  f"{'the GPU pass' if args.device == 'cuda' else 'gpuq.quantize'} in memory {mem_s:.2f} s")
             if table:
                 print(f"profile (cumulative, top {args.top}):\n{table}")
     return result
@@ -283,6 +333,8 @@ def main(argv=None) -> int:
     p.add_argument("--dir", help="the model folder (made there if missing or different)")
     p.add_argument("--tmp", help="where the outputs and the copy go (default: the system's)")
     p.add_argument("--json", help="write the figures to this file too")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="the command's --device (cuda: on a GPU, the one-pass weight kernel)")
     args = p.parse_args(argv)
     args.scheme = args.scheme or ["int4", "fp8"]
     result = run(args)

@@ -214,7 +214,8 @@ def test_covers_only_its_cases():
     assert not fused.covers(x, WeightScheme(int_code(4), "group", True, "bfloat16", PACK, group_size=4),
                             host, "minmax")  # a group that starts inside a word
     gpu = type("Gpu", (), {"name": "cuda"})()
-    assert not fused.covers(x, s, gpu, "minmax")
+    # a GPU: the GPU's pass (gpuq.checkpoints.fused_cuda, tests/test_fused_cuda.py), minmax only
+    assert fused.covers(x, s, gpu, "minmax") and not fused.covers(x, s, gpu, "mse")
     previous = gpuq.set_host_kernels("numpy")
     try:
         assert not fused.covers(x, s, host, "minmax")

@@ -8,9 +8,10 @@ and the caller then takes the multi-pass path (:func:`gpuq.checkpoints.serving.q
 whose bytes it reproduces exactly. Covered: the host device with the compiled loops,
 ``--calibrate minmax``, per-tensor, per-channel or per-group scales in bfloat16, float16 or float32,
 compressed-tensors' ``pack-quantized`` int codes of 4 or 8 bits (symmetric or with zero points,
-each group starting on a word) and ``naive-quantized`` fp8. Everything else (block scales,
-fine-grained fp8, the MSE search, float64 weights, a GPU, NumPy-only hosts, gpuq's own
-files) keeps the multi-pass path.
+each group starting on a word) and ``naive-quantized`` fp8; on a CUDA device the same cases go
+through the GPU's pass (:mod:`gpuq.checkpoints.fused_cuda`, the hook in :func:`covers` and
+:func:`quantize_weight`). Everything else (block scales, fine-grained fp8, the MSE search,
+float64 weights, NumPy-only hosts, gpuq's own files) keeps the multi-pass path.
 
 :class:`Buffers` holds the read and write buffers a run reuses from weight to weight.
 """
@@ -71,7 +72,12 @@ def covers(x, scheme, device, method: str) -> bool:
     """
     from ..backends.host import choice
 
-    if device.name != "cpu" or method != "minmax" or choice.kernels() is None:
+    if device.name == "cuda":  # the GPU's pass (gpuq.checkpoints.fused_cuda): its own conditions, then the layout's
+        from .fused_cuda import device_covers
+
+        if not device_covers(x, scheme, method):
+            return False
+    elif device.name != "cpu" or method != "minmax" or choice.kernels() is None:
         return False
     if not isinstance(x, np.ndarray) or x.ndim != 2 or x.size == 0 or not x.flags.c_contiguous:
         return False
@@ -89,13 +95,14 @@ def covers(x, scheme, device, method: str) -> bool:
     return one_pass == "bytes" and code.codec == "float8" and scheme.symmetric
 
 
-def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None):
+def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None, device=None):
     """``(tensors, stats, counts)`` of weight ``x`` as the multi-pass path gives them (the same
     bytes; the sums of ``stats`` in another order), in one pass; None where that pass refuses
     a group's parameters (a scale the scale dtype cannot hold: the multi-pass path then says
     which). The caller checks :func:`covers` first. ``scale_rule`` is ``choose_qparams``' (None
     or ``"full"``; None takes the scheme's ``scale_rule`` where it has one); ``buffers`` a
-    :class:`Buffers` for the codes (a fresh array without).
+    :class:`Buffers` for the codes (a fresh array without); ``device`` the run's (a CUDA one
+    takes the GPU's pass, :mod:`gpuq.checkpoints.fused_cuda`).
 
     >>> from gpuq.checkpoints.formats.compressed_tensors import PACK
     >>> from gpuq.checkpoints.serving.formats import WeightScheme, int_code
@@ -125,7 +132,10 @@ def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None):
     else:
         out = buffers.array("codes", (rows, -(-n * code.bits // 32)), np.uint32)
     g = scheme.group_size if scheme.strategy == "group" else n
-    done = weight_pass.quantize_rows(x, code, symmetric, eps, sdt, g, scheme.strategy == "tensor", out)
+    quantize_rows = weight_pass.quantize_rows
+    if getattr(device, "name", "cpu") == "cuda":  # the hook: the GPU's pass, the same interface
+        from .fused_cuda import quantize_rows
+    done = quantize_rows(x, code, symmetric, eps, sdt, g, scheme.strategy == "tensor", out)
     if done is None:
         return None
     scales, zps, (signal, error, max_err), counts = done

@@ -321,18 +321,57 @@ def mse_names() -> list:
     return [mse_name(f, c) for f in _FLOATS for c in MSE_CODECS]
 
 
+# --- weight_pass.cu: the one-pass checkpoint weight (gpuq.backends.cuda.weight_pass launches these) --
+
+#: The stored dtypes the weight pass reads (float64 weights keep the multi-pass path).
+WEIGHT_DTYPES = ("bfloat16", "float16", "float32")
+
+#: The kernels' KIND template argument: 0 the integer codes in compressed-tensors' words, 1 + ``FP8_FMT``.
+WEIGHT_KINDS = (0, 1, 2)
+
+
+def weight_pass_name(dtype, kind: int, warp: bool, tensor: bool) -> str:
+    """The name expression of one weight-pass kernel.
+
+    >>> weight_pass_name("bfloat16", 0, True, False)
+    'gpuq::weight_pass<gpuq_bf16, 0, true, false>'
+    """
+    return f"gpuq::weight_pass<{_c(dtype)}, {kind}, {_flag(warp)}, {_flag(tensor)}>"
+
+
+def weight_range_name(dtype) -> str:
+    return f"gpuq::weight_range<{_c(dtype)}>"
+
+
+@functools.cache
+def weight_pass_group(dtype) -> tuple:
+    """The names compiled together for one stored dtype: kind x team x per-tensor, the range."""
+    names = [weight_pass_name(dtype, k, w, t) for k in WEIGHT_KINDS for w in (True, False) for t in (False, True)]
+    return tuple(names + [weight_range_name(dtype)])
+
+
+def weight_pass_names() -> list:
+    """Every name expression of ``weight_pass.cu``.
+
+    >>> len(weight_pass_names())
+    39
+    """
+    return [n for f in WEIGHT_DTYPES for n in weight_pass_group(f)]
+
+
 def compile_units() -> list:
     """Every ``(source, name_expressions)`` the CUDA backend compiles as one module, exactly
     as it asks for them (the same groups, the same order): what a warm-up compiles ahead.
 
     >>> len(compile_units()), compile_units()[0][0]
-    (74, 'quantize.cu')
+    (77, 'quantize.cu')
     """
     units = [("quantize.cu", quantize_group(f, q)) for f in _FLOATS for q in _QUANT_DTYPES]
     units += [("dequantize.cu", dequantize_group(q, f)) for q in _QUANT_DTYPES for f in _FLOATS]
     units.append(("qparams.cu", tuple(qparams_names())))
     units += [("formats.cu", group) for group in _formats_groups()]
     units.append(("mse.cu", tuple(mse_names())))
+    units += [("weight_pass.cu", weight_pass_group(f)) for f in WEIGHT_DTYPES]
     return units
 
 
@@ -344,4 +383,5 @@ SOURCES = {
     "qparams.cu": qparams_names,
     "formats.cu": formats_names,
     "mse.cu": mse_names,
+    "weight_pass.cu": weight_pass_names,
 }

@@ -19,7 +19,8 @@ What exists: ``ndarray``; ``array``, ``asarray``, ``ascontiguousarray``,
 ``arange``, ``linspace``, ``broadcast_to``, ``copyto``, ``may_share_memory``,
 ``from_dlpack``; NumPy's dtype names; ``RawModule``, ``RawKernel``;
 ``cuda.Device``, ``cuda.Stream``, ``cuda.ExternalStream``, ``cuda.Event``,
-``cuda.get_current_stream``, ``cuda.runtime``, ``cuda.driver``; ``_sim``.
+``cuda.get_current_stream``, ``cuda.alloc_pinned_memory`` (:mod:`.cuda._pinned`),
+``cuda.runtime``, ``cuda.driver``; ``_sim``.
 Anything else is absent (``AttributeError``), e.g. ``cupy.random``,
 ``ElementwiseKernel``, memory pools, ``cuda.get_elapsed_time``: tests that
 need them should skip on the stand-in.

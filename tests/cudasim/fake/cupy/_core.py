@@ -46,7 +46,7 @@ import warnings
 import numpy as np
 
 from . import _memory
-from .cuda import _streams
+from .cuda import _pinned, _streams
 from .cuda._streams import Device
 
 _PY_SCALARS = (bool, int, float, complex)
@@ -423,7 +423,9 @@ class ndarray:
             raise TypeError(f"{arr.dtype} array cannot be set to {self._dtype} array")
         if arr.shape != self._shape:
             raise ValueError(f"Shape mismatch. Old shape: {self._shape}, new shape: {arr.shape}")
-        snap = arr.copy()
+        # From pinned memory the copy is asynchronous: it reads arr when the queue runs (a buffer
+        # refilled before that uploads the new bytes, as on a GPU). Pageable memory: a snapshot.
+        snap = arr if stream is not None and _pinned.is_pinned(arr) else arr.copy()
         dst = self
         q = _streams.current_queue() if stream is None else _streams.queue_of(stream, self._device_id)
 

@@ -1,0 +1,137 @@
+"""The one-pass checkpoint weight on the GPU: the launch of ``kernels/weight_pass.cu``.
+
+:func:`plan` fixes a weight's launch (kernel, grid, code range) from its shape, stored dtype
+and scheme; :func:`enqueue` puts it on CuPy's current stream: the per-tensor range first where
+there is one scale for the whole weight, then one ``weight_pass`` launch that writes the
+scales, the codes in their final layout (compressed-tensors' uint32 words, or fp8 bytes), and
+one partial of the figures per block; :func:`figures` adds the partials on the host in block
+order. The grid depends on the shape alone (at most :data:`MAX_BLOCKS` blocks), never on the
+GPU, so the figures are the same bits on every GPU; they are the host pass's sums in another
+order (the report's SQNR may differ in its last printed digit). Codes and scales are the host
+pass's (:mod:`gpuq.backends.host.weight_pass`), bit for bit.
+
+No CuPy import at module level.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from .qparams import KEY_NEG_INF, KEY_POS_INF, SCALE_FMT
+from .registry import FP8_FMT, weight_pass_group, weight_pass_name, weight_range_name
+
+SOURCE = "weight_pass.cu"
+THREADS = 256
+#: Most blocks of a launch: the figures' partials (3 float64 and 3 int64 each) are this many at most.
+MAX_BLOCKS = 1024
+#: Groups of at most this many elements go to one warp (the kernels' WARP), longer ones to a block.
+WARP_GROUP = 512
+_NULL = np.uint64(0)  # no zero points (symmetric): a null pointer, as gpuq.backends.cuda.mse passes it
+#: The dtypes the kernels read, by their storage (bfloat16 arrives as its bits).
+_DTYPES = {"bfloat16", "float16", "float32"}
+
+
+class Plan(NamedTuple):
+    """One weight's launch: see :func:`plan`."""
+
+    dtype: str        # the stored dtype's name
+    rows: int
+    n: int
+    g: int
+    kind: int         # 0 integer words, 1 + FP8_FMT
+    cbits: int        # bits of an integer code (8 for fp8: a byte each)
+    qmin: int
+    qmax: int
+    symmetric: int    # 0, 1, or 2 (the full-range rule)
+    eps: float
+    fmt: int          # the scale dtype's number (kernels/qparams.cu round_scale)
+    tensor: bool
+    warp: bool
+    blocks: int
+
+    @property
+    def out_shape(self) -> tuple:
+        """The codes' host shape: uint32 words a row for integer codes, bytes for fp8."""
+        return (self.rows, -(-self.n * self.cbits // 32)) if self.kind == 0 else (self.rows, self.n)
+
+    @property
+    def out_dtype(self):
+        return np.dtype(np.uint32 if self.kind == 0 else np.uint8)
+
+    @property
+    def slots(self) -> int:
+        return 1 if self.tensor else self.rows * (self.n // self.g)
+
+
+def plan(shape, dtype: str, code, symmetric, eps, scale_dtype: str, g: int, tensor: bool) -> Plan:
+    """The launch of a C-order ``shape`` = ``[rows, n]`` weight stored as ``dtype`` (a name) in
+    ``code`` (a ``gpuq._codetypes`` row: int4/int8, or fp8), ``symmetric``/``eps``/``scale_dtype``
+    as ``gpuq._qoptions.validate`` gives them, groups of ``g`` (``n`` per channel or tensor).
+
+    >>> from gpuq._codetypes import code_type
+    >>> p = plan((4, 256), "bfloat16", code_type("int4"), 2, 1e-38, "bfloat16", 128, False)
+    >>> p.kind, p.warp, p.blocks, p.out_shape
+    (0, True, 1, (4, 32))
+    """
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)} for the weight pass, got {dtype!r}")
+    rows, n = (int(d) for d in shape)
+    if code.codec == "float8":
+        kind, cbits = 1 + FP8_FMT["float8_" + code.fp8], 8
+    elif code.codec == "affine" and code.bits in (4, 8) and code.qmin < 0:
+        kind, cbits = 0, code.bits
+    else:
+        raise ValueError(f"code must be int4, int8 or fp8 for the weight pass, got {code.name!r}")
+    if n % g or (kind == 0 and g != n and g % (32 // cbits)):
+        raise ValueError(f"group_size {g} must divide the rows of {n} and start each group on a word")
+    warp = g <= WARP_GROUP
+    teams = rows * (n // g)
+    per_block = THREADS // 32 if warp else 1
+    blocks = max(1, min(-(-teams // per_block), MAX_BLOCKS))
+    return Plan(dtype, rows, n, g, kind, cbits, int(code.qmin), int(code.qmax), int(symmetric), float(eps),
+                SCALE_FMT[scale_dtype], bool(tensor), warp, blocks)
+
+
+def enqueue(x, p: Plan, out, scales, zps, sums, counts, flag, keys) -> None:
+    """Launch ``p`` on CuPy's current stream: device ``x`` (the stored bits, C order), ``out``
+    (:attr:`Plan.out_shape` bytes or more), ``scales`` (float32, :attr:`Plan.slots`), ``zps``
+    (int32, or None: symmetric), ``sums`` (float64, 3 a block), ``counts`` (int64, 3 a block),
+    ``flag`` (int32, one, zeroed here), ``keys`` (uint32, two: the per-tensor range). Nothing
+    is synchronised."""
+    from .compiler import get_function
+
+    import cupy
+
+    stream = cupy.cuda.get_current_stream()
+    group = weight_pass_group(p.dtype)
+    flag[...] = 0
+    if p.tensor:
+        keys[0:1] = KEY_POS_INF
+        keys[1:2] = KEY_NEG_INF
+        fn = get_function(SOURCE, group, weight_range_name(p.dtype))
+        blocks = max(1, min(-(-(p.rows * p.n) // THREADS), MAX_BLOCKS))
+        fn((blocks,), (THREADS,), (x, np.int64(p.rows * p.n), keys[0:1], keys[1:2]), stream=stream)
+    fn = get_function(SOURCE, group, weight_pass_name(p.dtype, p.kind, p.warp, p.tensor))
+    fn((p.blocks,), (THREADS,),
+       (x, np.int64(p.rows), np.int64(p.n), np.int64(p.g), np.int32(p.cbits), np.int32(p.qmin),
+        np.int32(p.qmax), np.int32(p.symmetric), np.float32(p.eps), np.int32(p.fmt), keys[0:1], keys[1:2],
+        out, scales, _NULL if zps is None else zps, sums, counts, flag), stream=stream)
+
+
+def figures(sums: np.ndarray, counts: np.ndarray, blocks: int) -> tuple:
+    """``((signal, error, max_abs_error), counts)`` from the host copies of a launch's partials
+    (``blocks`` of them), added in block order.
+
+    >>> figures(np.array([1.0, 2.0, 0.5, 3.0, 4.0, 0.25]), np.array([0, 1, 0, 2, 0, 0]), 2)
+    ((4.0, 6.0, 0.5), {'nan': 2, 'posinf': 1, 'neginf': 0})
+    """
+    s = sums[:3 * blocks].reshape(blocks, 3)
+    c = counts[:3 * blocks].reshape(blocks, 3)
+    signal = error = 0.0
+    for k in range(blocks):  # block order, one addition each: the same bits on every run
+        signal += float(s[k, 0])
+        error += float(s[k, 1])
+    return ((signal, error, float(s[:, 2].max())),
+            dict(zip(("nan", "posinf", "neginf"), (int(v) for v in c.sum(axis=0)))))

@@ -1,0 +1,237 @@
+"""The one-pass quantization of model-folder weights on ``--device cuda`` (issue 40, point 1).
+
+The GPU counterpart of :mod:`gpuq.checkpoints.fused`: the kernel
+(:mod:`gpuq.backends.cuda.weight_pass`, ``kernels/weight_pass.cu``) reads the stored bits,
+chooses the scales, writes the codes in the format's final layout and reduces the report's
+figures in one launch; the codes and scales are the host pass's, bit for bit.
+
+:class:`Pipeline` is the run loop's machinery: two slots, each with its own CUDA stream, a
+pinned (page-locked) host buffer the tensor is read into, pinned buffers the results come back
+to, and the device buffers, all reused from weight to weight. :func:`quantize_stream` runs a
+sequence of weights through it so that the file read of one weight overlaps the upload, the
+kernel and the download of the one before (on the other slot's stream), and the upload of one
+overlaps the download of the other. :func:`quantize_rows` is the one-weight call behind
+:func:`gpuq.checkpoints.fused.quantize_weight` (the same interface as the host pass's).
+
+Without a GPU the tests run this module on the CPU execution of the kernels (tests/cudasim),
+whose streams are ordered queues that run only at synchronisation points and whose uploads from
+pinned memory read it when the queue runs, as a GPU's asynchronous copy does: a buffer reused
+too early shows as wrong bytes there.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from .._dtypes import is_bfloat16
+
+
+def device_covers(x, scheme, method: str) -> bool:
+    """Whether the GPU pass takes weight ``x`` in ``scheme`` on top of what the layout takes
+    (:func:`gpuq.checkpoints.fused.covers` checks the rest): ``--calibrate minmax``, weights
+    stored as bfloat16, float16 or float32, and int4/int8 or fp8 codes.
+
+    >>> from gpuq.checkpoints.serving.formats import WeightScheme, int_code
+    >>> from gpuq.checkpoints.formats.compressed_tensors import PACK
+    >>> s = WeightScheme(int_code(4), "group", True, "bfloat16", PACK, group_size=128)
+    >>> device_covers(np.zeros((2, 256), np.float32), s, "minmax"), device_covers(np.zeros((2, 256)), s, "minmax")
+    (True, False)
+    """
+    code = scheme.code
+    if method != "minmax" or not isinstance(x, np.ndarray):
+        return False
+    if not (is_bfloat16(x.dtype) or x.dtype in (np.float16, np.float32)):
+        return False
+    return code.codec == "float8" or (code.codec == "affine" and code.bits in (4, 8) and code.qmin < 0)
+
+
+def _dtype_name(dtype) -> str:
+    return "bfloat16" if is_bfloat16(dtype) else np.dtype(dtype).name
+
+
+class Result(NamedTuple):
+    """One weight's results in its slot's pinned buffers (valid until that slot's next submit)."""
+
+    codes: np.ndarray          # the plan's out_shape and out_dtype
+    scales: np.ndarray         # float32, plan.slots
+    zps: np.ndarray | None     # int32, plan.slots, or None (symmetric)
+    figures: tuple             # (signal, error, max_abs_error)
+    counts: dict               # NaN, +Inf, -Inf
+    failed: bool               # a scale the scale dtype cannot hold: nothing to trust
+
+
+class _Slot:
+    """A stream, pinned host buffers and device buffers, grown to the largest weight asked for."""
+
+    def __init__(self, cupy):
+        self.cupy = cupy
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.event = cupy.cuda.Event(disable_timing=True)
+        self.host = {}    # name -> pinned uint8 NumPy array
+        self.dev = {}     # name -> device uint8 array
+        self.pending = None
+
+    def pinned(self, key: str, nbytes: int) -> np.ndarray:
+        buf = self.host.get(key)
+        if buf is None or buf.size < nbytes:
+            mem = self.cupy.cuda.alloc_pinned_memory(max(nbytes, 1))
+            buf = self.host[key] = np.frombuffer(mem, np.uint8, max(nbytes, 1))
+        return buf[:nbytes]
+
+    def device(self, key: str, nbytes: int):
+        buf = self.dev.get(key)
+        if buf is None or buf.size < nbytes:
+            buf = self.dev[key] = self.cupy.empty(max(nbytes, 8), self.cupy.uint8)
+        return buf[:nbytes]
+
+
+def _view(buf, dtype, count):
+    return buf[:count * np.dtype(dtype).itemsize].view(dtype)
+
+
+class Pipeline:
+    """Two slots taken in turn; see the module docstring.
+
+    >>> pipe = Pipeline()                                    # doctest: +SKIP
+    >>> buf = pipe.input((2, 128), np.float32); buf[...] = 1 # doctest: +SKIP
+    >>> r = pipe.result(pipe.submit(buf, p))                 # doctest: +SKIP
+    """
+
+    def __init__(self):
+        import cupy
+
+        self.cupy = cupy
+        self.slots = [_Slot(cupy), _Slot(cupy)]
+        self.turn = 0
+
+    def input(self, shape, dtype) -> np.ndarray:
+        """The pinned buffer the next :meth:`submit` uploads from, as ``shape`` and ``dtype``
+        (its slot's last result must have been taken)."""
+        slot = self.slots[self.turn]
+        if slot.pending is not None:
+            raise RuntimeError("the slot's last weight was submitted and its result not taken")
+        dtype = np.dtype(dtype)
+        return slot.pinned("in", math.prod(shape) * dtype.itemsize).view(dtype).reshape(shape)
+
+    def submit(self, x: np.ndarray, p) -> _Slot:
+        """Queue weight ``x`` (C order, :meth:`input`'s buffer or any array, then copied into
+        it) under plan ``p`` (:func:`gpuq.backends.cuda.weight_pass.plan`) on the next slot's
+        stream: upload, kernels, downloads, an event. Returns the slot for :meth:`result`."""
+        from ..backends.cuda import weight_pass
+
+        buf = self.input(x.shape, x.dtype)
+        if buf.ctypes.data != x.ctypes.data:
+            buf[...] = x
+        slot = self.slots[self.turn]
+        self.turn ^= 1
+        nin, nout = buf.nbytes, math.prod(p.out_shape) * p.out_dtype.itemsize
+        host_out = slot.pinned("out", nout)
+        host_par = slot.pinned("params", 8 * p.slots)
+        host_fig = slot.pinned("figures", 48 * weight_pass.MAX_BLOCKS + 4)
+        with slot.stream:
+            dev_in = slot.device("in", nin)
+            dev_in.set(buf.reshape(-1).view(np.uint8), stream=slot.stream)
+            dev_out = slot.device("out", nout)
+            dev_par = slot.device("params", 8 * p.slots)
+            dev_fig = slot.device("figures", 48 * weight_pass.MAX_BLOCKS + 4)
+            dev_keys = slot.device("keys", 8)
+            scales = _view(dev_par, np.float32, p.slots)
+            zps = None if p.symmetric and p.qmin < 0 else dev_par[4 * p.slots:].view(np.int32)
+            sums = _view(dev_fig, np.float64, 3 * weight_pass.MAX_BLOCKS)
+            counts = dev_fig[24 * weight_pass.MAX_BLOCKS:48 * weight_pass.MAX_BLOCKS].view(np.int64)
+            flag = dev_fig[48 * weight_pass.MAX_BLOCKS:].view(np.int32)
+            weight_pass.enqueue(dev_in, p, dev_out, scales, zps, sums, counts, flag, dev_keys.view(np.uint32))
+            # The downloads: the codes, the parameters, the partials and the flag, one each.
+            dev_out.get(stream=slot.stream, out=host_out, blocking=False)
+            dev_par.get(stream=slot.stream, out=host_par, blocking=False)
+            dev_fig.get(stream=slot.stream, out=host_fig, blocking=False)
+            slot.event.record(slot.stream)
+        slot.pending = p
+        return slot
+
+    def result(self, slot: _Slot) -> Result:
+        """Wait for ``slot``'s weight and read its results (see :class:`Result`)."""
+        from ..backends.cuda import weight_pass
+
+        p, slot.pending = slot.pending, None
+        slot.event.synchronize()
+        nout = math.prod(p.out_shape) * p.out_dtype.itemsize
+        codes = slot.host["out"][:nout].view(p.out_dtype).reshape(p.out_shape)
+        par = slot.host["params"]
+        scales = _view(par, np.float32, p.slots)
+        zps = None if p.symmetric and p.qmin < 0 else par[4 * p.slots:8 * p.slots].view(np.int32)
+        fig = slot.host["figures"]
+        m = weight_pass.MAX_BLOCKS
+        figures, counts = weight_pass.figures(_view(fig, np.float64, 3 * m),
+                                              fig[24 * m:48 * m].view(np.int64), p.blocks)
+        failed = bool(fig[48 * m:48 * m + 4].view(np.int32)[0] & 2)
+        return Result(codes, scales, zps, figures, counts, failed)
+
+
+class Job(NamedTuple):
+    """One weight of :func:`quantize_stream`: ``fill(buf)`` writes its data into ``buf`` (a pinned
+    array of ``shape`` and ``dtype``; e.g. ``lambda buf: ckpt.load(name, out=buf)``)."""
+
+    key: object
+    shape: tuple
+    dtype: object
+    fill: object
+    plan: object
+
+
+def quantize_stream(jobs, pipeline: Pipeline | None = None):
+    """``(key, Result)`` for each :class:`Job`, in order. The read (``fill``) of each weight runs
+    while the GPU works on the one before; a result is valid until the next one is asked for.
+
+    >>> for key, r in quantize_stream(jobs):                 # doctest: +SKIP
+    ...     write(key, r.codes, r.scales)
+    """
+    pipe = pipeline or _pipeline()
+    prev = None
+    for job in jobs:
+        buf = pipe.input(job.shape, job.dtype)
+        job.fill(buf)  # the host's part, while the GPU has the previous weight
+        slot = pipe.submit(buf, job.plan)
+        if prev is not None:
+            yield prev[0], pipe.result(prev[1])
+        prev = (job.key, slot)
+    if prev is not None:
+        yield prev[0], pipe.result(prev[1])
+
+
+_PIPELINES = {}
+
+
+def _pipeline() -> Pipeline:
+    """The current device's pipeline, made once."""
+    import cupy
+
+    dev = cupy.cuda.Device().id
+    if dev not in _PIPELINES:
+        _PIPELINES[dev] = Pipeline()
+    return _PIPELINES[dev]
+
+
+def quantize_rows(x, code, symmetric, eps, scale_dtype, g, tensor, out):
+    """:func:`gpuq.backends.host.weight_pass.quantize_rows` on the GPU: the same arguments (``x``
+    and ``out`` host arrays), the same results (codes and scales bit for bit; the figures' sums
+    in the kernel's order), or None where a scale falls out of the scale dtype.
+
+    >>> from gpuq._codetypes import code_type                # doctest: +SKIP
+    >>> out = np.empty((1, 1), np.uint32)                     # doctest: +SKIP
+    >>> quantize_rows(np.float32([[7.0, -3.5]]), code_type("int4"), True, np.float32(1e-38),
+    ...               "float32", 2, False, out)[2]           # doctest: +SKIP
+    (61.25, 0.25, 0.5)
+    """
+    from ..backends.cuda import weight_pass
+
+    p = weight_pass.plan(x.shape, _dtype_name(x.dtype), code, symmetric, eps, scale_dtype, g, tensor)
+    pipe = _pipeline()
+    r = pipe.result(pipe.submit(np.ascontiguousarray(x), p))
+    if r.failed:
+        return None
+    out.reshape(-1).view(np.uint8)[...] = r.codes.reshape(-1).view(np.uint8)
+    return r.scales.copy(), None if r.zps is None else r.zps.copy(), r.figures, r.counts
