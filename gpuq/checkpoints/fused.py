@@ -8,9 +8,16 @@ and the caller then takes the multi-pass path (:func:`gpuq.checkpoints.serving.q
 whose bytes it reproduces exactly. Covered: the host device with the compiled loops,
 ``--calibrate minmax``, per-tensor, per-channel or per-group scales in bfloat16, float16 or float32,
 compressed-tensors' ``pack-quantized`` int codes of 4 or 8 bits (symmetric or with zero points,
-each group starting on a word) and ``naive-quantized`` fp8. Everything else (block scales,
-fine-grained fp8, the MSE search, float64 weights, a GPU, NumPy-only hosts, gpuq's own
-files) keeps the multi-pass path.
+each group starting on a word) and ``naive-quantized`` fp8.
+
+gpuq's own files (``gpuq quantize`` without ``--format``, locally or on ``--workers``) take the
+same pass through :func:`covers_file` and :func:`quantize_file_tensor`: int8/uint8 bytes,
+int4/uint4 nibbles (ONNX's order, rows of an even length), fp8 bytes, per tensor, per channel
+(axis 0 of a matrix, the multi-axis scheme of a rank-3+ tensor: one scale a row of its last
+dimension) or in groups along the last dimension that divide it, float32 scales (the
+narrow and the full-range rule). Everything else (block scales, MX/NVFP4 scales, fp4/fp6,
+fine-grained fp8, the MSE search, float64 weights, a GPU, NumPy-only hosts) keeps the
+multi-pass path.
 
 :class:`Buffers` holds the read and write buffers a run reuses from weight to weight.
 """
@@ -105,36 +112,138 @@ def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None):
     >>> t["m.weight_scale"].ravel().tolist(), counts
     ([0.007874015718698502, 0.031496062874794006], {'nan': 0, 'posinf': 0, 'neginf': 0})
     """
-    from .._qoptions import validate
-    from ..backends.host import weight_pass
+    from .scale_rules import api_kwargs
 
     buffers = buffers or Buffers()
     if scale_rule is None:  # the command's rule name ("narrow" is the API's default, None)
-        from .scale_rules import api_kwargs
-
         scale_rule = api_kwargs("float32", getattr(scheme, "scale_rule", None)).get("scale_rule")
-    kw = scheme.api_kwargs()
-    stand_in = np.broadcast_to(np.zeros((), x.dtype), x.shape)  # validate reads no data
-    _, _, _, code, symmetric, eps, sdt, _ = validate(stand_in, kw["axis"], kw["group_size"], None,
-                                                     scheme.code.name, scheme.symmetric, None,
-                                                     scheme.scale_dtype, "minmax", scale_rule)
-    rows, n = x.shape
-    fp8 = code.codec == "float8"
-    if fp8:
-        out = buffers.array("codes", (rows, n), np.uint8)
-    else:
-        out = buffers.array("codes", (rows, -(-n * code.bits // 32)), np.uint32)
+    n = x.shape[1]
     g = scheme.group_size if scheme.strategy == "group" else n
-    done = weight_pass.quantize_rows(x, code, symmetric, eps, sdt, g, scheme.strategy == "tensor", out)
+    done = _run(x, scheme.code.name, scheme.symmetric, scheme.scale_dtype, scheme.strategy, g, scale_rule,
+                buffers, "words")
     if done is None:
         return None
-    scales, zps, (signal, error, max_err), counts = done
-    if sum(counts.values()) == x.size:  # nothing finite to compare: no number is right
-        signal = error = max_err = math.nan
-    stats = {"signal": signal, "error": error, "max_abs_error": max_err}
-    if fp8:
+    out, code, scales, zps, stats, counts = done
+    if code.codec == "float8":
         codes = out.view(scheme.code.host_array_dtype())
         tensors = scheme.layout.encode(module, x.shape, scheme, codes, scales, zps)
     else:
         tensors = scheme.layout.encode_words(module, x.shape, scheme, out.view(np.int32), scales, zps)
     return tensors, stats, counts
+
+
+def _run(x, dtype, symmetric, scale_dtype, strategy, g, scale_rule, buffers, packing):
+    """The pass over a C-order ``[rows, n]`` ``x``: ``(out, code, scales, zps, stats, counts)``
+    (``out`` the codes in ``buffers``' ``"codes"``: fp8 bytes, or int codes as ``packing`` lays
+    them out, :func:`gpuq.backends.host.weight_pass.quantize_rows`), or None where a scale is
+    refused."""
+    from .._qoptions import validate
+    from ..backends.host import weight_pass
+
+    axis = {"tensor": None, "channel": 0, "group": 1}[strategy]
+    stand_in = np.broadcast_to(np.zeros((), x.dtype), x.shape)  # validate reads no data
+    _, _, _, code, symmetric, eps, sdt, _ = validate(stand_in, axis, g if strategy == "group" else None, None,
+                                                     dtype, symmetric, None, scale_dtype, "minmax", scale_rule)
+    rows, n = x.shape
+    if code.codec == "float8":
+        out = buffers.array("codes", (rows, n), np.uint8)
+    elif packing == "words":
+        out = buffers.array("codes", (rows, -(-n * code.bits // 32)), np.uint32)
+    else:
+        out = buffers.array("codes", (rows, n * code.bits // 8), np.uint8)
+    done = weight_pass.quantize_rows(x, code, symmetric, eps, sdt, g, strategy == "tensor", out, packing)
+    if done is None:
+        return None
+    scales, zps, (signal, error, max_err), counts = done
+    if sum(counts.values()) == x.size:  # nothing finite to compare: no number is right
+        signal = error = max_err = math.nan
+    return out, code, scales, zps, {"signal": signal, "error": error, "max_abs_error": max_err}, counts
+
+
+def file_geometry(shape, scheme: dict):
+    """``(rows, n, strategy, g)`` of a gpuq-file tensor of ``shape`` under ``scheme`` (a dict,
+    :mod:`gpuq.checkpoints.quantized`) as the pass sees it, the tensor as ``[rows, n]`` rows of
+    its last dimension; None where the scheme is none the pass takes.
+
+    >>> file_geometry((4, 256), {"dtype": "int8", "axis": 0, "group_size": None})
+    (4, 256, 'channel', 256)
+    >>> file_geometry((2, 4, 256), {"dtype": "int4", "axis": 2, "group_size": 128})
+    (8, 256, 'group', 128)
+    >>> file_geometry((4, 256), {"dtype": "int8", "axis": 1, "group_size": None}) is None  # per column
+    True
+    """
+    rank = len(shape)
+    if rank == 0 or scheme.get("block_size") is not None or "scale_dtype" in scheme:
+        return None
+    n, rows = shape[-1], math.prod(shape[:-1])
+    axis, group = scheme["axis"], scheme["group_size"]
+    if axis is None:
+        return rows, n, "tensor", n
+    if group is None:  # one scale a row of the last dimension: axis 0 of a matrix, or axes [0, rank - 1)
+        chan = axis == 0 if rank == 2 else axis == list(range(rank - 1))
+        return (rows, n, "channel", n) if chan else None
+    if axis == rank - 1 and n % group == 0:
+        return rows, n, "group", group
+    return None
+
+
+def covers_file(x, scheme: dict, device, method: str) -> bool:
+    """Whether :func:`quantize_file_tensor` takes tensor ``x`` of a gpuq file in ``scheme`` (see
+    the module docstring).
+
+    >>> from gpuq.checkpoints.env import HostDevice
+    >>> s = {"dtype": "int4", "symmetric": True, "axis": 1, "group_size": 128}
+    >>> covers_file(np.zeros((2, 256), np.float32), s, HostDevice(), "minmax")
+    True
+    >>> covers_file(np.zeros((2, 256), np.float64), s, HostDevice(), "minmax")
+    False
+    """
+    from .._codetypes import CODE_TYPES
+    from ..backends.host import choice
+
+    if device.name != "cpu" or method != "minmax" or choice.kernels() is None:
+        return False
+    if not isinstance(x, np.ndarray) or x.size == 0 or not x.flags.c_contiguous:
+        return False
+    if not (is_bfloat16(x.dtype) or x.dtype in (np.float16, np.float32)):
+        return False
+    geometry = file_geometry(x.shape, scheme)
+    code = CODE_TYPES.get(scheme["dtype"])
+    if geometry is None or code is None or code.bits not in (4, 8):
+        return False
+    _, n, _, g = geometry
+    if code.codec == "float8":
+        return code.bits == 8
+    return code.bits == 8 or (n % 2 == 0 and g % 2 == 0)  # nibbles: each row and group starts on a byte
+
+
+def quantize_file_tensor(x, scheme: dict, fmt: str, buffers=None):
+    """``(codes, scales, zps, stats, counts)`` of tensor ``x`` in a gpuq file of format ``fmt``
+    (``"safetensors"`` or ``"npz"``), as the multi-pass path stores them (the same bytes; the
+    sums of ``stats`` in another order): the codes in their stored dtype and shape
+    (:func:`gpuq.checkpoints.quantized.codes_dtype`; in ``buffers``' memory where given, valid
+    until its next weight), float32 scales in the parameters' shape, zero points in their
+    stored dtype or None. None where a scale is refused (the multi-pass path says which). The
+    caller checks :func:`covers_file` first.
+
+    >>> s = {"dtype": "int4", "symmetric": True, "axis": 1, "group_size": 2}
+    >>> codes, scales, zps, stats, counts = quantize_file_tensor(np.float32([[7.0, -3.5]]), s, "npz")
+    >>> codes.tolist(), scales.tolist(), zps, stats["error"]
+    ([199], [[1.0]], None, 0.25)
+    """
+    from .quantized import codes_dtype, codes_shape, param_shape, zps_dtype
+    from .scale_rules import api_kwargs
+
+    rows, n, strategy, g = file_geometry(x.shape, scheme)
+    rule = api_kwargs("float32", scheme.get("scale_rule")).get("scale_rule")
+    done = _run(x.reshape(rows, n), scheme["dtype"], scheme["symmetric"], "float32", strategy, g, rule,
+                buffers or Buffers(), "bytes")
+    if done is None:
+        return None
+    out, _, scales, zps, stats, counts = done
+    dtype = scheme["dtype"]
+    codes = out.view(codes_dtype(dtype, fmt)).reshape(codes_shape(dtype, x.shape))
+    pshape = param_shape(x.shape, scheme["axis"], scheme["group_size"])
+    if zps is not None:
+        zps = zps.astype(zps_dtype(dtype)).reshape(pshape)  # in the code range: finalize_one clamps them
+    return codes, scales.reshape(pshape), zps, stats, counts

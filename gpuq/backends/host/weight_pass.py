@@ -100,12 +100,15 @@ def _finite_range(x, table, base, g):
 
 @njit(**JIT)
 def weight_rows(x, table, bits, r0, r1, n, g, qmin, qmax, symmetric, eps, fmt, shift, mag, inf,
-                f, values, cbits, out, scales, zps, acc, cnt, sq, sa, sd, tensor):
+                f, values, cbits, bias, rb, out, scales, zps, acc, cnt, sq, sa, sd, tensor):
     """Rows ``r0:r1`` of a C-order ``[rows, n]`` weight (flat ``x``; ``bits`` its signed-integer
     view), groups of ``g`` along a row (``g == n``: per channel), in one pass.
 
-    Int codes (``f`` None): ``out`` is uint32 words, ``ceil(n * cbits / 32)`` a row, each group
-    starting on a word (``g`` a multiple of ``32 // cbits``, or one group a row). fp8 codes
+    Int codes (``f`` None): ``out`` holds ``rb`` bytes a row, each group starting on a byte;
+    a code's field is ``(q + bias) & (2**cbits - 1)``, two 4-bit fields a byte, the first in the
+    low nibble. compressed-tensors' words: ``rb = 4 * ceil(n * cbits / 32)``, ``bias =
+    2**(cbits - 1)`` (offset binary), the rest of a row's last word zeroed; gpuq's files:
+    ``rb = n * cbits / 8``, ``bias = 0`` (two's complement, or the unsigned code). fp8 codes
     (``f`` = ``formats.fp8_consts``, ``values`` = ``formats.fp8_table``): ``out`` is the bytes,
     ``n`` a row. ``scales``/``zps`` (zps None: symmetric) get one slot per group; ``acc``
     (float64: signal, error, max abs error) and ``cnt`` (int64: NaN, +Inf, -Inf) are added to;
@@ -114,8 +117,7 @@ def weight_rows(x, table, bits, r0, r1, n, g, qmin, qmax, symmetric, eps, fmt, s
     Returns the first row whose parameters ``finalize_one`` refuses (nothing of it written), or -1.
     """
     groups = n // g
-    half = np.int32(1 << (cbits - 1))
-    rb = 4 * -(-n * cbits // 32)  # bytes of a row of words
+    mask = np.int32((1 << cbits) - 1)
     out_bytes = out.view(np.uint8)
     lo_q, hi_q = np.float32(qmin), np.float32(qmax)
     used = -(-n * cbits // 8)  # bytes of a row's fields: the rest of its last word is padding
@@ -154,14 +156,14 @@ def weight_rows(x, table, bits, r0, r1, n, g, qmin, qmax, symmetric, eps, fmt, s
                     zps[slot] = zp
             s, z = scale, np.float32(zp)
             if f is None:
-                # The codes' offset-binary fields (q + 2**(bits - 1)) as bytes: 8-bit ones are the
-                # words' bytes themselves, 4-bit ones are paired up after the loop.
+                # The codes' fields ((q + bias) & mask) as bytes: 8-bit ones are the stored bytes
+                # themselves, 4-bit ones are paired up after the loop.
                 ob = out_bytes[r * rb + gi * g * cbits // 8:]
                 fs = ob if cbits == 8 else sq
                 for j in range(g):
                     v = load(xs, j, table)
                     q = quantize_one(v, s, z, lo_q, hi_q)
-                    fs[j] = np.uint8(q + half)
+                    fs[j] = np.uint8((q + bias) & mask)
                     a = np.float64(v)
                     sa[j] = a
                     sd[j] = a - np.float64((np.float32(q) - z) * s)
@@ -210,16 +212,21 @@ def tensor_range(x, table, bits, n, shift, mag, inf):
     return lo, hi
 
 
-def quantize_rows(x, code, symmetric, eps, scale_dtype, g, tensor, out):
+def quantize_rows(x, code, symmetric, eps, scale_dtype, g, tensor, out, packing="words"):
     """One pass over a C-order 2-D weight ``x`` (bfloat16, float16 or float32): codes of
-    ``code`` (a ``gpuq._codetypes`` row: int or fp8) into ``out`` (uint32 words as
-    :func:`weight_rows` lays them out, or fp8 bytes), groups of ``g`` along a row, one scale for
-    the whole weight where ``tensor``; ``symmetric``, ``eps`` and ``scale_dtype`` as
-    ``gpuq._qoptions.validate`` hands them on. Rows are shared among the host threads.
+    ``code`` (a ``gpuq._codetypes`` row: int or fp8) into ``out``, groups of ``g`` along a row,
+    one scale for the whole weight where ``tensor``; ``symmetric``, ``eps`` and ``scale_dtype``
+    as ``gpuq._qoptions.validate`` hands them on. Rows are shared among the host threads.
+
+    ``out`` holds fp8 bytes, or int codes as ``packing`` says (:func:`weight_rows`):
+    ``"words"``, compressed-tensors' offset-binary fields in uint32 words, each row starting
+    on a word; ``"bytes"``, gpuq's files: int8/uint8 bytes, or int4/uint4 nibbles packed over
+    the C-order flattened weight (ONNX's order; ``n`` even, so each row starts on a byte).
 
     Returns ``(scales, zps, (signal, error, max_abs_error), counts)`` (float32 scales, one a
-    group or one; int32 zps or None; the float64 figures of the finite elements; NaN/+Inf/-Inf
-    counts), or None where ``finalize_one`` refuses a scale (nothing to trust in ``out``).
+    group or one; int32 zps, or None for symmetric signed codes, whose zero point is 0; the
+    float64 figures of the finite elements; NaN/+Inf/-Inf counts), or None where
+    ``finalize_one`` refuses a scale (nothing to trust in ``out``).
 
     >>> from gpuq._codetypes import code_type
     >>> out = np.empty((1, 1), np.uint32)
@@ -241,9 +248,17 @@ def quantize_rows(x, code, symmetric, eps, scale_dtype, g, tensor, out):
         f, values, cbits = formats.fp8_consts(code.fp8, True), formats.fp8_table(code.fp8, np.float32), 8
     else:
         f, values, cbits = None, None, code.bits
+    if packing == "words":
+        rb, bias = 4 * -(-n * cbits // 32), 1 << (cbits - 1)
+    elif packing == "bytes" and n * cbits % 8 == 0:
+        rb, bias = n * cbits // 8, 0
+    else:
+        raise ValueError(f"packing must be 'words', or 'bytes' with whole bytes a row, got {packing!r} "
+                         f"with {n} codes of {cbits} bits a row")
     slots = 1 if tensor else rows * (n // g)
     scales = np.empty(slots, np.float32)
-    zps = None if symmetric else np.empty(slots, np.int32)
+    # symmetric unsigned codes have a zero point too (the middle of the range)
+    zps = None if symmetric and code.qmin < 0 else np.empty(slots, np.int32)
     if tensor:  # the one scale first: a reduction over the whole weight
         lo, hi = tensor_range(flat, table, bits, n, shift, mag, inf)
         # float32 arguments: Python floats would compile the float64 formula
@@ -262,7 +277,7 @@ def quantize_rows(x, code, symmetric, eps, scale_dtype, g, tensor, out):
         r0, r1 = chunks[i]
         sq, sa, sd = np.empty(g, np.uint8), np.empty(g), np.empty(g)
         return weight_rows(flat, table, bits, r0, r1, n, g, code.qmin, code.qmax, symmetric, np.float32(eps),
-                           fmt, shift, mag, inf, f, values, cbits, out.reshape(-1), scales, zps,
+                           fmt, shift, mag, inf, f, values, cbits, np.int32(bias), rb, out.reshape(-1), scales, zps,
                            accs[i], cnts[i], sq, sa, sd, tensor)
 
     if len(chunks) > 1:
