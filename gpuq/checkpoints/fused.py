@@ -84,13 +84,17 @@ def covers(x, scheme, device, method: str) -> bool:
         return False
     if not (is_bfloat16(x.dtype) or x.dtype in (np.float16, np.float32)):
         return False
-    if scheme.scale_dtype not in _SCALE_DTYPES or scheme.strategy not in ("tensor", "channel", "group"):
+    code, one_pass = scheme.code, getattr(scheme.layout, "one_pass", None)  # the layout says what it takes
+    if scheme.scale_dtype not in _SCALE_DTYPES:
+        return False
+    if scheme.strategy == "block":
+        return one_pass == "blocks" and code.codec == "float8" and code.bits == 8 and len(scheme.block) == 2
+    if scheme.strategy not in ("tensor", "channel", "group"):
         return False
     n = x.shape[1]
     g = scheme.group_size if scheme.strategy == "group" else n
     if n % g:
         return False
-    code, one_pass = scheme.code, getattr(scheme.layout, "one_pass", None)  # the layout says what it takes
     if one_pass == "words":
         return code.codec == "affine" and code.bits in (4, 8) and (g == n or g % (32 // code.bits) == 0)
     return one_pass == "bytes" and code.codec == "float8" and scheme.symmetric
@@ -115,6 +119,8 @@ def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None):
     from .scale_rules import api_kwargs
 
     buffers = buffers or Buffers()
+    if scheme.strategy == "block":
+        return _blocks(x, scheme, module, buffers)
     if scale_rule is None:  # the command's rule name ("narrow" is the API's default, None)
         scale_rule = api_kwargs("float32", getattr(scheme, "scale_rule", None)).get("scale_rule")
     n = x.shape[1]
@@ -130,6 +136,30 @@ def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None):
     else:
         tensors = scheme.layout.encode_words(module, x.shape, scheme, out.view(np.int32), scales, zps)
     return tensors, stats, counts
+
+
+def _blocks(x, scheme, module, buffers):
+    """:func:`quantize_weight` of fp8 block scales (fine-grained fp8)."""
+    from .._qoptions import validate
+    from ..backends.host import weight_pass
+
+    stand_in = np.broadcast_to(np.zeros((), x.dtype), x.shape)  # validate reads no data
+    _, _, _, code, symmetric, eps, sdt, _ = validate(stand_in, None, None, tuple(scheme.block), scheme.code.name,
+                                                     True, None, scheme.scale_dtype, "minmax")
+    out = buffers.array("codes", x.shape, np.uint8)
+    done = weight_pass.quantize_blocks(x, code, symmetric, eps, sdt, tuple(scheme.block), out)
+    if done is None:
+        return None
+    scales, (signal, error, max_err), counts = done
+    stats = _figures(signal, error, max_err, counts, x.size)
+    codes = out.view(scheme.code.host_array_dtype())
+    return scheme.layout.encode(module, x.shape, scheme, codes, scales, None), stats, counts
+
+
+def _figures(signal, error, max_err, counts, size) -> dict:
+    if sum(counts.values()) == size:  # nothing finite to compare: no number is right
+        signal = error = max_err = math.nan
+    return {"signal": signal, "error": error, "max_abs_error": max_err}
 
 
 def _run(x, dtype, symmetric, scale_dtype, strategy, g, scale_rule, buffers, packing):
@@ -155,9 +185,7 @@ def _run(x, dtype, symmetric, scale_dtype, strategy, g, scale_rule, buffers, pac
     if done is None:
         return None
     scales, zps, (signal, error, max_err), counts = done
-    if sum(counts.values()) == x.size:  # nothing finite to compare: no number is right
-        signal = error = max_err = math.nan
-    return out, code, scales, zps, {"signal": signal, "error": error, "max_abs_error": max_err}, counts
+    return out, code, scales, zps, _figures(signal, error, max_err, counts, x.size), counts
 
 
 def file_geometry(shape, scheme: dict):

@@ -280,17 +280,132 @@ def quantize_rows(x, code, symmetric, eps, scale_dtype, g, tensor, out, packing=
                            fmt, shift, mag, inf, f, values, cbits, np.int32(bias), rb, out.reshape(-1), scales, zps,
                            accs[i], cnts[i], sq, sa, sd, tensor)
 
-    if len(chunks) > 1:
-        pool = threads.executor()
-        futures = [pool.submit(run, i) for i in range(1, len(chunks))]
-        failed = [run(0)] + [fu.result() for fu in futures]
-    else:
-        failed = [run(0)]
+    failed = _run_chunks(run, len(chunks))
     if any(r >= 0 for r in failed):
         return None
-    counts = dict(zip(("nan", "posinf", "neginf"), (int(v) for v in sum(cnts))))
-    figures = (float(sum(a[0] for a in accs)), float(sum(a[1] for a in accs)), float(max(a[2] for a in accs)))
-    return scales, zps, figures, counts
+    return scales, zps, _totals(accs), _counts(cnts)
+
+
+@njit(**JIT)
+def block_strips(x, table, bits, s0, s1, rows, n, br, bc, qmin, qmax, symmetric, eps, fmt, shift, mag, inf,
+                 f, values, out, scales, acc, cnt, sa, sd, tops):
+    """Strips ``s0:s1`` (``br`` rows each, the last ragged) of a C-order ``[rows, n]`` weight in
+    fp8 blocks of ``br`` x ``bc`` (fine-grained fp8), one strip at a time while it is in cache:
+
+    1. each block's max magnitude, through the bits (:func:`_magnitude`); a block holding NaN or
+       +/-Inf takes the range of its finite values (:func:`_finite_range`), as the rows do;
+    2. ``finalize_one``: its scale, in ``scales`` (the ``[ceil(rows / br), ceil(n / bc)]`` grid, flat);
+    3. the codes (``fp8_of``) into ``out`` (bytes, the weight's shape) and the figures, as
+       :func:`weight_rows` forms them (``values[q] * s`` in float32; ``acc``, ``cnt`` added to).
+
+    ``sa``/``sd`` are float64 scratch of ``bc`` elements, ``tops`` of ``ceil(n / bc)`` in ``bits``'
+    type. Returns the first strip whose scale ``finalize_one`` refuses, or -1.
+    """
+    cols = -(-n // bc)
+    for si in range(s0, s1):
+        r0, r1 = si * br, min(rows, (si + 1) * br)
+        for c in range(cols):
+            tops[c] = 0
+        for r in range(r0, r1):
+            for c in range(cols):
+                c0 = r * n + c * bc
+                tops[c] = max(tops[c], _magnitude(bits[c0:r * n + min(n, (c + 1) * bc)], mag))
+        for c in range(cols):
+            w = min(n, (c + 1) * bc) - c * bc
+            if tops[c] >= inf:  # the finite values' range, with 0 in it
+                lo = hi = np.float32(0)
+                for r in range(r0, r1):
+                    a, b, _, _, _ = _finite_range(x, table, r * n + c * bc, w)
+                    lo, hi = min(lo, a), max(hi, b)
+            else:
+                hi = np.float32(float_of_key(tops[c], bits, shift, mag, table))
+                lo = -hi
+            scale, _, ok = finalize_one(lo, hi, qmin, qmax, symmetric, eps, fmt)
+            if not ok:
+                return si
+            scales[si * cols + c] = scale
+        for r in range(r0, r1):
+            for c in range(cols):
+                c0 = r * n + c * bc
+                w = min(n, (c + 1) * bc) - c * bc
+                xs, os, s = x[c0:c0 + w], out[c0:c0 + w], scales[si * cols + c]
+                for j in range(w):  # the codes apart: a table lookup in the loop stops it vectorizing
+                    os[j] = fp8_of(load(xs, j, table), s, f)
+                for j in range(w):
+                    a = np.float64(load(xs, j, table))
+                    sa[j] = a
+                    sd[j] = a - np.float64(values[os[j]] * s)
+                if tops[c] >= inf:  # rare: the non-finite elements out of the figures, counted
+                    for j in range(w):
+                        if not abs(load(xs, j, table)) <= _FMAX:
+                            sa[j] = sd[j] = 0.0
+                    _, _, nan, pos, neg = _finite_range(xs, table, 0, w)
+                    cnt[0] += nan
+                    cnt[1] += pos
+                    cnt[2] += neg
+                _energy(sa, sd, w, acc)
+    return -1
+
+
+def quantize_blocks(x, code, symmetric, eps, scale_dtype, block, out):
+    """One pass over a C-order 2-D weight ``x`` (bfloat16, float16 or float32) in fp8 ``code``
+    with one scale a ``block`` (rows, columns) block (:func:`block_strips`): the codes' bytes
+    into ``out`` (``x``'s shape, uint8). Strips of blocks are shared among the host threads.
+
+    Returns ``(scales, (signal, error, max_abs_error), counts)`` (the float32 scale grid
+    ``[ceil(rows / block[0]), ceil(n / block[1])]``), or None where a scale is refused.
+
+    >>> from gpuq._codetypes import code_type
+    >>> out = np.empty((1, 3), np.uint8)
+    >>> s, figures, counts = quantize_blocks(np.float32([[448.0, -1.0, 3.0]]), code_type("float8_e4m3fn"),
+    ...                                      True, np.float32(1e-38), "float32", (2, 2), out)
+    >>> s.tolist(), out.tolist(), figures[1], counts["nan"]
+    ([[1.0, 0.0066964286379516125]], [[126, 184, 126]], 0.0, 0)
+    """
+    rows, n = x.shape
+    br, bc = (min(b, d) if b > 0 else d for b, d in zip(block, x.shape))
+    flat, table = x.reshape(-1), None
+    if x.dtype == np.float16:
+        flat, table = flat.view(np.uint16), _float16_table()
+    elif is_bfloat16(x.dtype):
+        flat = flat.view(np.int16)
+    bits = x.reshape(-1).view(KEY_INT[x.dtype.itemsize])
+    shift, mag, inf = key_constants(x.dtype)
+    f, values = formats.fp8_consts(code.fp8, True), formats.fp8_table(code.fp8, np.float32)
+    strips, cols = -(-rows // br), -(-n // bc)
+    scales = np.empty(strips * cols, np.float32)
+    chunks = _chunks(strips, br * n, threads.get_num_threads())
+    accs = [np.zeros(3) for _ in chunks]
+    cnts = [np.zeros(3, np.int64) for _ in chunks]
+
+    def run(i):
+        s0, s1 = chunks[i]
+        return block_strips(flat, table, bits, s0, s1, rows, n, br, bc, code.qmin, code.qmax, symmetric,
+                            np.float32(eps), SCALE_FORMATS[scale_dtype], shift, mag, inf, f, values,
+                            out.reshape(-1), scales, accs[i], cnts[i], np.empty(bc), np.empty(bc),
+                            np.zeros(cols, bits.dtype))
+
+    failed = _run_chunks(run, len(chunks))
+    if any(r >= 0 for r in failed):
+        return None
+    return scales.reshape(strips, cols), _totals(accs), _counts(cnts)
+
+
+def _run_chunks(run, k):
+    """``[run(0), ..., run(k - 1)]``, all but the first on the host backend's pool."""
+    if k == 1:
+        return [run(0)]
+    pool = threads.executor()
+    futures = [pool.submit(run, i) for i in range(1, k)]
+    return [run(0)] + [fu.result() for fu in futures]
+
+
+def _totals(accs):
+    return float(sum(a[0] for a in accs)), float(sum(a[1] for a in accs)), float(max(a[2] for a in accs))
+
+
+def _counts(cnts):
+    return dict(zip(("nan", "posinf", "neginf"), (int(v) for v in sum(cnts))))
 
 
 #: Elements per thread below which one thread does the whole weight (a thread's start costs more).
