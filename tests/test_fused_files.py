@@ -189,7 +189,7 @@ def test_other_schemes_keep_the_multi_pass_path(shape, s):
     x = tensor(shape, np.float32)
     assert not fused.covers_file(x, s, HostDevice(), "minmax")
     assert not fused.covers_file(tensor((4, 128), np.float64), scheme("int8", True, 0), HostDevice(), "minmax")
-    assert not fused.covers_file(tensor((4, 128), np.float32), scheme("int8", True, 0), HostDevice(), "mse")
+    assert not fused.covers_file(tensor((4, 128), np.float32), scheme("int8", True, 0), HostDevice(), "percentile")
 
 
 def write_input(path, fmt, dtype):
@@ -280,3 +280,16 @@ def test_each_shard_takes_the_one_pass(tmp_path, monkeypatch):
             assert open(os.path.join(outs[0], shard), "rb").read() == open(os.path.join(outs[1], shard), "rb").read()
             with Checkpoint(os.path.join(outs[0], shard)) as ck:
                 assert ck.meta is not None
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("name", ["int4-g32-asym", "uint8-channel-sym", "int8-multi-axis", "e5m2-tensor"])
+def test_mse_search_scales_then_the_one_pass(name, dtype):
+    """``--calibrate mse``: the search's scales (of the finite values), then the pass's codes."""
+    make, shapes = CASES[name]
+    x = tensor(shapes[0], dtype, seed=2)
+    s = make(x.shape)
+    assert fused.covers_file(x, s, HostDevice(), "mse")
+    q, scales, zps, stats, counts = convert.quantize_tensor(x, s, HostDevice(), nonfinite="allow", calibrate="mse")
+    want = convert.stored_codes(q, s, "safetensors"), scales, zps, stats, counts
+    assert_same(x, s, want, fused.quantize_file_tensor(x, s, "safetensors", None, "mse"))

@@ -207,7 +207,8 @@ def test_covers_only_its_cases():
     x = np.zeros((4, 256), np.float32)
     host, s = HostDevice(), SCHEMES["int4-g128-sym-bf16"]
     assert fused.covers(x, s, host, "minmax")
-    assert not fused.covers(x, s, host, "mse")
+    assert fused.covers(x, s, host, "mse")  # the search's scales, then the pass
+    assert not fused.covers(x, s, host, "percentile")
     assert not fused.covers(x.astype(np.float64), s, host, "minmax")
     assert not fused.covers(x[:, ::2], SCHEMES["int8-channel-sym-f16"], host, "minmax")  # not C-order
     assert not fused.covers(x, WeightScheme(fp8_code(), "block", True, "float32", NAIVE, block=(128, 128)),
@@ -306,3 +307,22 @@ def test_fp8_block_counts_and_figures_are_numpys(dtype):
     assert stats["max_abs_error"] == float(np.abs(d).max())
     assert stats["signal"] == pytest.approx(float((a * a).sum()), rel=1e-12, abs=0.0)
     assert stats["error"] == pytest.approx(float((d * d).sum()), rel=1e-12, abs=0.0)
+
+
+def multi_pass_mse(x, scheme, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(fused, "covers", lambda *a: False)
+        return serving.quantize_weight(x, scheme, HostDevice(), "m.weight", nonfinite="allow", method="mse")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("name", ["int4-g32-asym-bf16", "int8-channel-sym-f16", "fp8-channel-bf16"])
+def test_mse_search_scales_then_the_one_pass(name, dtype, monkeypatch):
+    """``--calibrate mse``: the search's scales (NaN/Inf rows included), then the pass's codes."""
+    scheme = SCHEMES[name]
+    assert fused.covers(weight((5, 96), dtype), scheme, HostDevice(), "mse")
+    for shape in [(5, 96), (1, 128)]:
+        x = weight(shape, dtype, seed=7)
+        got = serving.quantize_weight(x, scheme, HostDevice(), "m.weight", nonfinite="allow", method="mse")
+        assert_same(multi_pass_mse(x, scheme, monkeypatch), got)
+    assert not fused.covers(weight((5, 96), dtype), BLOCKS[(4, 32)], HostDevice(), "mse")

@@ -523,7 +523,7 @@ def _quantize_one(ckpt, name, scheme, row, out, device, nonfinite, warn, calibra
 
     x = buffers.load(ckpt, name)
     # The one pass (gpuq.checkpoints.fused) where it covers the case: the same bytes.
-    done = (fused.quantize_file_tensor(x, scheme, out.fmt, buffers)
+    done = (fused.quantize_file_tensor(x, scheme, out.fmt, buffers, calibrate)
             if fused.covers_file(x, scheme, device, calibrate) else None)
     if done is not None:
         codes, scales, zps, stats, counts = done

@@ -6,9 +6,10 @@ float16, float32), chooses the scales, writes the codes in the format's final la
 sums the report's figures at once; it returns None for any case that pass does not cover,
 and the caller then takes the multi-pass path (:func:`gpuq.checkpoints.serving.quantize.quantize_weight`),
 whose bytes it reproduces exactly. Covered: the host device with the compiled loops,
-``--calibrate minmax``, per-tensor, per-channel or per-group scales in bfloat16, float16 or float32,
+per-tensor, per-channel or per-group scales in bfloat16, float16 or float32,
 compressed-tensors' ``pack-quantized`` int codes of 4 or 8 bits (symmetric or with zero points,
-each group starting on a word) and ``naive-quantized`` fp8.
+each group starting on a word) and ``naive-quantized`` fp8; fine-grained fp8's block scales
+(``--calibrate minmax``: :func:`gpuq.backends.host.weight_pass.block_strips`).
 
 gpuq's own files (``gpuq quantize`` without ``--format``, locally or on ``--workers``) take the
 same pass through :func:`covers_file` and :func:`quantize_file_tensor`: int8/uint8 bytes,
@@ -16,8 +17,11 @@ int4/uint4 nibbles (ONNX's order, rows of an even length), fp8 bytes, per tensor
 (axis 0 of a matrix, the multi-axis scheme of a rank-3+ tensor: one scale a row of its last
 dimension) or in groups along the last dimension that divide it, float32 scales (the
 narrow and the full-range rule). Everything else (block scales, MX/NVFP4 scales, fp4/fp6,
-fine-grained fp8, the MSE search, float64 weights, a GPU, NumPy-only hosts) keeps the
-multi-pass path.
+float64 weights, a GPU, NumPy-only hosts) keeps the multi-pass path.
+
+``--calibrate mse`` (not with block scales): the search chooses the scales as the multi-pass
+path does (:func:`gpuq.choose_qparams`, today's code), then the pass writes the codes and
+sums the figures with them.
 
 :class:`Buffers` holds the read and write buffers a run reuses from weight to weight.
 """
@@ -73,12 +77,14 @@ def covers(x, scheme, device, method: str) -> bool:
     >>> s = WeightScheme(int_code(4), "group", True, "bfloat16", PACK, group_size=128)
     >>> covers(np.zeros((2, 256), np.float32), s, HostDevice(), "minmax")
     True
-    >>> covers(np.zeros((2, 256), np.float32), s, HostDevice(), "mse")
+    >>> covers(np.zeros((2, 256), np.float32), s, HostDevice(), "mse")  # the search's scales, then the pass
+    True
+    >>> covers(np.zeros((2, 256), np.float64), s, HostDevice(), "minmax")
     False
     """
     from ..backends.host import choice
 
-    if device.name != "cpu" or method != "minmax" or choice.kernels() is None:
+    if device.name != "cpu" or method not in ("minmax", "mse") or choice.kernels() is None:
         return False
     if not isinstance(x, np.ndarray) or x.ndim != 2 or x.size == 0 or not x.flags.c_contiguous:
         return False
@@ -88,7 +94,7 @@ def covers(x, scheme, device, method: str) -> bool:
     if scheme.scale_dtype not in _SCALE_DTYPES:
         return False
     if scheme.strategy == "block":
-        return one_pass == "blocks" and code.codec == "float8" and code.bits == 8 and len(scheme.block) == 2
+        return method == "minmax" and one_pass == "blocks" and code.codec == "float8" and code.bits == 8 and len(scheme.block) == 2
     if scheme.strategy not in ("tensor", "channel", "group"):
         return False
     n = x.shape[1]
@@ -100,13 +106,15 @@ def covers(x, scheme, device, method: str) -> bool:
     return one_pass == "bytes" and code.codec == "float8" and scheme.symmetric
 
 
-def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None):
+def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None, method="minmax"):
     """``(tensors, stats, counts)`` of weight ``x`` as the multi-pass path gives them (the same
     bytes; the sums of ``stats`` in another order), in one pass; None where that pass refuses
     a group's parameters (a scale the scale dtype cannot hold: the multi-pass path then says
     which). The caller checks :func:`covers` first. ``scale_rule`` is ``choose_qparams``' (None
     or ``"full"``; None takes the scheme's ``scale_rule`` where it has one); ``buffers`` a
-    :class:`Buffers` for the codes (a fresh array without).
+    :class:`Buffers` for the codes (a fresh array without); ``method`` ``"mse"``: the scales are
+    the MSE search's (:func:`gpuq.choose_qparams`, as the multi-pass path calls it), the codes
+    and figures the pass's.
 
     >>> from gpuq.checkpoints.formats.compressed_tensors import PACK
     >>> from gpuq.checkpoints.serving.formats import WeightScheme, int_code
@@ -125,8 +133,14 @@ def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None):
         scale_rule = api_kwargs("float32", getattr(scheme, "scale_rule", None)).get("scale_rule")
     n = x.shape[1]
     g = scheme.group_size if scheme.strategy == "group" else n
+    given = None
+    if method == "mse":
+        given = _searched(x, x, scheme.code.name, scheme.symmetric, scheme.scale_dtype, scale_rule,
+                          scheme.api_kwargs())
+        if given is None:
+            return None
     done = _run(x, scheme.code.name, scheme.symmetric, scheme.scale_dtype, scheme.strategy, g, scale_rule,
-                buffers, "words")
+                buffers, "words", given)
     if done is None:
         return None
     out, code, scales, zps, stats, counts = done
@@ -162,7 +176,24 @@ def _figures(signal, error, max_err, counts, size) -> dict:
     return {"signal": signal, "error": error, "max_abs_error": max_err}
 
 
-def _run(x, dtype, symmetric, scale_dtype, strategy, g, scale_rule, buffers, packing):
+def _searched(x, x2d, dtype, symmetric, scale_dtype, scale_rule, kw):
+    """``(scales, zps)`` of the MSE search over ``x`` (``x2d`` its ``[rows, n]`` view), as the
+    multi-pass path chooses them: from the finite values (NaN/Inf replaced by 0 where there
+    are any); None where the search refuses (the multi-pass path then says why)."""
+    import gpuq
+
+    from ..backends.host.weight_pass import nonfinite_in
+    from .convert import finite_part
+
+    pd = finite_part(x) if nonfinite_in(x2d) else x
+    try:
+        return gpuq.choose_qparams(pd, dtype=dtype, symmetric=symmetric, scale_dtype=scale_dtype, method="mse",
+                                   **kw, **({} if scale_rule is None else {"scale_rule": scale_rule}))
+    except ValueError:
+        return None
+
+
+def _run(x, dtype, symmetric, scale_dtype, strategy, g, scale_rule, buffers, packing, given=None):
     """The pass over a C-order ``[rows, n]`` ``x``: ``(out, code, scales, zps, stats, counts)``
     (``out`` the codes in ``buffers``' ``"codes"``: fp8 bytes, or int codes as ``packing`` lays
     them out, :func:`gpuq.backends.host.weight_pass.quantize_rows`), or None where a scale is
@@ -181,7 +212,7 @@ def _run(x, dtype, symmetric, scale_dtype, strategy, g, scale_rule, buffers, pac
         out = buffers.array("codes", (rows, -(-n * code.bits // 32)), np.uint32)
     else:
         out = buffers.array("codes", (rows, n * code.bits // 8), np.uint8)
-    done = weight_pass.quantize_rows(x, code, symmetric, eps, sdt, g, strategy == "tensor", out, packing)
+    done = weight_pass.quantize_rows(x, code, symmetric, eps, sdt, g, strategy == "tensor", out, packing, given)
     if done is None:
         return None
     scales, zps, (signal, error, max_err), counts = done
@@ -229,7 +260,7 @@ def covers_file(x, scheme: dict, device, method: str) -> bool:
     from .._codetypes import CODE_TYPES
     from ..backends.host import choice
 
-    if device.name != "cpu" or method != "minmax" or choice.kernels() is None:
+    if device.name != "cpu" or method not in ("minmax", "mse") or choice.kernels() is None:
         return False
     if not isinstance(x, np.ndarray) or x.size == 0 or not x.flags.c_contiguous:
         return False
@@ -245,27 +276,33 @@ def covers_file(x, scheme: dict, device, method: str) -> bool:
     return code.bits == 8 or (n % 2 == 0 and g % 2 == 0)  # nibbles: each row and group starts on a byte
 
 
-def quantize_file_tensor(x, scheme: dict, fmt: str, buffers=None):
+def quantize_file_tensor(x, scheme: dict, fmt: str, buffers=None, method="minmax"):
     """``(codes, scales, zps, stats, counts)`` of tensor ``x`` in a gpuq file of format ``fmt``
     (``"safetensors"`` or ``"npz"``), as the multi-pass path stores them (the same bytes; the
     sums of ``stats`` in another order): the codes in their stored dtype and shape
     (:func:`gpuq.checkpoints.quantized.codes_dtype`; in ``buffers``' memory where given, valid
     until its next weight), float32 scales in the parameters' shape, zero points in their
-    stored dtype or None. None where a scale is refused (the multi-pass path says which). The
-    caller checks :func:`covers_file` first.
+    stored dtype or None. None where a scale is refused (the multi-pass path says which).
+    ``method`` ``"mse"``: the MSE search's scales, then the pass. The caller checks
+    :func:`covers_file` first.
 
     >>> s = {"dtype": "int4", "symmetric": True, "axis": 1, "group_size": 2}
     >>> codes, scales, zps, stats, counts = quantize_file_tensor(np.float32([[7.0, -3.5]]), s, "npz")
     >>> codes.tolist(), scales.tolist(), zps, stats["error"]
     ([199], [[1.0]], None, 0.25)
     """
-    from .quantized import codes_dtype, codes_shape, param_shape, zps_dtype
+    from .quantized import codes_dtype, codes_shape, param_shape, scheme_kw, zps_dtype
     from .scale_rules import api_kwargs
 
     rows, n, strategy, g = file_geometry(x.shape, scheme)
     rule = api_kwargs("float32", scheme.get("scale_rule")).get("scale_rule")
-    done = _run(x.reshape(rows, n), scheme["dtype"], scheme["symmetric"], "float32", strategy, g, rule,
-                buffers or Buffers(), "bytes")
+    x2d, given = x.reshape(rows, n), None
+    if method == "mse":
+        given = _searched(x, x2d, scheme["dtype"], scheme["symmetric"], "float32", rule, scheme_kw(scheme))
+        if given is None:
+            return None
+    done = _run(x2d, scheme["dtype"], scheme["symmetric"], "float32", strategy, g, rule,
+                buffers or Buffers(), "bytes", given)
     if done is None:
         return None
     out, _, scales, zps, stats, counts = done

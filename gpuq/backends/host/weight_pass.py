@@ -100,7 +100,7 @@ def _finite_range(x, table, base, g):
 
 @njit(**JIT)
 def weight_rows(x, table, bits, r0, r1, n, g, qmin, qmax, symmetric, eps, fmt, shift, mag, inf,
-                f, values, cbits, bias, rb, out, scales, zps, acc, cnt, sq, sa, sd, tensor):
+                f, values, cbits, bias, rb, out, scales, zps, acc, cnt, sq, sa, sd, tensor, given):
     """Rows ``r0:r1`` of a C-order ``[rows, n]`` weight (flat ``x``; ``bits`` its signed-integer
     view), groups of ``g`` along a row (``g == n``: per channel), in one pass.
 
@@ -113,7 +113,8 @@ def weight_rows(x, table, bits, r0, r1, n, g, qmin, qmax, symmetric, eps, fmt, s
     ``n`` a row. ``scales``/``zps`` (zps None: symmetric) get one slot per group; ``acc``
     (float64: signal, error, max abs error) and ``cnt`` (int64: NaN, +Inf, -Inf) are added to;
     ``sq`` (uint8), ``sa``/``sd`` (float64) are scratch of ``g`` elements. ``tensor`` True:
-    one scale (and zp) for the whole weight, given in ``scales[0]`` (``zps[0]``), ``g == n``.
+    one scale (and zp) for the whole weight, given in ``scales[0]`` (``zps[0]``), ``g == n``;
+    ``given`` True: every group's scale (and zp) is given in its slot (the MSE search's).
     Returns the first row whose parameters ``finalize_one`` refuses (nothing of it written), or -1.
     """
     groups = n // g
@@ -131,7 +132,7 @@ def weight_rows(x, table, bits, r0, r1, n, g, qmin, qmax, symmetric, eps, fmt, s
             xs, bs = x[base:base + g], bits[base:base + g]
             top = _magnitude(bs, mag)
             bad = top >= inf
-            if tensor:  # one scale for the whole weight, chosen by tensor_range and the caller
+            if tensor or given:  # chosen already: by tensor_range and the caller, or the search
                 lo = hi = np.float32(0)
             elif bad:  # parameters of the finite values
                 lo, hi, _, _, _ = _finite_range(xs, table, 0, g)
@@ -144,8 +145,9 @@ def weight_rows(x, table, bits, r0, r1, n, g, qmin, qmax, symmetric, eps, fmt, s
                 ka, kb = run_keys(bs, 0, g, shift, mag, inf)
                 lo = np.float32(float_of_key(ka, bits, shift, mag, table))
                 hi = np.float32(float_of_key(kb, bits, shift, mag, table))
-            if tensor:
-                scale, zp = scales[0], np.int32(0) if zps is None else zps[0]
+            if tensor or given:
+                slot = 0 if tensor else r * groups + gi
+                scale, zp = scales[slot], np.int32(0) if zps is None else zps[slot]
             else:
                 scale, zp, ok = finalize_one(lo, hi, qmin, qmax, symmetric, eps, fmt)
                 if not ok:
@@ -212,7 +214,7 @@ def tensor_range(x, table, bits, n, shift, mag, inf):
     return lo, hi
 
 
-def quantize_rows(x, code, symmetric, eps, scale_dtype, g, tensor, out, packing="words"):
+def quantize_rows(x, code, symmetric, eps, scale_dtype, g, tensor, out, packing="words", given=None):
     """One pass over a C-order 2-D weight ``x`` (bfloat16, float16 or float32): codes of
     ``code`` (a ``gpuq._codetypes`` row: int or fp8) into ``out``, groups of ``g`` along a row,
     one scale for the whole weight where ``tensor``; ``symmetric``, ``eps`` and ``scale_dtype``
@@ -222,6 +224,10 @@ def quantize_rows(x, code, symmetric, eps, scale_dtype, g, tensor, out, packing=
     ``"words"``, compressed-tensors' offset-binary fields in uint32 words, each row starting
     on a word; ``"bytes"``, gpuq's files: int8/uint8 bytes, or int4/uint4 nibbles packed over
     the C-order flattened weight (ONNX's order; ``n`` even, so each row starts on a byte).
+
+    ``given`` ``(scales, zps)``: the parameters chosen already (``--calibrate mse``: the
+    search's, one a group or one; zps None for symmetric signed codes), which the pass takes
+    as they are (the codes and figures only).
 
     Returns ``(scales, zps, (signal, error, max_abs_error), counts)`` (float32 scales, one a
     group or one; int32 zps, or None for symmetric signed codes, whose zero point is 0; the
@@ -259,7 +265,11 @@ def quantize_rows(x, code, symmetric, eps, scale_dtype, g, tensor, out, packing=
     scales = np.empty(slots, np.float32)
     # symmetric unsigned codes have a zero point too (the middle of the range)
     zps = None if symmetric and code.qmin < 0 else np.empty(slots, np.int32)
-    if tensor:  # the one scale first: a reduction over the whole weight
+    if given is not None:
+        scales[:] = np.asarray(given[0], np.float32).reshape(-1)
+        if zps is not None:
+            zps[:] = np.asarray(given[1]).reshape(-1)
+    elif tensor:  # the one scale first: a reduction over the whole weight
         lo, hi = tensor_range(flat, table, bits, n, shift, mag, inf)
         # float32 arguments: Python floats would compile the float64 formula
         scale, zp, ok = finalize_one(np.float32(lo), np.float32(hi), code.qmin, code.qmax, symmetric,
@@ -278,7 +288,7 @@ def quantize_rows(x, code, symmetric, eps, scale_dtype, g, tensor, out, packing=
         sq, sa, sd = np.empty(g, np.uint8), np.empty(g), np.empty(g)
         return weight_rows(flat, table, bits, r0, r1, n, g, code.qmin, code.qmax, symmetric, np.float32(eps),
                            fmt, shift, mag, inf, f, values, cbits, np.int32(bias), rb, out.reshape(-1), scales, zps,
-                           accs[i], cnts[i], sq, sa, sd, tensor)
+                           accs[i], cnts[i], sq, sa, sd, tensor, given is not None)
 
     failed = _run_chunks(run, len(chunks))
     if any(r >= 0 for r in failed):
@@ -389,6 +399,26 @@ def quantize_blocks(x, code, symmetric, eps, scale_dtype, block, out):
     if any(r >= 0 for r in failed):
         return None
     return scales.reshape(strips, cols), _totals(accs), _counts(cnts)
+
+
+@njit(**JIT)
+def has_nonfinite(bits, mag, inf, n):
+    """Whether the flat weight of integer view ``bits`` holds a NaN or +/-Inf (rows of ``n``:
+    the max magnitude bits, which vectorizes): what the MSE search needs to know first."""
+    for r in range(bits.size // n):
+        if _magnitude(bits[r * n:(r + 1) * n], mag) >= inf:
+            return True
+    return False
+
+
+def nonfinite_in(x) -> bool:
+    """Whether the C-order 2-D ``x`` (bfloat16, float16 or float32) holds a NaN or +/-Inf.
+
+    >>> nonfinite_in(np.float32([[1.0, np.inf]])), nonfinite_in(np.float16([[1.0, 2.0]]))
+    (True, False)
+    """
+    _, mag, inf = key_constants(x.dtype)
+    return bool(has_nonfinite(x.reshape(-1).view(KEY_INT[x.dtype.itemsize]), mag, inf, x.shape[1]))
 
 
 def _run_chunks(run, k):
