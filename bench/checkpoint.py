@@ -228,15 +228,16 @@ def remove_output(out: str) -> None:
 
 
 def in_memory(folder: str, scheme: str) -> float:
-    """Seconds of choose_qparams + quantize over the folder's Linear weights, loaded in memory."""
+    """Seconds of choose_qparams + quantize over the folder's Linear weights, loaded in memory;
+    None for a scheme with no such call (the NVFP4 and MXFP4 presets)."""
+    kw = SCHEMES[scheme]["qparams"]
+    if kw is None:  # no one call of the array API does what the format does (NVFP4, MXFP4 presets)
+        return None
     import gpuq
     from safetensors.numpy import load_file
 
     weights = {k: v for k, v in load_file(os.path.join(folder, "model.safetensors")).items()
                if k.endswith("_proj.weight")}
-    kw = SCHEMES[scheme]["qparams"]
-    if kw is None:
-        return None
     sdt = SCHEMES[scheme].get("scale_dtype", "bfloat16")
     # One small call first: the numba compilation is not the weights' time.
     w0 = next(iter(weights.values()))[:2, :128]
