@@ -326,3 +326,17 @@ def test_mse_search_scales_then_the_one_pass(name, dtype, monkeypatch):
         got = serving.quantize_weight(x, scheme, HostDevice(), "m.weight", nonfinite="allow", method="mse")
         assert_same(multi_pass_mse(x, scheme, monkeypatch), got)
     assert not fused.covers(weight((5, 96), dtype), BLOCKS[(4, 32)], HostDevice(), "mse")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("rule", ["even", "floor", "rceil"])
+def test_mxfp8_takes_the_library_scales_then_the_one_pass(rule, dtype, monkeypatch):
+    """compressed-tensors' mxfp8-quantized: choose_qparams' e8m0 scales, the pass's fp8 bytes."""
+    from gpuq.checkpoints.formats.ct_microscaling import MX
+
+    scheme = WeightScheme(fp8_code(), "group", True, "float8_e8m0fnu", MX[8], group_size=32, scale_rule=rule)
+    for shape in [(1, 32), (5, 96), (4, 128)]:
+        x = weight(shape, dtype, seed=8)
+        x[-1, :32] = 3e-39 if dtype != np.float16 else 1e-7  # a group whose amax is subnormal
+        assert_same(multi_pass(x, scheme, monkeypatch), one_pass(x, scheme))
+    assert not fused.covers(weight((5, 96), dtype), scheme, HostDevice(), "mse")

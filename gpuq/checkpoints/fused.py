@@ -21,7 +21,9 @@ float64 weights, a GPU, NumPy-only hosts) keeps the multi-pass path.
 
 ``--calibrate mse`` (not with block scales): the search chooses the scales as the multi-pass
 path does (:func:`gpuq.choose_qparams`, today's code), then the pass writes the codes and
-sums the figures with them.
+sums the figures with them. compressed-tensors' ``mxfp8-quantized`` takes the same road:
+``choose_qparams``' e8m0 scales (a reduction over the weight), then the pass's fp8 bytes and
+figures. MXFP4/MXFP6/NVFP4 and gpt-oss MXFP4 keep the multi-pass path.
 
 :class:`Buffers` holds the read and write buffers a run reuses from weight to weight.
 """
@@ -35,6 +37,7 @@ import numpy as np
 from .._dtypes import is_bfloat16
 
 _SCALE_DTYPES = ("bfloat16", "float16", "float32")
+_E8M0 = "float8_e8m0fnu"
 
 
 class Buffers:
@@ -91,6 +94,9 @@ def covers(x, scheme, device, method: str) -> bool:
     if not (is_bfloat16(x.dtype) or x.dtype in (np.float16, np.float32)):
         return False
     code, one_pass = scheme.code, getattr(scheme.layout, "one_pass", None)  # the layout says what it takes
+    if one_pass == "mx-bytes":  # MXFP8: choose_qparams' e8m0 scales, then the pass
+        return (method == "minmax" and scheme.strategy == "group" and scheme.scale_dtype == _E8M0
+                and code.codec == "float8" and code.bits == 8 and x.shape[1] % scheme.group_size == 0)
     if scheme.scale_dtype not in _SCALE_DTYPES:
         return False
     if scheme.strategy == "block":
@@ -134,9 +140,9 @@ def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None, me
     n = x.shape[1]
     g = scheme.group_size if scheme.strategy == "group" else n
     given = None
-    if method == "mse":
-        given = _searched(x, x, scheme.code.name, scheme.symmetric, scheme.scale_dtype, scale_rule,
-                          scheme.api_kwargs())
+    if method == "mse" or scheme.scale_dtype == _E8M0:  # the search's, or MX, scales: the library's call
+        given = _chosen(x, x, scheme.code.name, scheme.symmetric, scheme.scale_dtype, scale_rule,
+                        scheme.api_kwargs(), method)
         if given is None:
             return None
     done = _run(x, scheme.code.name, scheme.symmetric, scheme.scale_dtype, scheme.strategy, g, scale_rule,
@@ -176,10 +182,11 @@ def _figures(signal, error, max_err, counts, size) -> dict:
     return {"signal": signal, "error": error, "max_abs_error": max_err}
 
 
-def _searched(x, x2d, dtype, symmetric, scale_dtype, scale_rule, kw):
-    """``(scales, zps)`` of the MSE search over ``x`` (``x2d`` its ``[rows, n]`` view), as the
-    multi-pass path chooses them: from the finite values (NaN/Inf replaced by 0 where there
-    are any); None where the search refuses (the multi-pass path then says why)."""
+def _chosen(x, x2d, dtype, symmetric, scale_dtype, scale_rule, kw, method):
+    """``(scales, zps)`` of :func:`gpuq.choose_qparams` over ``x`` (``x2d`` its ``[rows, n]``
+    view) by ``method`` (the MSE search, or MX's min/max rule), as the multi-pass path chooses
+    them: from the finite values (NaN/Inf replaced by 0 where there are any); None where the
+    call refuses (the multi-pass path then says why)."""
     import gpuq
 
     from ..backends.host.weight_pass import nonfinite_in
@@ -187,7 +194,7 @@ def _searched(x, x2d, dtype, symmetric, scale_dtype, scale_rule, kw):
 
     pd = finite_part(x) if nonfinite_in(x2d) else x
     try:
-        return gpuq.choose_qparams(pd, dtype=dtype, symmetric=symmetric, scale_dtype=scale_dtype, method="mse",
+        return gpuq.choose_qparams(pd, dtype=dtype, symmetric=symmetric, scale_dtype=scale_dtype, method=method,
                                    **kw, **({} if scale_rule is None else {"scale_rule": scale_rule}))
     except ValueError:
         return None
@@ -298,7 +305,7 @@ def quantize_file_tensor(x, scheme: dict, fmt: str, buffers=None, method="minmax
     rule = api_kwargs("float32", scheme.get("scale_rule")).get("scale_rule")
     x2d, given = x.reshape(rows, n), None
     if method == "mse":
-        given = _searched(x, x2d, scheme["dtype"], scheme["symmetric"], "float32", rule, scheme_kw(scheme))
+        given = _chosen(x, x2d, scheme["dtype"], scheme["symmetric"], "float32", rule, scheme_kw(scheme), "mse")
         if given is None:
             return None
     done = _run(x2d, scheme["dtype"], scheme["symmetric"], "float32", strategy, g, rule,

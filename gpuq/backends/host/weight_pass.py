@@ -249,7 +249,7 @@ def quantize_rows(x, code, symmetric, eps, scale_dtype, g, tensor, out, packing=
         flat = flat.view(np.int16)  # bfloat16 bits, widened by a shift in the loop
     bits = x.reshape(-1).view(KEY_INT[x.dtype.itemsize])
     shift, mag, inf = key_constants(x.dtype)
-    fmt = SCALE_FORMATS[scale_dtype]
+    fmt = 0 if given is not None else SCALE_FORMATS[scale_dtype]  # given scales are not rounded again
     if code.codec == "float8":
         f, values, cbits = formats.fp8_consts(code.fp8, True), formats.fp8_table(code.fp8, np.float32), 8
     else:
