@@ -71,6 +71,17 @@ class Buffers:
         return ckpt.load(name, out=self.array("in", shape, dtype))
 
 
+def finite_part(x: np.ndarray) -> np.ndarray:
+    """``x`` with NaN and +-Inf replaced by 0: the values a tensor's parameters come from under
+    ``--nonfinite warn/allow`` (signalling NaNs too, without NumPy's invalid-value warning).
+
+    >>> finite_part(np.array([1.5, np.nan, -np.inf, 2.0], np.float32))
+    array([1.5, 0. , 0. , 2. ], dtype=float32)
+    """
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isfinite(x), x, x.dtype.type(0))
+
+
 def covers(x, scheme, device, method: str) -> bool:
     """Whether :func:`quantize_weight` takes weight ``x`` in ``scheme`` (see the module docstring).
 
@@ -190,7 +201,6 @@ def _chosen(x, x2d, dtype, symmetric, scale_dtype, scale_rule, kw, method):
     import gpuq
 
     from ..backends.host.weight_pass import nonfinite_in
-    from .convert import finite_part
 
     pd = finite_part(x) if nonfinite_in(x2d) else x
     try:
