@@ -4,7 +4,8 @@ Run from the repository root (no GPU needed)::
 
     python bench/checkpoint.py                    # ~2.95 GB bf16 Llama folder (hidden 4096, 6 layers)
     python bench/checkpoint.py --scale 16         # a small folder for a quick run
-    python bench/checkpoint.py --scheme int4      # one scheme only (int4 g128 or fp8)
+    python bench/checkpoint.py --scheme int4      # one scheme only (see SCHEMES: int4, fp8,
+                                                  # fp8-blocks, nvfp4, mxfp4, gpuq-int4, gpuq-fp8)
     python bench/checkpoint.py --json out.json    # the figures as JSON too
     python bench/checkpoint.py --device cuda      # on a GPU: the command's --device cuda, the GPU pass
 
@@ -54,25 +55,31 @@ import time
 
 import numpy as np
 
-if __package__ in (None, ""):  # run as a script: make the repo root importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bench.llama_folder import llama_tensors  # noqa: E402
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIB = 2**20
 
 #: The full-size folder: Llama-2-7B's widths with 6 layers, ~2.95 GB in bfloat16.
 FULL = {"hidden": 4096, "intermediate": 11008, "vocab": 32000}
 
-#: scheme -> the command's options (compressed-tensors) and the in-memory equivalent.
+#: scheme -> the command's options and the in-memory equivalent (None: no such run). ``file``:
+#: gpuq's own format, which takes the folder's ``model.safetensors`` and writes one file.
 SCHEMES = {
-    "int4": {"argv": ["--dtype", "int4", "--group-size", "128"],
+    "int4": {"argv": ["--format", "compressed-tensors", "--dtype", "int4", "--group-size", "128"],
              # the command's symmetric int4 default: the full-range rule (max|x| / 7.5)
              "qparams": {"axis": 1, "group_size": 128, "dtype": "int4", "symmetric": True,
                          "scale_rule": "full"}},
-    "fp8": {"argv": ["--dtype", "float8_e4m3fn"],
+    "fp8": {"argv": ["--format", "compressed-tensors", "--dtype", "float8_e4m3fn"],
             "qparams": {"axis": 0, "dtype": "float8_e4m3fn"}},
+    "fp8-blocks": {"argv": ["--format", "fp8-blocks"],
+                   "qparams": {"axis": None, "block_size": (128, 128), "dtype": "float8_e4m3fn"},
+                   "scale_dtype": "float32"},
+    "nvfp4": {"argv": ["--format", "compressed-tensors", "--preset", "NVFP4A16"], "qparams": None},
+    "mxfp4": {"argv": ["--format", "compressed-tensors", "--preset", "MXFP4A16"], "qparams": None},
+    "gpuq-int4": {"argv": ["--dtype", "int4", "--symmetric"], "file": True,
+                  "qparams": {"axis": 1, "group_size": 128, "dtype": "int4", "symmetric": True,
+                              "scale_rule": "full"}, "scale_dtype": "float32"},
+    "gpuq-fp8": {"argv": ["--dtype", "float8_e4m3fn"], "file": True,
+                 "qparams": {"axis": 0, "dtype": "float8_e4m3fn"}, "scale_dtype": "float32"},
 }
 
 
@@ -98,7 +105,20 @@ def layout(d: dict, layers: int) -> dict:
     >>> len(t), t["model.layers.0.mlp.down_proj.weight"]
     (57, (4096, 11008))
     """
-    return llama_tensors(d["hidden"], d["intermediate"], d["vocab"], layers)
+    h, m, v = d["hidden"], d["intermediate"], d["vocab"]
+    t = {"model.embed_tokens.weight": (v, h)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        for n in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            t[p + f"self_attn.{n}.weight"] = (h, h)
+        t[p + "mlp.gate_proj.weight"] = (m, h)
+        t[p + "mlp.up_proj.weight"] = (m, h)
+        t[p + "mlp.down_proj.weight"] = (h, m)
+        t[p + "input_layernorm.weight"] = (h,)
+        t[p + "post_attention_layernorm.weight"] = (h,)
+    t["model.norm.weight"] = (h,)
+    t["lm_head.weight"] = (v, h)
+    return t
 
 
 def config(d: dict, layers: int) -> dict:
@@ -199,9 +219,20 @@ def warm_copy(src: str, tmp: str) -> float:
 
 
 def command(folder: str, out: str, scheme: str, device: str = "cpu") -> list:
-    """The command line a user types for ``scheme`` (``python -m gpuq quantize ...``)."""
-    return [sys.executable, "-m", "gpuq", "quantize", folder, "-o", out, "--format",
-            "compressed-tensors", *SCHEMES[scheme]["argv"], "--device", device, "-q"]
+    """The command line a user types for ``scheme`` (``python -m gpuq quantize ...``): the
+    folder into the folder ``out``, or for gpuq's own format its file into ``out.safetensors``."""
+    src, dst = folder, out
+    if SCHEMES[scheme].get("file"):
+        src, dst = os.path.join(folder, "model.safetensors"), out + ".safetensors"
+    return [sys.executable, "-m", "gpuq", "quantize", src, "-o", dst, *SCHEMES[scheme]["argv"],
+            "--device", device, "-q"]
+
+
+def remove_output(out: str) -> None:
+    """Remove what :func:`command` wrote at ``out`` (a folder, or ``out.safetensors``)."""
+    shutil.rmtree(out, ignore_errors=True)
+    if os.path.exists(out + ".safetensors"):
+        os.remove(out + ".safetensors")
 
 
 def _linear_weights(folder: str) -> dict:
@@ -245,20 +276,25 @@ def in_memory_cuda(folder: str, scheme: str) -> float:
 
 def in_memory(folder: str, scheme: str, device: str = "cpu") -> float:
     """Seconds of choose_qparams + quantize over the folder's Linear weights, loaded in memory
-    (``device`` "cuda": :func:`in_memory_cuda`)."""
+    (``device`` "cuda": :func:`in_memory_cuda`); None for a scheme with no such call (the NVFP4
+    and MXFP4 presets)."""
+    kw = SCHEMES[scheme]["qparams"]
+    if kw is None:  # no one call of the array API does what the format does (NVFP4, MXFP4 presets)
+        return None
     import gpuq
 
     if device == "cuda":
         return in_memory_cuda(folder, scheme)
     weights = _linear_weights(folder)
-    kw = SCHEMES[scheme]["qparams"]
+    sdt = SCHEMES[scheme].get("scale_dtype", "bfloat16")
     # One small call first: the numba compilation is not the weights' time.
     w0 = next(iter(weights.values()))[:2, :128]
-    s, z = gpuq.choose_qparams(w0, scale_dtype="bfloat16", **kw)
+    s, z = gpuq.choose_qparams(w0, scale_dtype=sdt, **kw)
     t0 = time.perf_counter()
     for w in weights.values():
-        s, z = gpuq.choose_qparams(w, scale_dtype="bfloat16", **kw)
-        gpuq.quantize(w, s, z, axis=kw["axis"], group_size=kw.get("group_size"), dtype=kw["dtype"])
+        s, z = gpuq.choose_qparams(w, scale_dtype=sdt, **kw)
+        gpuq.quantize(w, s, z, axis=kw["axis"], group_size=kw.get("group_size"),
+                      block_size=kw.get("block_size"), dtype=kw["dtype"])
     return time.perf_counter() - t0
 
 
@@ -298,23 +334,25 @@ def run(args) -> dict:
                 # A first run fills numba's on-disk cache: a user's later runs do not compile.
                 warm = make_folder(os.path.join(tmp, "warmup"), 32, 1)
                 subprocess.run(command(warm, out, scheme, args.device), check=True, capture_output=True)
-                shutil.rmtree(out)
+                remove_output(out)
             m = run_measured(command(folder, out, scheme, args.device))
             if m["rc"] != 0:
                 raise RuntimeError(f"{scheme}: the command failed ({m['rc']}): {m['stderr'][-2000:]}")
-            shutil.rmtree(out)
+            remove_output(out)
             mem_s = in_memory(folder, scheme, args.device)
             table = profile(folder, out, scheme, tmp, args.top, args.device) if args.top > 0 else ""
-            shutil.rmtree(out, ignore_errors=True)
+            remove_output(out)
             row = {"wall_s": m["wall_s"], "ratio_to_copy": m["wall_s"] / copy_s,
-                   "peak_rss_mib": m["peak_rss_mib"], "in_memory_s": mem_s,
                    "input_gb_s": size / m["wall_s"] / 1e9,
+                   "peak_rss_mib": m["peak_rss_mib"], "in_memory_s": mem_s,
                    "load_before": list(load), "profile": table}
             result["schemes"][scheme] = row
-            print(f"\n== {scheme} (compressed-tensors), load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+            print(f"\n== {scheme} ({' '.join(SCHEMES[scheme]['argv'])}), load {load[0]:.2f} {load[1]:.2f} "
+                  f"{load[2]:.2f}")
+            mem = "n/a" if mem_s is None else f"{mem_s:.2f} s"
             print(f"command wall: {m['wall_s']:.2f} s = {row['ratio_to_copy']:.1f}x the warm copy; "
                   f"{row['input_gb_s']:.2f} GB/s of input; peak RSS {m['peak_rss_mib']:.0f} MiB; "
-                  f"{'the GPU pass' if args.device == 'cuda' else 'gpuq.quantize'} in memory {mem_s:.2f} s")
+                  f"{'the GPU pass' if args.device == 'cuda' else 'gpuq.quantize'} in memory {mem}")
             if table:
                 print(f"profile (cumulative, top {args.top}):\n{table}")
     return result
@@ -332,9 +370,9 @@ def main(argv=None) -> int:
                    help="skip the untimed first run of each scheme on a tiny folder")
     p.add_argument("--dir", help="the model folder (made there if missing or different)")
     p.add_argument("--tmp", help="where the outputs and the copy go (default: the system's)")
-    p.add_argument("--json", help="write the figures to this file too")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="the command's --device (cuda: on a GPU, the one-pass weight kernel)")
+    p.add_argument("--json", help="write the figures to this file too")
     args = p.parse_args(argv)
     args.scheme = args.scheme or ["int4", "fp8"]
     result = run(args)

@@ -313,3 +313,20 @@ def test_checkpoint_bench_dims_refuse_bad_scale():
 
     with pytest.raises(ValueError, match="--scale"):
         ck.dims(0)
+
+
+def test_checkpoint_bench_commands_of_each_format(tmp_path):
+    """gpuq's own format takes the folder's file and writes one file; the serving formats write a
+    folder; ``remove_output`` removes either."""
+    from bench import checkpoint as ck
+
+    argv = ck.command("/m", str(tmp_path / "out"), "gpuq-int4")
+    assert argv[3:7] == ["quantize", "/m/model.safetensors", "-o", str(tmp_path / "out") + ".safetensors"]
+    assert "--format" not in argv and argv[-3:] == ["--device", "cpu", "-q"]
+    argv = ck.command("/m", str(tmp_path / "out"), "fp8-blocks")
+    assert argv[3:8] == ["quantize", "/m", "-o", str(tmp_path / "out"), "--format"] and "fp8-blocks" in argv
+    assert ck.in_memory("/nonexistent", "nvfp4") is None  # no in-memory equivalent: not timed
+    (tmp_path / "out.safetensors").write_bytes(b"x")
+    (tmp_path / "out").mkdir()
+    ck.remove_output(str(tmp_path / "out"))
+    assert list(tmp_path.iterdir()) == []

@@ -34,6 +34,7 @@ import pytest
 
 import gpuq
 from gpuq import cli
+from report_rows import assert_same_rows
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
@@ -685,7 +686,7 @@ def test_device_path_gives_the_same_files(tmp_path, capsys, monkeypatch):
             outs[dtype, device] = rq["tensors"], read(q)[0], read(b)[0]
     for dtype in ("int4", "float8_e5m2"):
         (rc, qc, bc), (rg, qg, bg) = outs[dtype, "cpu"], outs[dtype, "cuda"]
-        assert rc == rg
+        assert_same_rows(rc, rg)  # the host's one pass sums the SQNR's energies in another order
         for a, b in ((qc, qg), (bc, bg)):
             assert a.keys() == b.keys() and all(same_bits(a[k], b[k]) for k in a)
 

@@ -18,6 +18,7 @@ from gpuq.checkpoints import fused  # noqa: E402
 from gpuq.checkpoints.env import HostDevice  # noqa: E402
 from gpuq.checkpoints.files import Checkpoint, CliError, write_checkpoint  # noqa: E402
 from gpuq.checkpoints.formats.compressed_tensors import NAIVE, PACK  # noqa: E402
+from gpuq.checkpoints.formats.fp8_blocks import FP8_BLOCKS  # noqa: E402
 from gpuq.checkpoints.serving import quantize as serving  # noqa: E402
 from gpuq.checkpoints.serving.formats import WeightScheme, fp8_code, int_code  # noqa: E402
 from gpuq.checkpoints.serving.packing import unpack_rows  # noqa: E402
@@ -206,7 +207,8 @@ def test_covers_only_its_cases():
     x = np.zeros((4, 256), np.float32)
     host, s = HostDevice(), SCHEMES["int4-g128-sym-bf16"]
     assert fused.covers(x, s, host, "minmax")
-    assert not fused.covers(x, s, host, "mse")
+    assert fused.covers(x, s, host, "mse")  # the search's scales, then the pass
+    assert not fused.covers(x, s, host, "percentile")
     assert not fused.covers(x.astype(np.float64), s, host, "minmax")
     assert not fused.covers(x[:, ::2], SCHEMES["int8-channel-sym-f16"], host, "minmax")  # not C-order
     assert not fused.covers(x, WeightScheme(fp8_code(), "block", True, "float32", NAIVE, block=(128, 128)),
@@ -270,3 +272,72 @@ def test_the_command_writes_the_same_folder(tmp_path, capsys, monkeypatch, dtype
         if r["quantized"]:
             assert r["max_abs_error"] == multi[n]["max_abs_error"]
             assert round(r["sqnr_db"], 2) == round(multi[n]["sqnr_db"], 2)
+
+
+BLOCKS = {b: WeightScheme(fp8_code(), "block", True, "float32", FP8_BLOCKS, block=b) for b in [(128, 128), (4, 32)]}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("block", list(BLOCKS), ids=lambda b: f"{b[0]}x{b[1]}")
+def test_fp8_blocks_take_one_pass_with_the_multi_pass_bytes(block, dtype, monkeypatch):
+    """Fine-grained fp8: ragged edge blocks, blocks holding NaN/Inf, all-NaN and zero rows."""
+    scheme = BLOCKS[block]
+    shapes = [(1, 128), (130, 300)] if block == (128, 128) else [(1, 128), (5, 77), (9, 64), (17, 100)]
+    for shape in shapes:
+        x = weight(shape, dtype, seed=5)
+        before = x.tobytes()
+        got = one_pass(x, scheme)
+        assert x.tobytes() == before
+        assert_same(multi_pass(x, scheme, monkeypatch), got)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_fp8_block_counts_and_figures_are_numpys(dtype):
+    scheme = BLOCKS[(4, 32)]
+    x = weight((9, 80), dtype, seed=6)
+    tensors, stats, counts = one_pass(x, scheme)
+    s = np.repeat(np.repeat(tensors["m.weight_scale_inv"], 4, axis=0), 32, axis=1)[:9, :80]
+    x_hat = tensors["m.weight"].astype(np.float32) * s
+    x32 = x.astype(np.float32)
+    keep = np.isfinite(x32)
+    a = x32[keep].astype(np.float64)
+    d = a - x_hat[keep].astype(np.float64)
+    assert counts == {"nan": int(np.isnan(x32).sum()), "posinf": int((x32 == np.inf).sum()),
+                      "neginf": int((x32 == -np.inf).sum())}
+    assert counts["nan"] >= 80
+    assert stats["max_abs_error"] == float(np.abs(d).max())
+    assert stats["signal"] == pytest.approx(float((a * a).sum()), rel=1e-12, abs=0.0)
+    assert stats["error"] == pytest.approx(float((d * d).sum()), rel=1e-12, abs=0.0)
+
+
+def multi_pass_mse(x, scheme, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(fused, "covers", lambda *a: False)
+        return serving.quantize_weight(x, scheme, HostDevice(), "m.weight", nonfinite="allow", method="mse")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("name", ["int4-g32-asym-bf16", "int8-channel-sym-f16", "fp8-channel-bf16"])
+def test_mse_search_scales_then_the_one_pass(name, dtype, monkeypatch):
+    """``--calibrate mse``: the search's scales (NaN/Inf rows included), then the pass's codes."""
+    scheme = SCHEMES[name]
+    assert fused.covers(weight((5, 96), dtype), scheme, HostDevice(), "mse")
+    for shape in [(5, 96), (1, 128)]:
+        x = weight(shape, dtype, seed=7)
+        got = serving.quantize_weight(x, scheme, HostDevice(), "m.weight", nonfinite="allow", method="mse")
+        assert_same(multi_pass_mse(x, scheme, monkeypatch), got)
+    assert not fused.covers(weight((5, 96), dtype), BLOCKS[(4, 32)], HostDevice(), "mse")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("rule", ["even", "floor", "rceil"])
+def test_mxfp8_takes_the_library_scales_then_the_one_pass(rule, dtype, monkeypatch):
+    """compressed-tensors' mxfp8-quantized: choose_qparams' e8m0 scales, the pass's fp8 bytes."""
+    from gpuq.checkpoints.formats.ct_microscaling import MX
+
+    scheme = WeightScheme(fp8_code(), "group", True, "float8_e8m0fnu", MX[8], group_size=32, scale_rule=rule)
+    for shape in [(1, 32), (5, 96), (4, 128)]:
+        x = weight(shape, dtype, seed=8)
+        x[-1, :32] = 3e-39 if dtype != np.float16 else 1e-7  # a group whose amax is subnormal
+        assert_same(multi_pass(x, scheme, monkeypatch), one_pass(x, scheme))
+    assert not fused.covers(weight((5, 96), dtype), scheme, HostDevice(), "mse")

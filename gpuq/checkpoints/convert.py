@@ -28,6 +28,7 @@ import sys
 import numpy as np
 
 from .files import Checkpoint, CliError, check_output, checkpoint_writer, file_format
+from .fused import finite_part  # noqa: F401 (the callers' name for it: here since the one pass needs it too)
 from .._codetypes import CODE_TYPES
 from .quantized import (api_scales, check_file, code_range, companion_names, is_float8, is_packed,
                         scheme_kw, check_values, codes_dtype, file_meta, has_global_scale, has_zps,
@@ -204,17 +205,6 @@ def count_nonfinite(x: np.ndarray) -> dict:
     return counts
 
 
-def finite_part(x: np.ndarray) -> np.ndarray:
-    """``x`` with NaN and +-Inf replaced by 0: the values a tensor's parameters come from under
-    ``--nonfinite warn/allow`` (signalling NaNs too, without NumPy's invalid-value warning).
-
-    >>> finite_part(np.array([1.5, np.nan, -np.inf, 2.0], np.float32))
-    array([1.5, 0. , 0. , 2. ], dtype=float32)
-    """
-    with np.errstate(invalid="ignore"):
-        return np.where(np.isfinite(x), x, x.dtype.type(0))
-
-
 def error_stats(x, q, scales, zps, scheme: dict, *, get=np.asarray,
                 finite_only: bool = False) -> dict:
     """Signal and error energy and max abs error of the float32 dequantization of ``q``.
@@ -315,8 +305,7 @@ def quantize_tensor(x, scheme: dict, device, *, name: str = "x", nonfinite: str 
     counts = count_nonfinite(x)
     bad = sum(counts.values())
     if bad and nonfinite == "error":
-        raise CliError(f"tensor {name!r} has {nonfinite_text(counts)}; --nonfinite warn or "
-                       f"allow quantizes it with parameters from its finite values")
+        raise _refused(name, counts)
     xd = device.put(x)
     # Parameters of the finite values: the same tensor with NaN/Inf replaced by 0.
     pd = device.put(finite_part(x)) if bad else xd
@@ -336,6 +325,12 @@ def quantize_tensor(x, scheme: dict, device, *, name: str = "x", nonfinite: str 
     if zps is not None:
         zps = _narrow(np.asarray(device.get(zps)), scheme["dtype"], name)
     return host_codes(q, device), scales, zps, stats, counts
+
+
+def _refused(name, counts) -> CliError:
+    """``--nonfinite error``'s refusal of tensor ``name`` with these NaN/Inf ``counts``."""
+    return CliError(f"tensor {name!r} has {nonfinite_text(counts)}; --nonfinite warn or "
+                    f"allow quantizes it with parameters from its finite values")
 
 
 def host_codes(q, device):
@@ -471,10 +466,13 @@ def quantize_file(ckpt, out_path, out_fmt, schemes, *, device, nonfinite="warn",
     report rows (unsorted, with the private ``_signal``/``_error`` keys
     :func:`finish_report` sums).
     """
+    from .fused import Buffers
+
     specs = {n: ckpt.spec(n) for n in ckpt.names}
     # Every output entry is known from the input's index: the header goes first.
     entries, meta = quantize_layout(specs, schemes, out_fmt, ckpt.format)
     rows = []
+    buffers = Buffers()  # the read and code buffers of the one pass, reused from tensor to tensor
     with checkpoint_writer(out_path, out_fmt, entries, meta, ckpt.extra_metadata) as out:
         for name in ckpt.names:
             shape, dtype = specs[name]
@@ -487,7 +485,7 @@ def quantize_file(ckpt, out_path, out_fmt, schemes, *, device, nonfinite="warn",
                              "max_abs_error": None, "nonfinite": None})
             else:
                 rows.append(_quantize_one(ckpt, name, schemes[name], row, out, device,
-                                          nonfinite, warn, calibrate))
+                                          nonfinite, warn, calibrate, buffers))
             if tick is not None:
                 tick(name)
     return rows
@@ -510,16 +508,28 @@ def quantize_layout(specs: dict, schemes: dict, out_fmt: str, source_format: str
     return entries, file_meta(schemes, {n: specs[n][1].name for n in schemes}, source_format)
 
 
-def _quantize_one(ckpt, name, scheme, row, out, device, nonfinite, warn, calibrate) -> dict:
-    try:
-        # The loaded tensor goes straight in: quantize_tensor holds the only reference.
-        q, scales, zps, stats, counts = quantize_tensor(ckpt.load(name), scheme, device,
-                                                        name=name, nonfinite=nonfinite,
-                                                        calibrate=calibrate)
-    except CliError:  # a ValueError already in its one-line form
-        raise
-    except (ValueError, TypeError) as exc:
-        raise CliError(f"tensor {name!r}: {' '.join(str(exc).split())}") from exc
+def _quantize_one(ckpt, name, scheme, row, out, device, nonfinite, warn, calibrate, buffers) -> dict:
+    from . import fused
+
+    x = buffers.load(ckpt, name)
+    # The one pass (gpuq.checkpoints.fused) where it covers the case: the same bytes.
+    done = (fused.quantize_file_tensor(x, scheme, out.fmt, buffers, calibrate)
+            if fused.covers_file(x, scheme, device, calibrate) else None)
+    if done is not None:
+        codes, scales, zps, stats, counts = done
+        if sum(counts.values()) and nonfinite == "error":
+            raise _refused(name, counts)
+    else:
+        try:
+            # The loaded tensor goes straight in: quantize_tensor holds the only reference.
+            q, scales, zps, stats, counts = quantize_tensor(x, scheme, device, name=name, nonfinite=nonfinite,
+                                                            calibrate=calibrate)
+        except CliError:  # a ValueError already in its one-line form
+            raise
+        except (ValueError, TypeError) as exc:
+            raise CliError(f"tensor {name!r}: {' '.join(str(exc).split())}") from exc
+        codes = stored_codes(q, scheme, out.fmt)
+    del x
     if sum(counts.values()) and nonfinite == "warn" and warn is not None:
         what = ("NaN -> 0, +-Inf -> +-max" if is_small_float(scheme["dtype"])  # fp4/fp6 have no NaN
                 else "NaN -> NaN, +-Inf -> +-max finite" if is_float8(scheme["dtype"])
@@ -527,7 +537,6 @@ def _quantize_one(ckpt, name, scheme, row, out, device, nonfinite, warn, calibra
         warn(f"tensor {name!r} has {nonfinite_text(counts)}: quantized with parameters from "
              f"its finite values ({what}); --nonfinite error refuses it, allow keeps quiet")
     pshape = out.entries[name + ".scales"][0]  # (1,) for per-tensor in .safetensors
-    codes = stored_codes(q, scheme, out.fmt)
     out.write(name, codes)
     after = codes.nbytes
     for suffix, p in stored_scales(scales, scheme, out.fmt, stats.get("global_scale")).items():

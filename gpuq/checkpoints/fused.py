@@ -6,12 +6,29 @@ float16, float32), chooses the scales, writes the codes in the format's final la
 sums the report's figures at once; it returns None for any case that pass does not cover,
 and the caller then takes the multi-pass path (:func:`gpuq.checkpoints.serving.quantize.quantize_weight`),
 whose bytes it reproduces exactly. Covered: the host device with the compiled loops,
-``--calibrate minmax``, per-tensor, per-channel or per-group scales in bfloat16, float16 or float32,
+per-tensor, per-channel or per-group scales in bfloat16, float16 or float32,
 compressed-tensors' ``pack-quantized`` int codes of 4 or 8 bits (symmetric or with zero points,
-each group starting on a word) and ``naive-quantized`` fp8; on a CUDA device the same cases go
-through the GPU's pass (:mod:`gpuq.checkpoints.fused_cuda`, the hook in :func:`covers` and
-:func:`quantize_weight`). Everything else (block scales, fine-grained fp8, the MSE search,
-float64 weights, NumPy-only hosts, gpuq's own files) keeps the multi-pass path.
+each group starting on a word) and ``naive-quantized`` fp8; fine-grained fp8's block scales
+(``--calibrate minmax``: :func:`gpuq.backends.host.weight_pass.block_strips`).
+
+gpuq's own files (``gpuq quantize`` without ``--format``, locally or on ``--workers``) take the
+same pass through :func:`covers_file` and :func:`quantize_file_tensor`: int8/uint8 bytes,
+int4/uint4 nibbles (ONNX's order, rows of an even length), fp8 bytes, per tensor, per channel
+(axis 0 of a matrix, the multi-axis scheme of a rank-3+ tensor: one scale a row of its last
+dimension) or in groups along the last dimension that divide it, float32 scales (the
+narrow and the full-range rule). Everything else (block scales, MX/NVFP4 scales, fp4/fp6,
+float64 weights, a GPU, NumPy-only hosts) keeps the multi-pass path.
+
+``--calibrate mse`` (not with block scales): the search chooses the scales as the multi-pass
+path does (:func:`gpuq.choose_qparams`, today's code), then the pass writes the codes and
+sums the figures with them. compressed-tensors' ``mxfp8-quantized`` takes the same road:
+``choose_qparams``' e8m0 scales (a reduction over the weight), then the pass's fp8 bytes and
+figures. MXFP4/MXFP6/NVFP4 and gpt-oss MXFP4 keep the multi-pass path.
+
+On a CUDA device, compressed-tensors' int 4/8-bit words and fp8 bytes with per-tensor,
+per-channel or per-group scales (``--calibrate minmax``) go through the GPU's pass
+(:mod:`gpuq.checkpoints.fused_cuda`, the hook in :func:`covers` and :func:`_run`); the other
+cases keep the multi-pass path there.
 
 :class:`Buffers` holds the read and write buffers a run reuses from weight to weight.
 """
@@ -25,6 +42,7 @@ import numpy as np
 from .._dtypes import is_bfloat16
 
 _SCALE_DTYPES = ("bfloat16", "float16", "float32")
+_E8M0 = "float8_e8m0fnu"
 
 
 class Buffers:
@@ -58,6 +76,17 @@ class Buffers:
         return ckpt.load(name, out=self.array("in", shape, dtype))
 
 
+def finite_part(x: np.ndarray) -> np.ndarray:
+    """``x`` with NaN and +-Inf replaced by 0: the values a tensor's parameters come from under
+    ``--nonfinite warn/allow`` (signalling NaNs too, without NumPy's invalid-value warning).
+
+    >>> finite_part(np.array([1.5, np.nan, -np.inf, 2.0], np.float32))
+    array([1.5, 0. , 0. , 2. ], dtype=float32)
+    """
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isfinite(x), x, x.dtype.type(0))
+
+
 def covers(x, scheme, device, method: str) -> bool:
     """Whether :func:`quantize_weight` takes weight ``x`` in ``scheme`` (see the module docstring).
 
@@ -67,7 +96,9 @@ def covers(x, scheme, device, method: str) -> bool:
     >>> s = WeightScheme(int_code(4), "group", True, "bfloat16", PACK, group_size=128)
     >>> covers(np.zeros((2, 256), np.float32), s, HostDevice(), "minmax")
     True
-    >>> covers(np.zeros((2, 256), np.float32), s, HostDevice(), "mse")
+    >>> covers(np.zeros((2, 256), np.float32), s, HostDevice(), "mse")  # the search's scales, then the pass
+    True
+    >>> covers(np.zeros((2, 256), np.float64), s, HostDevice(), "minmax")
     False
     """
     from ..backends.host import choice
@@ -75,34 +106,43 @@ def covers(x, scheme, device, method: str) -> bool:
     if device.name == "cuda":  # the GPU's pass (gpuq.checkpoints.fused_cuda): its own conditions, then the layout's
         from .fused_cuda import device_covers
 
-        if not device_covers(x, scheme, method):
+        if not device_covers(x, scheme, method) or scheme.strategy == "block" or scheme.scale_dtype == _E8M0:
             return False
-    elif device.name != "cpu" or method != "minmax" or choice.kernels() is None:
+    elif device.name != "cpu" or method not in ("minmax", "mse") or choice.kernels() is None:
         return False
     if not isinstance(x, np.ndarray) or x.ndim != 2 or x.size == 0 or not x.flags.c_contiguous:
         return False
     if not (is_bfloat16(x.dtype) or x.dtype in (np.float16, np.float32)):
         return False
-    if scheme.scale_dtype not in _SCALE_DTYPES or scheme.strategy not in ("tensor", "channel", "group"):
+    code, one_pass = scheme.code, getattr(scheme.layout, "one_pass", None)  # the layout says what it takes
+    if one_pass == "mx-bytes":  # MXFP8: choose_qparams' e8m0 scales, then the pass
+        return (method == "minmax" and scheme.strategy == "group" and scheme.scale_dtype == _E8M0
+                and code.codec == "float8" and code.bits == 8 and x.shape[1] % scheme.group_size == 0)
+    if scheme.scale_dtype not in _SCALE_DTYPES:
+        return False
+    if scheme.strategy == "block":
+        return method == "minmax" and one_pass == "blocks" and code.codec == "float8" and code.bits == 8 and len(scheme.block) == 2
+    if scheme.strategy not in ("tensor", "channel", "group"):
         return False
     n = x.shape[1]
     g = scheme.group_size if scheme.strategy == "group" else n
     if n % g:
         return False
-    code, one_pass = scheme.code, getattr(scheme.layout, "one_pass", None)  # the layout says what it takes
     if one_pass == "words":
         return code.codec == "affine" and code.bits in (4, 8) and (g == n or g % (32 // code.bits) == 0)
     return one_pass == "bytes" and code.codec == "float8" and scheme.symmetric
 
 
-def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None, device=None):
+def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None, method="minmax", device=None):
     """``(tensors, stats, counts)`` of weight ``x`` as the multi-pass path gives them (the same
     bytes; the sums of ``stats`` in another order), in one pass; None where that pass refuses
     a group's parameters (a scale the scale dtype cannot hold: the multi-pass path then says
     which). The caller checks :func:`covers` first. ``scale_rule`` is ``choose_qparams``' (None
     or ``"full"``; None takes the scheme's ``scale_rule`` where it has one); ``buffers`` a
-    :class:`Buffers` for the codes (a fresh array without); ``device`` the run's (a CUDA one
-    takes the GPU's pass, :mod:`gpuq.checkpoints.fused_cuda`).
+    :class:`Buffers` for the codes (a fresh array without); ``method`` ``"mse"``: the scales are
+    the MSE search's (:func:`gpuq.choose_qparams`, as the multi-pass path calls it), the codes
+    and figures the pass's; ``device`` the run's (a CUDA one takes the GPU's pass,
+    :mod:`gpuq.checkpoints.fused_cuda`).
 
     >>> from gpuq.checkpoints.formats.compressed_tensors import PACK
     >>> from gpuq.checkpoints.serving.formats import WeightScheme, int_code
@@ -112,39 +152,196 @@ def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None, de
     >>> t["m.weight_scale"].ravel().tolist(), counts
     ([0.007874015718698502, 0.031496062874794006], {'nan': 0, 'posinf': 0, 'neginf': 0})
     """
-    from .._qoptions import validate
-    from ..backends.host import weight_pass
+    from .scale_rules import api_kwargs
 
     buffers = buffers or Buffers()
+    if scheme.strategy == "block":
+        return _blocks(x, scheme, module, buffers)
     if scale_rule is None:  # the command's rule name ("narrow" is the API's default, None)
-        from .scale_rules import api_kwargs
-
         scale_rule = api_kwargs("float32", getattr(scheme, "scale_rule", None)).get("scale_rule")
-    kw = scheme.api_kwargs()
-    stand_in = np.broadcast_to(np.zeros((), x.dtype), x.shape)  # validate reads no data
-    _, _, _, code, symmetric, eps, sdt, _ = validate(stand_in, kw["axis"], kw["group_size"], None,
-                                                     scheme.code.name, scheme.symmetric, None,
-                                                     scheme.scale_dtype, "minmax", scale_rule)
-    rows, n = x.shape
-    fp8 = code.codec == "float8"
-    if fp8:
-        out = buffers.array("codes", (rows, n), np.uint8)
-    else:
-        out = buffers.array("codes", (rows, -(-n * code.bits // 32)), np.uint32)
+    n = x.shape[1]
     g = scheme.group_size if scheme.strategy == "group" else n
-    quantize_rows = weight_pass.quantize_rows
-    if getattr(device, "name", "cpu") == "cuda":  # the hook: the GPU's pass, the same interface
-        from .fused_cuda import quantize_rows
-    done = quantize_rows(x, code, symmetric, eps, sdt, g, scheme.strategy == "tensor", out)
+    given = None
+    if method == "mse" or scheme.scale_dtype == _E8M0:  # the search's, or MX, scales: the library's call
+        given = _chosen(x, x, scheme.code.name, scheme.symmetric, scheme.scale_dtype, scale_rule,
+                        scheme.api_kwargs(), method)
+        if given is None:
+            return None
+    done = _run(x, scheme.code.name, scheme.symmetric, scheme.scale_dtype, scheme.strategy, g, scale_rule,
+                buffers, "words", given, device)
     if done is None:
         return None
-    scales, zps, (signal, error, max_err), counts = done
-    if sum(counts.values()) == x.size:  # nothing finite to compare: no number is right
-        signal = error = max_err = math.nan
-    stats = {"signal": signal, "error": error, "max_abs_error": max_err}
-    if fp8:
+    out, code, scales, zps, stats, counts = done
+    if code.codec == "float8":
         codes = out.view(scheme.code.host_array_dtype())
         tensors = scheme.layout.encode(module, x.shape, scheme, codes, scales, zps)
     else:
         tensors = scheme.layout.encode_words(module, x.shape, scheme, out.view(np.int32), scales, zps)
     return tensors, stats, counts
+
+
+def _blocks(x, scheme, module, buffers):
+    """:func:`quantize_weight` of fp8 block scales (fine-grained fp8)."""
+    from .._qoptions import validate
+    from ..backends.host import weight_pass
+
+    stand_in = np.broadcast_to(np.zeros((), x.dtype), x.shape)  # validate reads no data
+    _, _, _, code, symmetric, eps, sdt, _ = validate(stand_in, None, None, tuple(scheme.block), scheme.code.name,
+                                                     True, None, scheme.scale_dtype, "minmax")
+    out = buffers.array("codes", x.shape, np.uint8)
+    done = weight_pass.quantize_blocks(x, code, symmetric, eps, sdt, tuple(scheme.block), out)
+    if done is None:
+        return None
+    scales, (signal, error, max_err), counts = done
+    stats = _figures(signal, error, max_err, counts, x.size)
+    codes = out.view(scheme.code.host_array_dtype())
+    return scheme.layout.encode(module, x.shape, scheme, codes, scales, None), stats, counts
+
+
+def _figures(signal, error, max_err, counts, size) -> dict:
+    if sum(counts.values()) == size:  # nothing finite to compare: no number is right
+        signal = error = max_err = math.nan
+    return {"signal": signal, "error": error, "max_abs_error": max_err}
+
+
+def _chosen(x, x2d, dtype, symmetric, scale_dtype, scale_rule, kw, method):
+    """``(scales, zps)`` of :func:`gpuq.choose_qparams` over ``x`` (``x2d`` its ``[rows, n]``
+    view) by ``method`` (the MSE search, or MX's min/max rule), as the multi-pass path chooses
+    them: from the finite values (NaN/Inf replaced by 0 where there are any); None where the
+    call refuses (the multi-pass path then says why)."""
+    import gpuq
+
+    from ..backends.host.weight_pass import nonfinite_in
+
+    pd = finite_part(x) if nonfinite_in(x2d) else x
+    try:
+        return gpuq.choose_qparams(pd, dtype=dtype, symmetric=symmetric, scale_dtype=scale_dtype, method=method,
+                                   **kw, **({} if scale_rule is None else {"scale_rule": scale_rule}))
+    except ValueError:
+        return None
+
+
+def _run(x, dtype, symmetric, scale_dtype, strategy, g, scale_rule, buffers, packing, given=None, device=None):
+    """The pass over a C-order ``[rows, n]`` ``x``: ``(out, code, scales, zps, stats, counts)``
+    (``out`` the codes in ``buffers``' ``"codes"``: fp8 bytes, or int codes as ``packing`` lays
+    them out, :func:`gpuq.backends.host.weight_pass.quantize_rows`), or None where a scale is
+    refused; a CUDA ``device`` takes the GPU's pass (``packing`` ``"words"``, no ``given``)."""
+    from .._qoptions import validate
+    from ..backends.host import weight_pass
+
+    axis = {"tensor": None, "channel": 0, "group": 1}[strategy]
+    stand_in = np.broadcast_to(np.zeros((), x.dtype), x.shape)  # validate reads no data
+    _, _, _, code, symmetric, eps, sdt, _ = validate(stand_in, axis, g if strategy == "group" else None, None,
+                                                     dtype, symmetric, None, scale_dtype, "minmax", scale_rule)
+    rows, n = x.shape
+    if code.codec == "float8":
+        out = buffers.array("codes", (rows, n), np.uint8)
+    elif packing == "words":
+        out = buffers.array("codes", (rows, -(-n * code.bits // 32)), np.uint32)
+    else:
+        out = buffers.array("codes", (rows, n * code.bits // 8), np.uint8)
+    if getattr(device, "name", "cpu") == "cuda":  # the hook: the GPU's pass, the host pass's interface
+        from .fused_cuda import quantize_rows
+
+        done = quantize_rows(x, code, symmetric, eps, sdt, g, strategy == "tensor", out)
+    else:
+        done = weight_pass.quantize_rows(x, code, symmetric, eps, sdt, g, strategy == "tensor", out, packing, given)
+    if done is None:
+        return None
+    scales, zps, (signal, error, max_err), counts = done
+    return out, code, scales, zps, _figures(signal, error, max_err, counts, x.size), counts
+
+
+def file_geometry(shape, scheme: dict):
+    """``(rows, n, strategy, g)`` of a gpuq-file tensor of ``shape`` under ``scheme`` (a dict,
+    :mod:`gpuq.checkpoints.quantized`) as the pass sees it, the tensor as ``[rows, n]`` rows of
+    its last dimension; None where the scheme is none the pass takes.
+
+    >>> file_geometry((4, 256), {"dtype": "int8", "axis": 0, "group_size": None})
+    (4, 256, 'channel', 256)
+    >>> file_geometry((2, 4, 256), {"dtype": "int4", "axis": 2, "group_size": 128})
+    (8, 256, 'group', 128)
+    >>> file_geometry((4, 256), {"dtype": "int8", "axis": 1, "group_size": None}) is None  # per column
+    True
+    """
+    rank = len(shape)
+    if rank == 0 or scheme.get("block_size") is not None or "scale_dtype" in scheme:
+        return None
+    n, rows = shape[-1], math.prod(shape[:-1])
+    axis, group = scheme["axis"], scheme["group_size"]
+    if axis is None:
+        return rows, n, "tensor", n
+    if group is None:  # one scale a row of the last dimension: axis 0 of a matrix, or axes [0, rank - 1)
+        chan = axis == 0 if rank == 2 else axis == list(range(rank - 1))
+        return (rows, n, "channel", n) if chan else None
+    if axis == rank - 1 and n % group == 0:
+        return rows, n, "group", group
+    return None
+
+
+def covers_file(x, scheme: dict, device, method: str) -> bool:
+    """Whether :func:`quantize_file_tensor` takes tensor ``x`` of a gpuq file in ``scheme`` (see
+    the module docstring).
+
+    >>> from gpuq.checkpoints.env import HostDevice
+    >>> s = {"dtype": "int4", "symmetric": True, "axis": 1, "group_size": 128}
+    >>> covers_file(np.zeros((2, 256), np.float32), s, HostDevice(), "minmax")
+    True
+    >>> covers_file(np.zeros((2, 256), np.float64), s, HostDevice(), "minmax")
+    False
+    """
+    from .._codetypes import CODE_TYPES
+    from ..backends.host import choice
+
+    if device.name != "cpu" or method not in ("minmax", "mse") or choice.kernels() is None:
+        return False
+    if not isinstance(x, np.ndarray) or x.size == 0 or not x.flags.c_contiguous:
+        return False
+    if not (is_bfloat16(x.dtype) or x.dtype in (np.float16, np.float32)):
+        return False
+    geometry = file_geometry(x.shape, scheme)
+    code = CODE_TYPES.get(scheme["dtype"])
+    if geometry is None or code is None or code.bits not in (4, 8):
+        return False
+    _, n, _, g = geometry
+    if code.codec == "float8":
+        return code.bits == 8
+    return code.bits == 8 or (n % 2 == 0 and g % 2 == 0)  # nibbles: each row and group starts on a byte
+
+
+def quantize_file_tensor(x, scheme: dict, fmt: str, buffers=None, method="minmax"):
+    """``(codes, scales, zps, stats, counts)`` of tensor ``x`` in a gpuq file of format ``fmt``
+    (``"safetensors"`` or ``"npz"``), as the multi-pass path stores them (the same bytes; the
+    sums of ``stats`` in another order): the codes in their stored dtype and shape
+    (:func:`gpuq.checkpoints.quantized.codes_dtype`; in ``buffers``' memory where given, valid
+    until its next weight), float32 scales in the parameters' shape, zero points in their
+    stored dtype or None. None where a scale is refused (the multi-pass path says which).
+    ``method`` ``"mse"``: the MSE search's scales, then the pass. The caller checks
+    :func:`covers_file` first.
+
+    >>> s = {"dtype": "int4", "symmetric": True, "axis": 1, "group_size": 2}
+    >>> codes, scales, zps, stats, counts = quantize_file_tensor(np.float32([[7.0, -3.5]]), s, "npz")
+    >>> codes.tolist(), scales.tolist(), zps, stats["error"]
+    ([199], [[1.0]], None, 0.25)
+    """
+    from .quantized import codes_dtype, codes_shape, param_shape, scheme_kw, zps_dtype
+    from .scale_rules import api_kwargs
+
+    rows, n, strategy, g = file_geometry(x.shape, scheme)
+    rule = api_kwargs("float32", scheme.get("scale_rule")).get("scale_rule")
+    x2d, given = x.reshape(rows, n), None
+    if method == "mse":
+        given = _chosen(x, x2d, scheme["dtype"], scheme["symmetric"], "float32", rule, scheme_kw(scheme), "mse")
+        if given is None:
+            return None
+    done = _run(x2d, scheme["dtype"], scheme["symmetric"], "float32", strategy, g, rule,
+                buffers or Buffers(), "bytes", given)
+    if done is None:
+        return None
+    out, _, scales, zps, stats, counts = done
+    dtype = scheme["dtype"]
+    codes = out.view(codes_dtype(dtype, fmt)).reshape(codes_shape(dtype, x.shape))
+    pshape = param_shape(x.shape, scheme["axis"], scheme["group_size"])
+    if zps is not None:
+        zps = zps.astype(zps_dtype(dtype)).reshape(pshape)  # in the code range: finalize_one clamps them
+    return codes, scales.reshape(pshape), zps, stats, counts

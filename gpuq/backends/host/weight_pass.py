@@ -100,22 +100,25 @@ def _finite_range(x, table, base, g):
 
 @njit(**JIT)
 def weight_rows(x, table, bits, r0, r1, n, g, qmin, qmax, symmetric, eps, fmt, shift, mag, inf,
-                f, values, cbits, out, scales, zps, acc, cnt, sq, sa, sd, tensor):
+                f, values, cbits, bias, rb, out, scales, zps, acc, cnt, sq, sa, sd, tensor, given):
     """Rows ``r0:r1`` of a C-order ``[rows, n]`` weight (flat ``x``; ``bits`` its signed-integer
     view), groups of ``g`` along a row (``g == n``: per channel), in one pass.
 
-    Int codes (``f`` None): ``out`` is uint32 words, ``ceil(n * cbits / 32)`` a row, each group
-    starting on a word (``g`` a multiple of ``32 // cbits``, or one group a row). fp8 codes
+    Int codes (``f`` None): ``out`` holds ``rb`` bytes a row, each group starting on a byte;
+    a code's field is ``(q + bias) & (2**cbits - 1)``, two 4-bit fields a byte, the first in the
+    low nibble. compressed-tensors' words: ``rb = 4 * ceil(n * cbits / 32)``, ``bias =
+    2**(cbits - 1)`` (offset binary), the rest of a row's last word zeroed; gpuq's files:
+    ``rb = n * cbits / 8``, ``bias = 0`` (two's complement, or the unsigned code). fp8 codes
     (``f`` = ``formats.fp8_consts``, ``values`` = ``formats.fp8_table``): ``out`` is the bytes,
     ``n`` a row. ``scales``/``zps`` (zps None: symmetric) get one slot per group; ``acc``
     (float64: signal, error, max abs error) and ``cnt`` (int64: NaN, +Inf, -Inf) are added to;
     ``sq`` (uint8), ``sa``/``sd`` (float64) are scratch of ``g`` elements. ``tensor`` True:
-    one scale (and zp) for the whole weight, given in ``scales[0]`` (``zps[0]``), ``g == n``.
+    one scale (and zp) for the whole weight, given in ``scales[0]`` (``zps[0]``), ``g == n``;
+    ``given`` True: every group's scale (and zp) is given in its slot (the MSE search's).
     Returns the first row whose parameters ``finalize_one`` refuses (nothing of it written), or -1.
     """
     groups = n // g
-    half = np.int32(1 << (cbits - 1))
-    rb = 4 * -(-n * cbits // 32)  # bytes of a row of words
+    mask = np.int32((1 << cbits) - 1)
     out_bytes = out.view(np.uint8)
     lo_q, hi_q = np.float32(qmin), np.float32(qmax)
     used = -(-n * cbits // 8)  # bytes of a row's fields: the rest of its last word is padding
@@ -129,7 +132,7 @@ def weight_rows(x, table, bits, r0, r1, n, g, qmin, qmax, symmetric, eps, fmt, s
             xs, bs = x[base:base + g], bits[base:base + g]
             top = _magnitude(bs, mag)
             bad = top >= inf
-            if tensor:  # one scale for the whole weight, chosen by tensor_range and the caller
+            if tensor or given:  # chosen already: by tensor_range and the caller, or the search
                 lo = hi = np.float32(0)
             elif bad:  # parameters of the finite values
                 lo, hi, _, _, _ = _finite_range(xs, table, 0, g)
@@ -142,8 +145,9 @@ def weight_rows(x, table, bits, r0, r1, n, g, qmin, qmax, symmetric, eps, fmt, s
                 ka, kb = run_keys(bs, 0, g, shift, mag, inf)
                 lo = np.float32(float_of_key(ka, bits, shift, mag, table))
                 hi = np.float32(float_of_key(kb, bits, shift, mag, table))
-            if tensor:
-                scale, zp = scales[0], np.int32(0) if zps is None else zps[0]
+            if tensor or given:
+                slot = 0 if tensor else r * groups + gi
+                scale, zp = scales[slot], np.int32(0) if zps is None else zps[slot]
             else:
                 scale, zp, ok = finalize_one(lo, hi, qmin, qmax, symmetric, eps, fmt)
                 if not ok:
@@ -154,14 +158,14 @@ def weight_rows(x, table, bits, r0, r1, n, g, qmin, qmax, symmetric, eps, fmt, s
                     zps[slot] = zp
             s, z = scale, np.float32(zp)
             if f is None:
-                # The codes' offset-binary fields (q + 2**(bits - 1)) as bytes: 8-bit ones are the
-                # words' bytes themselves, 4-bit ones are paired up after the loop.
+                # The codes' fields ((q + bias) & mask) as bytes: 8-bit ones are the stored bytes
+                # themselves, 4-bit ones are paired up after the loop.
                 ob = out_bytes[r * rb + gi * g * cbits // 8:]
                 fs = ob if cbits == 8 else sq
                 for j in range(g):
                     v = load(xs, j, table)
                     q = quantize_one(v, s, z, lo_q, hi_q)
-                    fs[j] = np.uint8(q + half)
+                    fs[j] = np.uint8((q + bias) & mask)
                     a = np.float64(v)
                     sa[j] = a
                     sd[j] = a - np.float64((np.float32(q) - z) * s)
@@ -210,16 +214,25 @@ def tensor_range(x, table, bits, n, shift, mag, inf):
     return lo, hi
 
 
-def quantize_rows(x, code, symmetric, eps, scale_dtype, g, tensor, out):
+def quantize_rows(x, code, symmetric, eps, scale_dtype, g, tensor, out, packing="words", given=None):
     """One pass over a C-order 2-D weight ``x`` (bfloat16, float16 or float32): codes of
-    ``code`` (a ``gpuq._codetypes`` row: int or fp8) into ``out`` (uint32 words as
-    :func:`weight_rows` lays them out, or fp8 bytes), groups of ``g`` along a row, one scale for
-    the whole weight where ``tensor``; ``symmetric``, ``eps`` and ``scale_dtype`` as
-    ``gpuq._qoptions.validate`` hands them on. Rows are shared among the host threads.
+    ``code`` (a ``gpuq._codetypes`` row: int or fp8) into ``out``, groups of ``g`` along a row,
+    one scale for the whole weight where ``tensor``; ``symmetric``, ``eps`` and ``scale_dtype``
+    as ``gpuq._qoptions.validate`` hands them on. Rows are shared among the host threads.
+
+    ``out`` holds fp8 bytes, or int codes as ``packing`` says (:func:`weight_rows`):
+    ``"words"``, compressed-tensors' offset-binary fields in uint32 words, each row starting
+    on a word; ``"bytes"``, gpuq's files: int8/uint8 bytes, or int4/uint4 nibbles packed over
+    the C-order flattened weight (ONNX's order; ``n`` even, so each row starts on a byte).
+
+    ``given`` ``(scales, zps)``: the parameters chosen already (``--calibrate mse``: the
+    search's, one a group or one; zps None for symmetric signed codes), which the pass takes
+    as they are (the codes and figures only).
 
     Returns ``(scales, zps, (signal, error, max_abs_error), counts)`` (float32 scales, one a
-    group or one; int32 zps or None; the float64 figures of the finite elements; NaN/+Inf/-Inf
-    counts), or None where ``finalize_one`` refuses a scale (nothing to trust in ``out``).
+    group or one; int32 zps, or None for symmetric signed codes, whose zero point is 0; the
+    float64 figures of the finite elements; NaN/+Inf/-Inf counts), or None where
+    ``finalize_one`` refuses a scale (nothing to trust in ``out``).
 
     >>> from gpuq._codetypes import code_type
     >>> out = np.empty((1, 1), np.uint32)
@@ -236,15 +249,27 @@ def quantize_rows(x, code, symmetric, eps, scale_dtype, g, tensor, out):
         flat = flat.view(np.int16)  # bfloat16 bits, widened by a shift in the loop
     bits = x.reshape(-1).view(KEY_INT[x.dtype.itemsize])
     shift, mag, inf = key_constants(x.dtype)
-    fmt = SCALE_FORMATS[scale_dtype]
+    fmt = 0 if given is not None else SCALE_FORMATS[scale_dtype]  # given scales are not rounded again
     if code.codec == "float8":
         f, values, cbits = formats.fp8_consts(code.fp8, True), formats.fp8_table(code.fp8, np.float32), 8
     else:
         f, values, cbits = None, None, code.bits
+    if packing == "words":
+        rb, bias = 4 * -(-n * cbits // 32), 1 << (cbits - 1)
+    elif packing == "bytes" and n * cbits % 8 == 0:
+        rb, bias = n * cbits // 8, 0
+    else:
+        raise ValueError(f"packing must be 'words', or 'bytes' with whole bytes a row, got {packing!r} "
+                         f"with {n} codes of {cbits} bits a row")
     slots = 1 if tensor else rows * (n // g)
     scales = np.empty(slots, np.float32)
-    zps = None if symmetric else np.empty(slots, np.int32)
-    if tensor:  # the one scale first: a reduction over the whole weight
+    # symmetric unsigned codes have a zero point too (the middle of the range)
+    zps = None if symmetric and code.qmin < 0 else np.empty(slots, np.int32)
+    if given is not None:
+        scales[:] = np.asarray(given[0], np.float32).reshape(-1)
+        if zps is not None:
+            zps[:] = np.asarray(given[1]).reshape(-1)
+    elif tensor:  # the one scale first: a reduction over the whole weight
         lo, hi = tensor_range(flat, table, bits, n, shift, mag, inf)
         # float32 arguments: Python floats would compile the float64 formula
         scale, zp, ok = finalize_one(np.float32(lo), np.float32(hi), code.qmin, code.qmax, symmetric,
@@ -262,20 +287,155 @@ def quantize_rows(x, code, symmetric, eps, scale_dtype, g, tensor, out):
         r0, r1 = chunks[i]
         sq, sa, sd = np.empty(g, np.uint8), np.empty(g), np.empty(g)
         return weight_rows(flat, table, bits, r0, r1, n, g, code.qmin, code.qmax, symmetric, np.float32(eps),
-                           fmt, shift, mag, inf, f, values, cbits, out.reshape(-1), scales, zps,
-                           accs[i], cnts[i], sq, sa, sd, tensor)
+                           fmt, shift, mag, inf, f, values, cbits, np.int32(bias), rb, out.reshape(-1), scales, zps,
+                           accs[i], cnts[i], sq, sa, sd, tensor, given is not None)
 
-    if len(chunks) > 1:
-        pool = threads.executor()
-        futures = [pool.submit(run, i) for i in range(1, len(chunks))]
-        failed = [run(0)] + [fu.result() for fu in futures]
-    else:
-        failed = [run(0)]
+    failed = _run_chunks(run, len(chunks))
     if any(r >= 0 for r in failed):
         return None
-    counts = dict(zip(("nan", "posinf", "neginf"), (int(v) for v in sum(cnts))))
-    figures = (float(sum(a[0] for a in accs)), float(sum(a[1] for a in accs)), float(max(a[2] for a in accs)))
-    return scales, zps, figures, counts
+    return scales, zps, _totals(accs), _counts(cnts)
+
+
+@njit(**JIT)
+def block_strips(x, table, bits, s0, s1, rows, n, br, bc, qmin, qmax, symmetric, eps, fmt, shift, mag, inf,
+                 f, values, out, scales, acc, cnt, sa, sd, tops):
+    """Strips ``s0:s1`` (``br`` rows each, the last ragged) of a C-order ``[rows, n]`` weight in
+    fp8 blocks of ``br`` x ``bc`` (fine-grained fp8), one strip at a time while it is in cache:
+
+    1. each block's max magnitude, through the bits (:func:`_magnitude`); a block holding NaN or
+       +/-Inf takes the range of its finite values (:func:`_finite_range`), as the rows do;
+    2. ``finalize_one``: its scale, in ``scales`` (the ``[ceil(rows / br), ceil(n / bc)]`` grid, flat);
+    3. the codes (``fp8_of``) into ``out`` (bytes, the weight's shape) and the figures, as
+       :func:`weight_rows` forms them (``values[q] * s`` in float32; ``acc``, ``cnt`` added to).
+
+    ``sa``/``sd`` are float64 scratch of ``bc`` elements, ``tops`` of ``ceil(n / bc)`` in ``bits``'
+    type. Returns the first strip whose scale ``finalize_one`` refuses, or -1.
+    """
+    cols = -(-n // bc)
+    for si in range(s0, s1):
+        r0, r1 = si * br, min(rows, (si + 1) * br)
+        for c in range(cols):
+            tops[c] = 0
+        for r in range(r0, r1):
+            for c in range(cols):
+                c0 = r * n + c * bc
+                tops[c] = max(tops[c], _magnitude(bits[c0:r * n + min(n, (c + 1) * bc)], mag))
+        for c in range(cols):
+            w = min(n, (c + 1) * bc) - c * bc
+            if tops[c] >= inf:  # the finite values' range, with 0 in it
+                lo = hi = np.float32(0)
+                for r in range(r0, r1):
+                    a, b, _, _, _ = _finite_range(x, table, r * n + c * bc, w)
+                    lo, hi = min(lo, a), max(hi, b)
+            else:
+                hi = np.float32(float_of_key(tops[c], bits, shift, mag, table))
+                lo = -hi
+            scale, _, ok = finalize_one(lo, hi, qmin, qmax, symmetric, eps, fmt)
+            if not ok:
+                return si
+            scales[si * cols + c] = scale
+        for r in range(r0, r1):
+            for c in range(cols):
+                c0 = r * n + c * bc
+                w = min(n, (c + 1) * bc) - c * bc
+                xs, os, s = x[c0:c0 + w], out[c0:c0 + w], scales[si * cols + c]
+                for j in range(w):  # the codes apart: a table lookup in the loop stops it vectorizing
+                    os[j] = fp8_of(load(xs, j, table), s, f)
+                for j in range(w):
+                    a = np.float64(load(xs, j, table))
+                    sa[j] = a
+                    sd[j] = a - np.float64(values[os[j]] * s)
+                if tops[c] >= inf:  # rare: the non-finite elements out of the figures, counted
+                    for j in range(w):
+                        if not abs(load(xs, j, table)) <= _FMAX:
+                            sa[j] = sd[j] = 0.0
+                    _, _, nan, pos, neg = _finite_range(xs, table, 0, w)
+                    cnt[0] += nan
+                    cnt[1] += pos
+                    cnt[2] += neg
+                _energy(sa, sd, w, acc)
+    return -1
+
+
+def quantize_blocks(x, code, symmetric, eps, scale_dtype, block, out):
+    """One pass over a C-order 2-D weight ``x`` (bfloat16, float16 or float32) in fp8 ``code``
+    with one scale a ``block`` (rows, columns) block (:func:`block_strips`): the codes' bytes
+    into ``out`` (``x``'s shape, uint8). Strips of blocks are shared among the host threads.
+
+    Returns ``(scales, (signal, error, max_abs_error), counts)`` (the float32 scale grid
+    ``[ceil(rows / block[0]), ceil(n / block[1])]``), or None where a scale is refused.
+
+    >>> from gpuq._codetypes import code_type
+    >>> out = np.empty((1, 3), np.uint8)
+    >>> s, figures, counts = quantize_blocks(np.float32([[448.0, -1.0, 3.0]]), code_type("float8_e4m3fn"),
+    ...                                      True, np.float32(1e-38), "float32", (2, 2), out)
+    >>> s.tolist(), out.tolist(), figures[1], counts["nan"]
+    ([[1.0, 0.0066964286379516125]], [[126, 184, 126]], 0.0, 0)
+    """
+    rows, n = x.shape
+    br, bc = (min(b, d) if b > 0 else d for b, d in zip(block, x.shape))
+    flat, table = x.reshape(-1), None
+    if x.dtype == np.float16:
+        flat, table = flat.view(np.uint16), _float16_table()
+    elif is_bfloat16(x.dtype):
+        flat = flat.view(np.int16)
+    bits = x.reshape(-1).view(KEY_INT[x.dtype.itemsize])
+    shift, mag, inf = key_constants(x.dtype)
+    f, values = formats.fp8_consts(code.fp8, True), formats.fp8_table(code.fp8, np.float32)
+    strips, cols = -(-rows // br), -(-n // bc)
+    scales = np.empty(strips * cols, np.float32)
+    chunks = _chunks(strips, br * n, threads.get_num_threads())
+    accs = [np.zeros(3) for _ in chunks]
+    cnts = [np.zeros(3, np.int64) for _ in chunks]
+
+    def run(i):
+        s0, s1 = chunks[i]
+        return block_strips(flat, table, bits, s0, s1, rows, n, br, bc, code.qmin, code.qmax, symmetric,
+                            np.float32(eps), SCALE_FORMATS[scale_dtype], shift, mag, inf, f, values,
+                            out.reshape(-1), scales, accs[i], cnts[i], np.empty(bc), np.empty(bc),
+                            np.zeros(cols, bits.dtype))
+
+    failed = _run_chunks(run, len(chunks))
+    if any(r >= 0 for r in failed):
+        return None
+    return scales.reshape(strips, cols), _totals(accs), _counts(cnts)
+
+
+@njit(**JIT)
+def has_nonfinite(bits, mag, inf, n):
+    """Whether the flat weight of integer view ``bits`` holds a NaN or +/-Inf (rows of ``n``:
+    the max magnitude bits, which vectorizes): what the MSE search needs to know first."""
+    for r in range(bits.size // n):
+        if _magnitude(bits[r * n:(r + 1) * n], mag) >= inf:
+            return True
+    return False
+
+
+def nonfinite_in(x) -> bool:
+    """Whether the C-order 2-D ``x`` (bfloat16, float16 or float32) holds a NaN or +/-Inf.
+
+    >>> nonfinite_in(np.float32([[1.0, np.inf]])), nonfinite_in(np.float16([[1.0, 2.0]]))
+    (True, False)
+    """
+    _, mag, inf = key_constants(x.dtype)
+    return bool(has_nonfinite(x.reshape(-1).view(KEY_INT[x.dtype.itemsize]), mag, inf, x.shape[1]))
+
+
+def _run_chunks(run, k):
+    """``[run(0), ..., run(k - 1)]``, all but the first on the host backend's pool."""
+    if k == 1:
+        return [run(0)]
+    pool = threads.executor()
+    futures = [pool.submit(run, i) for i in range(1, k)]
+    return [run(0)] + [fu.result() for fu in futures]
+
+
+def _totals(accs):
+    return float(sum(a[0] for a in accs)), float(sum(a[1] for a in accs)), float(max(a[2] for a in accs))
+
+
+def _counts(cnts):
+    return dict(zip(("nan", "posinf", "neginf"), (int(v) for v in sum(cnts))))
 
 
 #: Elements per thread below which one thread does the whole weight (a thread's start costs more).

@@ -202,6 +202,8 @@ class MXFP8Quantized(_Micro):
     """``mxfp8-quantized``: e4m3 codes in ``M.weight``, e8m0 scales per 32."""
 
     name, code_name = "mxfp8-quantized", "float8_e4m3fn"
+    #: gpuq.checkpoints.fused: the fp8 bytes and figures in one pass, under choose_qparams' MX scales
+    one_pass = "mx-bytes"
 
     def params(self, scheme):
         return ("weight", "weight_scale")

@@ -39,6 +39,8 @@ FP8_BLOCK = (128, 128)
 class Fp8Blocks(Layout):
     """Fine-grained fp8 (``quant_method: "fp8"``, ``weight_block_size``): ``weight_scale_inv``."""
 
+    one_pass = "blocks"  # gpuq.checkpoints.fused: the codes' bytes and the block grid in one pass
+
     def params(self, scheme):
         return ("weight", "weight_scale_inv")
 
