@@ -82,6 +82,35 @@ __device__ __forceinline__ void divmod(long long a, long long b, long long& q, l
     }
 }
 
+// a / b and a % b without a division instruction (Granlund-Montgomery, as PyTorch's
+// IntegerDivider and CUTLASS's FastDivmod): for 1 <= d < 2^31 and 0 <= a < 2^31,
+// a / d = (umulhi(a, mult) + a) >> shift with shift = ceil(log2 d) and
+// mult = floor(2^32 (2^shift - d) / d) + 1 < 2^32 (the sum stays below 2^32). A 32-bit
+// divide is ~15-20 instructions (I2F, MUFU.RCP, F2I, fix-ups); this is IMAD.HI, IADD, SHF.
+// The host computes mult (gpuq/backends/cuda/launch.py, fast_divisor) and passes it in the
+// map's 64-bit argument as a negative number: bit 63 set, mult in bits 62..31, d in 30..0.
+// It does so only when the tensor has fewer than 2^31 elements (every divisor and index is
+// then below 2^31); larger tensors get the plain divisors (non-negative) and divmod above.
+struct FastDivmod {
+    unsigned d, mult, shift;
+    __device__ FastDivmod() : d(1), mult(1), shift(0) {}
+    __device__ explicit FastDivmod(long long packed)
+        : d(static_cast<unsigned>(packed) & 0x7fffffffu),
+          mult(static_cast<unsigned>(static_cast<unsigned long long>(packed) >> 31)),
+          shift(static_cast<unsigned>(32 - __clz(static_cast<int>(d - 1)))) {}
+    __device__ __forceinline__ unsigned div(unsigned a) const { return (__umulhi(a, mult) + a) >> shift; }
+    __device__ __forceinline__ void operator()(unsigned a, unsigned& q, unsigned& r) const {
+        q = div(a);
+        r = a - q * d;
+    }
+};
+
+// Whether a map argument carries a FastDivmod (the host packed every divisor of the launch).
+__device__ __forceinline__ bool packed_divisor(long long m) { return m < 0; }
+__device__ __forceinline__ long long plain_divisor(long long m) {
+    return packed_divisor(m) ? static_cast<long long>(m & 0x7fffffff) : m;
+}
+
 // Each map is a cursor: seek(i) once per unit (a few divisions), then next()
 // per element (no division); next() returns whether the index changed, so a
 // scale is reloaded only when it may differ. uniform() after seek(i) says that
@@ -110,9 +139,24 @@ template <> constexpr bool kLoadsParams<ValueMap> = false;
 // run and per-group along the last axis with full groups (C = n / g, inner = g).
 struct ChannelMap {
     long long channels, inner, c, r;
+    bool fast;
+    FastDivmod by_inner, by_channels;
     __device__ ChannelMap(long long m0, long long m1, long long, const long long*)
-        : channels(m0), inner(m1), c(0), r(0) {}
+        : channels(plain_divisor(m0)), inner(plain_divisor(m1)), c(0), r(0), fast(packed_divisor(m0)) {
+        if (fast) {
+            by_channels = FastDivmod(m0);
+            by_inner = FastDivmod(m1);
+        }
+    }
     __device__ void seek(long long i) {
+        if (fast) {
+            unsigned row, ri, unused, ci;
+            by_inner(static_cast<unsigned>(i), row, ri);
+            by_channels(row, unused, ci);
+            r = ri;
+            c = ci;
+            return;
+        }
         long long row;
         divmod(i, inner, row, r);
         long long unused;
@@ -134,9 +178,34 @@ struct ChannelMap {
 struct GroupMap {
     long long n, inner, g, groups;
     long long t, j, jr, p;  // position in the row, along the axis, within the group; scale index
+    bool fast;
+    FastDivmod by_inner, by_n, by_g;
     __device__ GroupMap(long long m0, long long m1, long long m2, const long long*)
-        : n(m0), inner(m1), g(m2), groups((m0 + m2 - 1) / m2), t(0), j(0), jr(0), p(0) {}
+        : n(plain_divisor(m0)), inner(plain_divisor(m1)), g(plain_divisor(m2)),
+          groups(0), t(0), j(0), jr(0), p(0), fast(packed_divisor(m0)) {
+        if (fast) {
+            by_n = FastDivmod(m0);
+            by_inner = FastDivmod(m1);
+            by_g = FastDivmod(m2);
+            unsigned q, rest;
+            by_g(static_cast<unsigned>(n), q, rest);
+            groups = q + (rest != 0);
+        } else {
+            groups = (n + g - 1) / g;
+        }
+    }
     __device__ void seek(long long i) {
+        if (fast) {
+            unsigned row, ti, o, ji, gq, jri;
+            by_inner(static_cast<unsigned>(i), row, ti);
+            by_n(row, o, ji);
+            by_g(ji, gq, jri);
+            t = ti;
+            j = ji;
+            jr = jri;
+            p = (static_cast<long long>(o) * groups + gq) * inner + t;
+            return;
+        }
         long long row, o, gq;
         divmod(i, inner, row, t);
         divmod(row, n, o, j);

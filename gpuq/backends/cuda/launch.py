@@ -159,6 +159,47 @@ def per_element(params, scheme):
     return cupy.ascontiguousarray(cupy.broadcast_to(p, scheme.shape))
 
 
+#: Below this many elements every index and divisor of a map fits the kernels' FastDivmod.
+FAST_DIVISION_LIMIT = 2**31
+
+
+def fast_divisor(d: int) -> int:
+    """Divisor ``d`` (``1 <= d < 2**31``) with its magic multiplier, packed as the kernels'
+    FastDivmod reads a map argument (kernels/elementwise.cuh): a negative int64 with ``mult``
+    in bits 62..31 and ``d`` in bits 30..0, where ``a // d == (mulhi(a, mult) + a) >> shift``
+    for every ``0 <= a < 2**31`` (``shift = ceil(log2 d)``, ``mult = 2**32 (2**shift - d) // d
+    + 1``; Granlund and Montgomery, PLDI 1994, as PyTorch's IntegerDivider).
+
+    >>> m = fast_divisor(7); (m < 0, m & 0x7fffffff, (m >> 31) & 0xffffffff)
+    (True, 7, 613566757)
+    >>> fast_divisor(1) & 0x7fffffff, (fast_divisor(1) >> 31) & 0xffffffff
+    (1, 1)
+    """
+    if not 1 <= d < FAST_DIVISION_LIMIT:
+        raise ValueError(f"fast_divisor: d must be in [1, 2**31), got {d}")
+    shift = (d - 1).bit_length()
+    mult = (2**32 * (2**shift - d)) // d + 1
+    return ((1 << 63) | (mult << 31) | d) - (1 << 64)
+
+
+def device_map_params(map_name: str, m0: int, m1: int, m2: int, n: int) -> tuple:
+    """The ``(m0, m1, m2)`` a launch over ``n`` elements passes: the channel and group maps'
+    divisors packed by :func:`fast_divisor` when ``n < 2**31``, as they are otherwise (the
+    kernels then divide in 32 or 64 bits). A group longer than its axis is one group: ``g``
+    becomes the axis length (the same walk), so that it fits too.
+
+    >>> device_map_params("channel", 3, 4, 0, 12) == (fast_divisor(3), fast_divisor(4), 0)
+    True
+    >>> device_map_params("channel", 3, 2**31, 0, 3 * 2**31)
+    (3, 2147483648, 0)
+    """
+    if n >= FAST_DIVISION_LIMIT or map_name not in ("channel", "group") or min(m0, m1) < 1:
+        return m0, m1, m2  # (an empty tensor launches nothing that reads them)
+    if map_name == "channel":
+        return fast_divisor(m0), fast_divisor(m1), m2
+    return fast_divisor(m0), fast_divisor(m1), fast_divisor(min(m2, m0))
+
+
 def map_args(src, scheme, scales, zps):
     """``(map_name, (m0, m1, m2), dims_arg, scales, zps)``: the index map a launch over
     contiguous ``src`` takes, and its parameters as device pointers (or, under the value
@@ -176,7 +217,7 @@ def map_args(src, scheme, scales, zps):
         zps = None if zps is None else per_element(zps, scheme)
         map_name, m0, m1 = "channel", src.size, 1
     dims_arg = scales if dims is None else dims_array(device_id(src), dims)
-    return map_name, (m0, m1, m2), dims_arg, scales, zps
+    return map_name, device_map_params(map_name, m0, m1, m2, src.size), dims_arg, scales, zps
 
 
 def _launch(op, src, out, scheme, scales, zps):
