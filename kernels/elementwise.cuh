@@ -242,6 +242,12 @@ struct GroupMap {
 // the parameter of coordinates c is sum_d (c_d / block_d) * pstride_d (pstride 0 along a dim a
 // block covers: its block is the dim). An odometer over the coordinates and their offsets
 // inside their blocks: no division per element, a new parameter only where a block ends.
+//
+// Blocks of (br, bc) on a 2-D (merged) tensor of C columns, 128x128 the common case, take the
+// 2-D block map instead, in the same kernels: the host passes m0 = br, m1 = C, m2 = bc packed
+// for FastDivmod (m0 < 0; launch.py, device_map_params) and the parameter of element i is
+// (row / br) * ceil(C / bc) + col / bc with row, col = divmod(i, C): three magic divisions a
+// unit, registers only (no local arrays, no dims loads).
 constexpr int kMaxDims = 8;
 struct StridedMap {
     int nd;
@@ -249,11 +255,32 @@ struct StridedMap {
     long long coord[kMaxDims];
     long long rem[kMaxDims];  // coord[d] % block[d]
     long long p;
-    __device__ StridedMap(long long m0, long long, long long, const long long* d)
-        : nd(static_cast<int>(m0)), dims(d), p(0) {}
+    bool two_d;
+    FastDivmod by_br, by_cols, by_bc;
+    unsigned ncb, col, col_rem, row_rem;  // column blocks; the column, its offset in its block, the row's
+    __device__ StridedMap(long long m0, long long m1, long long m2, const long long* d)
+        : nd(static_cast<int>(m0)), dims(d), p(0), two_d(packed_divisor(m0)), ncb(0), col(0), col_rem(0),
+          row_rem(0) {
+        if (two_d) {
+            by_br = FastDivmod(m0);
+            by_cols = FastDivmod(m1);
+            by_bc = FastDivmod(m2);
+            unsigned q, r;
+            by_bc(by_cols.d, q, r);
+            ncb = q + (r != 0);
+        }
+    }
     // The dims loops stay loops (no unrolling): coord[] and rem[] live in local memory.
     __device__ void seek(long long i) {
         p = 0;
+        if (two_d) {
+            unsigned row, rb, cb;
+            by_cols(static_cast<unsigned>(i), row, col);
+            by_br(row, rb, row_rem);
+            by_bc(col, cb, col_rem);
+            p = static_cast<long long>(rb) * ncb + cb;
+            return;
+        }
 #pragma unroll 1
         for (int d = nd - 1; d >= 0; --d) {
             long long q, blk;
@@ -265,10 +292,30 @@ struct StridedMap {
     }
     // The unit's 16 elements in one block of the last dim (and one row of it).
     __device__ bool uniform() const {
+        if (two_d) return col_rem + kUnit <= by_bc.d && col + kUnit <= by_cols.d;
         const int l = nd - 1;
         return rem[l] + kUnit <= dims[2 * nd + l] && coord[l] + kUnit <= dims[l];
     }
     __device__ bool next() {
+        if (two_d) {
+            if (++col < by_cols.d) {
+                if (++col_rem < by_bc.d) return false;
+                col_rem = 0;
+                ++p;
+                return true;
+            }
+            // The next row: back to the first column block, on to the next block row at its end.
+            col = 0;
+            col_rem = 0;
+            p -= ncb - 1;
+            if (++row_rem == by_br.d) {
+                row_rem = 0;
+                p += ncb;
+            } else if (ncb == 1) {
+                return false;  // one column block and still in the block row: the same parameter
+            }
+            return true;
+        }
         const long long before = p;
 #pragma unroll 1
         for (int d = nd - 1; d >= 0; --d) {

@@ -372,6 +372,12 @@ _CASES = [
     ((7, 100), None, (3, 32)),
     ((6, 64), None, (4, 32)),
     ((2, 3, 50), None, (2, 2, 17)),
+    # the 2-D block map (issue 38): ragged both ways, one column block, rows of one block row
+    ((130, 257), None, (128, 128)),
+    ((9, 7), None, (4, 3)),
+    ((17, 1025), None, (3, 128)),
+    ((33, 40), None, (5, 40 - 1)),
+    ((20, 5), None, (3, 5 - 2)),
 ]
 
 
@@ -385,8 +391,8 @@ def test_traversal_and_index_maps_on_host(harness, shape, axis, group):
     expected = _expected_index(scheme)
     lines, runs = [], []
     # The map's arguments as a launch passes them (the channel and group maps' divisors packed
-    # for FastDivmod) and plain (what a tensor of 2^31 elements or more gets).
-    forms = {device_map_params(name, m0, m1, m2, n), (m0, m1, m2)}
+    # for FastDivmod, the 2-D block map's too) and plain (what a tensor of 2^31 elements or more gets).
+    forms = {device_map_params(name, m0, m1, m2, n, dims), (m0, m1, m2)}
     for head in sorted({0, 1, 3, 15, min(n, 15)}):
         head = min(head, n)
         for vec in (0, 1, 3):
@@ -397,6 +403,8 @@ def test_traversal_and_index_maps_on_host(harness, shape, axis, group):
                     lines.append(" ".join(map(str, (registry.MAPS[name], n, head, vec, p0, p1, p2,
                                                     blocks, threads, nd) + tuple(dims_t))))
                     runs.append((head, vec, blocks, threads, p0 < 0))
+    if name in ("channel", "group") or (name == "strided" and len(shape) == 2):
+        assert any(p[0] < 0 for p in forms), "the launch packs this map's divisors"
     out = subprocess.run([str(harness)], input="\n".join(lines) + "\n", capture_output=True,
                          text=True, check=True).stdout.splitlines()
     assert len(out) == len(runs)
@@ -411,7 +419,9 @@ def test_launch_packs_the_element_maps_divisors_below_two_to_the_31():
     assert device_map_params("channel", 3, 4, 0, 2**31 - 1) == (fast_divisor(3), fast_divisor(4), 0)
     assert device_map_params("group", 9, 2, 20, 36) == (fast_divisor(9), fast_divisor(2), fast_divisor(9))
     assert device_map_params("channel", 3, 4, 0, 2**31) == (3, 4, 0)  # today's 32/64-bit divmod
-    assert device_map_params("strided", 2, 0, 0, 100) == (2, 0, 0)
+    assert device_map_params("strided", 3, 0, 0, 100, (2, 5, 10) * 3) == (3, 0, 0)  # 3-D: the odometer
+    assert device_map_params("strided", 2, 0, 0, 300 * 200, (300, 200, 2, 1, 128, 128)) == (
+        fast_divisor(128), fast_divisor(200), fast_divisor(128))
     with pytest.raises(ValueError, match=r"d must be in \[1, 2\*\*31\), got 2147483648"):
         fast_divisor(2**31)
 

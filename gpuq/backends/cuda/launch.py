@@ -182,22 +182,35 @@ def fast_divisor(d: int) -> int:
     return ((1 << 63) | (mult << 31) | d) - (1 << 64)
 
 
-def device_map_params(map_name: str, m0: int, m1: int, m2: int, n: int) -> tuple:
-    """The ``(m0, m1, m2)`` a launch over ``n`` elements passes: the channel and group maps'
-    divisors packed by :func:`fast_divisor` when ``n < 2**31``, as they are otherwise (the
-    kernels then divide in 32 or 64 bits). A group longer than its axis is one group: ``g``
-    becomes the axis length (the same walk), so that it fits too.
+def device_map_params(map_name: str, m0: int, m1: int, m2: int, n: int, dims=None) -> tuple:
+    """The ``(m0, m1, m2)`` a launch over ``n`` elements passes (kernels/elementwise.cuh): below
+    ``2**31`` elements the divisors packed by :func:`fast_divisor` -- the channel map's ``C,
+    inner``, the group map's ``n, inner, g`` (a group longer than its axis is one group: ``g``
+    becomes the axis length, the same walk) and, for blocks ``(br, bc)`` on 2-D merged dims
+    ``(R, C)``, the 2-D block map's ``br, C, bc`` -- else as they are (the kernels then divide
+    in 32 or 64 bits, or walk ``dims``).
 
     >>> device_map_params("channel", 3, 4, 0, 12) == (fast_divisor(3), fast_divisor(4), 0)
     True
     >>> device_map_params("channel", 3, 2**31, 0, 3 * 2**31)
     (3, 2147483648, 0)
+    >>> dims = (300, 200, 2, 1, 128, 128)
+    >>> device_map_params("strided", 2, 0, 0, 60000, dims) == tuple(map(fast_divisor, (128, 200, 128)))
+    True
     """
-    if n >= FAST_DIVISION_LIMIT or map_name not in ("channel", "group") or min(m0, m1) < 1:
+    if n >= FAST_DIVISION_LIMIT or (map_name in ("channel", "group") and min(m0, m1) < 1):
         return m0, m1, m2  # (an empty tensor launches nothing that reads them)
     if map_name == "channel":
         return fast_divisor(m0), fast_divisor(m1), m2
-    return fast_divisor(m0), fast_divisor(m1), fast_divisor(min(m2, m0))
+    if map_name == "group":
+        return fast_divisor(m0), fast_divisor(m1), fast_divisor(min(m2, m0))
+    if map_name == "strided" and m0 == 2:
+        rows, cols, ps0, ps1, br, bc = dims
+        # C-order blocks (a stride 0 where the block covers its dim: its quotient is 0 there)
+        # give the 2-D map's parameter (row // br) * ceil(C / bc) + col // bc.
+        if ps0 in (-(-cols // bc), 0 if br >= rows else -1) and ps1 in (1, 0 if bc >= cols else -1):
+            return fast_divisor(br), fast_divisor(cols), fast_divisor(bc)
+    return m0, m1, m2
 
 
 def map_args(src, scheme, scales, zps):
@@ -217,7 +230,7 @@ def map_args(src, scheme, scales, zps):
         zps = None if zps is None else per_element(zps, scheme)
         map_name, m0, m1 = "channel", src.size, 1
     dims_arg = scales if dims is None else dims_array(device_id(src), dims)
-    return map_name, device_map_params(map_name, m0, m1, m2, src.size), dims_arg, scales, zps
+    return map_name, device_map_params(map_name, m0, m1, m2, src.size, dims), dims_arg, scales, zps
 
 
 def _launch(op, src, out, scheme, scales, zps):
