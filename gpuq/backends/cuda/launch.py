@@ -204,13 +204,30 @@ def device_map_params(map_name: str, m0: int, m1: int, m2: int, n: int, dims=Non
         return fast_divisor(m0), fast_divisor(m1), m2
     if map_name == "group":
         return fast_divisor(m0), fast_divisor(m1), fast_divisor(min(m2, m0))
-    if map_name == "strided" and m0 == 2:
-        rows, cols, ps0, ps1, br, bc = dims
-        # C-order blocks (a stride 0 where the block covers its dim: its quotient is 0 there)
-        # give the 2-D map's parameter (row // br) * ceil(C / bc) + col // bc.
-        if ps0 in (-(-cols // bc), 0 if br >= rows else -1) and ps1 in (1, 0 if bc >= cols else -1):
-            return fast_divisor(br), fast_divisor(cols), fast_divisor(bc)
+    tiles = block_tiles(map_name, m0, dims)
+    if tiles is not None:
+        _, cols, br, bc = tiles
+        return fast_divisor(br), fast_divisor(cols), fast_divisor(bc)
     return m0, m1, m2
+
+
+def block_tiles(map_name: str, m0: int, dims) -> tuple | None:
+    """``(rows, cols, br, bc)`` when an index map is blocks ``(br, bc)`` on 2-D merged dims whose
+    parameter is ``(row // br) * ceil(cols / bc) + col // bc`` (the param grid in C order; a
+    stride 0 where a block covers its dim, whose quotient is 0 there), else None. The 2-D block
+    map and ``choose_qparams``' one-block-per-tile kernel take these.
+
+    >>> block_tiles("strided", 2, (300, 200, 2, 1, 128, 128))
+    (300, 200, 128, 128)
+    >>> block_tiles("strided", 3, (2, 3, 4, 4, 0, 1, 1, 3, 1)) is None
+    True
+    """
+    if map_name != "strided" or m0 != 2:
+        return None
+    rows, cols, ps0, ps1, br, bc = dims
+    if ps0 in (-(-cols // bc), 0 if br >= rows else -1) and ps1 in (1, 0 if bc >= cols else -1):
+        return rows, cols, br, bc
+    return None
 
 
 def map_args(src, scheme, scales, zps):
