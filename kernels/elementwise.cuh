@@ -242,12 +242,6 @@ struct GroupMap {
 // the parameter of coordinates c is sum_d (c_d / block_d) * pstride_d (pstride 0 along a dim a
 // block covers: its block is the dim). An odometer over the coordinates and their offsets
 // inside their blocks: no division per element, a new parameter only where a block ends.
-//
-// Blocks of (br, bc) on a 2-D (merged) tensor of C columns, 128x128 the common case, take the
-// 2-D block map instead, in the same kernels: the host passes m0 = br, m1 = C, m2 = bc packed
-// for FastDivmod (m0 < 0; launch.py, device_map_params) and the parameter of element i is
-// (row / br) * ceil(C / bc) + col / bc with row, col = divmod(i, C): three magic divisions a
-// unit, registers only (no local arrays, no dims loads).
 constexpr int kMaxDims = 8;
 struct StridedMap {
     int nd;
@@ -255,32 +249,11 @@ struct StridedMap {
     long long coord[kMaxDims];
     long long rem[kMaxDims];  // coord[d] % block[d]
     long long p;
-    bool two_d;
-    FastDivmod by_br, by_cols, by_bc;
-    unsigned ncb, col, col_rem, row_rem;  // column blocks; the column, its offset in its block, the row's
-    __device__ StridedMap(long long m0, long long m1, long long m2, const long long* d)
-        : nd(static_cast<int>(m0)), dims(d), p(0), two_d(packed_divisor(m0)), ncb(0), col(0), col_rem(0),
-          row_rem(0) {
-        if (two_d) {
-            by_br = FastDivmod(m0);
-            by_cols = FastDivmod(m1);
-            by_bc = FastDivmod(m2);
-            unsigned q, r;
-            by_bc(by_cols.d, q, r);
-            ncb = q + (r != 0);
-        }
-    }
+    __device__ StridedMap(long long m0, long long, long long, const long long* d)
+        : nd(static_cast<int>(m0)), dims(d), p(0) {}
     // The dims loops stay loops (no unrolling): coord[] and rem[] live in local memory.
     __device__ void seek(long long i) {
         p = 0;
-        if (two_d) {
-            unsigned row, rb, cb;
-            by_cols(static_cast<unsigned>(i), row, col);
-            by_br(row, rb, row_rem);
-            by_bc(col, cb, col_rem);
-            p = static_cast<long long>(rb) * ncb + cb;
-            return;
-        }
 #pragma unroll 1
         for (int d = nd - 1; d >= 0; --d) {
             long long q, blk;
@@ -292,30 +265,10 @@ struct StridedMap {
     }
     // The unit's 16 elements in one block of the last dim (and one row of it).
     __device__ bool uniform() const {
-        if (two_d) return col_rem + kUnit <= by_bc.d && col + kUnit <= by_cols.d;
         const int l = nd - 1;
         return rem[l] + kUnit <= dims[2 * nd + l] && coord[l] + kUnit <= dims[l];
     }
     __device__ bool next() {
-        if (two_d) {
-            if (++col < by_cols.d) {
-                if (++col_rem < by_bc.d) return false;
-                col_rem = 0;
-                ++p;
-                return true;
-            }
-            // The next row: back to the first column block, on to the next block row at its end.
-            col = 0;
-            col_rem = 0;
-            p -= ncb - 1;
-            if (++row_rem == by_br.d) {
-                row_rem = 0;
-                p += ncb;
-            } else if (ncb == 1) {
-                return false;  // one column block and still in the block row: the same parameter
-            }
-            return true;
-        }
         const long long before = p;
 #pragma unroll 1
         for (int d = nd - 1; d >= 0; --d) {
@@ -338,6 +291,57 @@ struct StridedMap {
     }
     __device__ long long index() const { return p; }
 };
+
+// Blocks of (br, bc) on a 2-D (merged) tensor of C columns, 128x128 the common case: the
+// strided map's launches whose m0 is negative (the host packed m0 = br, m1 = C, m2 = bc for
+// FastDivmod; launch.py, device_map_params) walk this map instead (HasBlock2D below), a walker
+// of its own, so that no local array of StridedMap is near it. The parameter of element i is
+// (row / br) * ceil(C / bc) + col / bc with row, col = divmod(i, C): three magic divisions a
+// unit, registers only, no dims loads.
+struct Block2DMap {
+    FastDivmod by_br, by_cols, by_bc;
+    unsigned ncb, col, col_rem, row_rem;  // column blocks; the column, its offset in its block, the row's
+    long long p;
+    __device__ Block2DMap(long long m0, long long m1, long long m2, const long long*)
+        : by_br(m0), by_cols(m1), by_bc(m2), ncb(0), col(0), col_rem(0), row_rem(0), p(0) {
+        unsigned q, r;
+        by_bc(by_cols.d, q, r);
+        ncb = q + (r != 0);
+    }
+    __device__ void seek(long long i) {
+        unsigned row, rb, cb;
+        by_cols(static_cast<unsigned>(i), row, col);
+        by_br(row, rb, row_rem);
+        by_bc(col, cb, col_rem);
+        p = static_cast<long long>(rb) * ncb + cb;
+    }
+    __device__ bool uniform() const { return col_rem + kUnit <= by_bc.d && col + kUnit <= by_cols.d; }
+    __device__ bool next() {
+        if (++col < by_cols.d) {
+            if (++col_rem < by_bc.d) return false;
+            col_rem = 0;
+            ++p;
+            return true;
+        }
+        // The next row: back to the first column block, on to the next block row at its end.
+        col = 0;
+        col_rem = 0;
+        p -= ncb - 1;
+        if (++row_rem == by_br.d) {
+            row_rem = 0;
+            p += ncb;
+        } else if (ncb == 1) {
+            return false;  // one column block and still in the block row: the same parameter
+        }
+        return true;
+    }
+    __device__ long long index() const { return p; }
+};
+
+// Whether a map's launches may carry the 2-D block map's packed arguments (m0 < 0): the
+// walkers then take Block2DMap instead (both are compiled into a strided kernel).
+template <typename Map> struct HasBlock2D { static constexpr bool value = false; };
+template <> struct HasBlock2D<StridedMap> { static constexpr bool value = true; };
 
 template <int MAP> struct MapOf;
 template <> struct MapOf<kMapTensor> { using type = TensorMap; };
@@ -428,6 +432,55 @@ __device__ __forceinline__ void store_units_coalesced(T* __restrict__ out, long 
     __syncwarp();  // the stage is rewritten by the next unit
 }
 
+// n bytes (8, 16 or 32) from v to p, in 16- or 8-byte vectors (p aligned to min(n, 16)).
+template <int N>
+__device__ __forceinline__ void store_bytes_vec(void* __restrict__ p, const void* v) {
+    static_assert(N == 8 || N == 16 || N == 32, "8, 16 or 32 bytes");
+    if constexpr (N == 8) {
+        uint2 w;
+        memcpy(&w, v, 8);
+        *reinterpret_cast<uint2*>(p) = w;
+    } else {
+        uint4 w[N / 16];
+        memcpy(w, v, N);
+#pragma unroll
+        for (int k = 0; k < N / 16; ++k) reinterpret_cast<uint4*>(p)[k] = w[k];
+    }
+}
+
+// The warp-contiguous decode: a warp whose 32 units [base, base + 512) are all full takes
+// them as 4 spans of 128 elements, lane L elements 4L..4L+3 of each: 4 codes in
+// (fetch(begin, c)), one vector of 4 outputs out (16 bytes for float32, 8 for float16 and
+// bfloat16, 32 for float64), so that every store instruction of the warp writes one
+// contiguous run, without the shared-memory staging of store_units_coalesced (the traversal
+// experiment's "unit4" layout, bench/NOTES.md: s8->f32 at 256M on an H200 in 0.328-0.334 ms
+// against 0.348-0.352 staged). The map is sought once per 4-element run.
+template <typename TCode, typename TOut, typename Map, typename Op, typename Fetch>
+__device__ __forceinline__ void decode_warp_spans(Map& map, Op& op, long long base, TOut* __restrict__ out,
+                                                  Fetch fetch) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const long long begin = base + 128 * k + 4 * lane;
+        TCode c[4];
+        fetch(begin, c);
+        map.seek(begin);
+        if constexpr (kLoadsParams<Map>) op.reload(map.index());
+        TOut y[4];
+        if (map.uniform()) {
+#pragma unroll
+            for (int l = 0; l < 4; ++l) y[l] = op(c[l]);
+        } else {
+#pragma unroll
+            for (int l = 0; l < 4; ++l) {
+                if (l > 0 && map.next()) op.reload(map.index());
+                y[l] = op(c[l]);
+            }
+        }
+        store_bytes_vec<4 * sizeof(TOut)>(out + begin, y);
+    }
+}
+
 // Bit flags of the kernels' `vec` argument: which side may use 16-byte vectors.
 constexpr int kVecFloat = 1;  // float side (src of quantize, out of dequantize) aligned from `head` on
 constexpr int kVecCode = 2;   // code side (out of quantize, src of dequantize) aligned there as well
@@ -445,12 +498,31 @@ __device__ __forceinline__ void for_each_unit(const TIn* __restrict__ in, TOut* 
     // A float output goes out a warp at a time (store_units_coalesced): every lane of a warp
     // takes every iteration (the bound is the warp's first unit), idle lanes included.
     constexpr bool kWarpStore = !VecInIsFloat && sizeof(TOut) >= 2;
+    if constexpr (HasBlock2D<Map>::value) {
+        if (packed_divisor(m0)) {
+            for_each_unit<Block2DMap, TIn, TOut, VecInIsFloat>(in, out, n, head, vec, m0, m1, m2, dims, op);
+            return;
+        }
+    }
     const int lane = threadIdx.x & 31;
     const long long units = unit_count(n, head);
     const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
     Map map(m0, m1, m2, dims);  // seek() sets all of its position: built once per thread
     for (long long u = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
          (kWarpStore ? u - lane : u) < units; u += stride) {
+        if constexpr (kWarpStore) {
+            // The warp's 32 units all full and both sides vectorised (uniform across the warp):
+            // the warp-contiguous decode. Else (the head's warp, the tail's) the staged store.
+            const long long u0 = u - lane;
+            if (u0 >= 1 && head + (u0 + 31) * kUnit <= n && vec_in && vec_out) {
+                static_assert(sizeof(TIn) == 1, "one-byte codes");
+                decode_warp_spans<TIn>(map, op, head + (u0 - 1) * kUnit, out, [&](long long b, TIn (&c)[4]) {
+                    const unsigned word = __ldg(reinterpret_cast<const unsigned*>(in + b));
+                    memcpy(c, &word, sizeof(word));
+                });
+                continue;
+            }
+        }
         long long begin = 0;
         int len = 0;
         if (u < units) unit_bounds(u, n, head, begin, len);

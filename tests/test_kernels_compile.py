@@ -202,6 +202,7 @@ _HARNESS = r"""
 #include <cstdlib>
 #define __shared__ static
 struct uint4 { unsigned x, y, z, w; };
+struct uint2 { unsigned x, y; };
 template <class T> T __ldg(const T* p) { return *p; }
 // The warp-wide store of float outputs (dequantize direction) needs a warp: the CPU execution
 // of the kernels (tests/cudasim) runs it; this one-thread-at-a-time harness walks quantize only.
