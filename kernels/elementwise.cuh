@@ -82,6 +82,35 @@ __device__ __forceinline__ void divmod(long long a, long long b, long long& q, l
     }
 }
 
+// a / b and a % b without a division instruction (Granlund-Montgomery, as PyTorch's
+// IntegerDivider and CUTLASS's FastDivmod): for 1 <= d < 2^31 and 0 <= a < 2^31,
+// a / d = (umulhi(a, mult) + a) >> shift with shift = ceil(log2 d) and
+// mult = floor(2^32 (2^shift - d) / d) + 1 < 2^32 (the sum stays below 2^32). A 32-bit
+// divide is ~15-20 instructions (I2F, MUFU.RCP, F2I, fix-ups); this is IMAD.HI, IADD, SHF.
+// The host computes mult (gpuq/backends/cuda/launch.py, fast_divisor) and passes it in the
+// map's 64-bit argument as a negative number: bit 63 set, mult in bits 62..31, d in 30..0.
+// It does so only when the tensor has fewer than 2^31 elements (every divisor and index is
+// then below 2^31); larger tensors get the plain divisors (non-negative) and divmod above.
+struct FastDivmod {
+    unsigned d, mult, shift;
+    __device__ FastDivmod() : d(1), mult(1), shift(0) {}
+    __device__ explicit FastDivmod(long long packed)
+        : d(static_cast<unsigned>(packed) & 0x7fffffffu),
+          mult(static_cast<unsigned>(static_cast<unsigned long long>(packed) >> 31)),
+          shift(static_cast<unsigned>(32 - __clz(static_cast<int>(d - 1)))) {}
+    __device__ __forceinline__ unsigned div(unsigned a) const { return (__umulhi(a, mult) + a) >> shift; }
+    __device__ __forceinline__ void operator()(unsigned a, unsigned& q, unsigned& r) const {
+        q = div(a);
+        r = a - q * d;
+    }
+};
+
+// Whether a map argument carries a FastDivmod (the host packed every divisor of the launch).
+__device__ __forceinline__ bool packed_divisor(long long m) { return m < 0; }
+__device__ __forceinline__ long long plain_divisor(long long m) {
+    return packed_divisor(m) ? static_cast<long long>(m & 0x7fffffff) : m;
+}
+
 // Each map is a cursor: seek(i) once per unit (a few divisions), then next()
 // per element (no division); next() returns whether the index changed, so a
 // scale is reloaded only when it may differ. uniform() after seek(i) says that
@@ -110,9 +139,24 @@ template <> constexpr bool kLoadsParams<ValueMap> = false;
 // run and per-group along the last axis with full groups (C = n / g, inner = g).
 struct ChannelMap {
     long long channels, inner, c, r;
+    bool fast;
+    FastDivmod by_inner, by_channels;
     __device__ ChannelMap(long long m0, long long m1, long long, const long long*)
-        : channels(m0), inner(m1), c(0), r(0) {}
+        : channels(plain_divisor(m0)), inner(plain_divisor(m1)), c(0), r(0), fast(packed_divisor(m0)) {
+        if (fast) {
+            by_channels = FastDivmod(m0);
+            by_inner = FastDivmod(m1);
+        }
+    }
     __device__ void seek(long long i) {
+        if (fast) {
+            unsigned row, ri, unused, ci;
+            by_inner(static_cast<unsigned>(i), row, ri);
+            by_channels(row, unused, ci);
+            r = ri;
+            c = ci;
+            return;
+        }
         long long row;
         divmod(i, inner, row, r);
         long long unused;
@@ -134,9 +178,34 @@ struct ChannelMap {
 struct GroupMap {
     long long n, inner, g, groups;
     long long t, j, jr, p;  // position in the row, along the axis, within the group; scale index
+    bool fast;
+    FastDivmod by_inner, by_n, by_g;
     __device__ GroupMap(long long m0, long long m1, long long m2, const long long*)
-        : n(m0), inner(m1), g(m2), groups((m0 + m2 - 1) / m2), t(0), j(0), jr(0), p(0) {}
+        : n(plain_divisor(m0)), inner(plain_divisor(m1)), g(plain_divisor(m2)),
+          groups(0), t(0), j(0), jr(0), p(0), fast(packed_divisor(m0)) {
+        if (fast) {
+            by_n = FastDivmod(m0);
+            by_inner = FastDivmod(m1);
+            by_g = FastDivmod(m2);
+            unsigned q, rest;
+            by_g(static_cast<unsigned>(n), q, rest);
+            groups = q + (rest != 0);
+        } else {
+            groups = (n + g - 1) / g;
+        }
+    }
     __device__ void seek(long long i) {
+        if (fast) {
+            unsigned row, ti, o, ji, gq, jri;
+            by_inner(static_cast<unsigned>(i), row, ti);
+            by_n(row, o, ji);
+            by_g(ji, gq, jri);
+            t = ti;
+            j = ji;
+            jr = jri;
+            p = (static_cast<long long>(o) * groups + gq) * inner + t;
+            return;
+        }
         long long row, o, gq;
         divmod(i, inner, row, t);
         divmod(row, n, o, j);
@@ -222,6 +291,57 @@ struct StridedMap {
     }
     __device__ long long index() const { return p; }
 };
+
+// Blocks of (br, bc) on a 2-D (merged) tensor of C columns, 128x128 the common case: the
+// strided map's launches whose m0 is negative (the host packed m0 = br, m1 = C, m2 = bc for
+// FastDivmod; launch.py, device_map_params) walk this map instead (HasBlock2D below), a walker
+// of its own, so that no local array of StridedMap is near it. The parameter of element i is
+// (row / br) * ceil(C / bc) + col / bc with row, col = divmod(i, C): three magic divisions a
+// unit, registers only, no dims loads.
+struct Block2DMap {
+    FastDivmod by_br, by_cols, by_bc;
+    unsigned ncb, col, col_rem, row_rem;  // column blocks; the column, its offset in its block, the row's
+    long long p;
+    __device__ Block2DMap(long long m0, long long m1, long long m2, const long long*)
+        : by_br(m0), by_cols(m1), by_bc(m2), ncb(0), col(0), col_rem(0), row_rem(0), p(0) {
+        unsigned q, r;
+        by_bc(by_cols.d, q, r);
+        ncb = q + (r != 0);
+    }
+    __device__ void seek(long long i) {
+        unsigned row, rb, cb;
+        by_cols(static_cast<unsigned>(i), row, col);
+        by_br(row, rb, row_rem);
+        by_bc(col, cb, col_rem);
+        p = static_cast<long long>(rb) * ncb + cb;
+    }
+    __device__ bool uniform() const { return col_rem + kUnit <= by_bc.d && col + kUnit <= by_cols.d; }
+    __device__ bool next() {
+        if (++col < by_cols.d) {
+            if (++col_rem < by_bc.d) return false;
+            col_rem = 0;
+            ++p;
+            return true;
+        }
+        // The next row: back to the first column block, on to the next block row at its end.
+        col = 0;
+        col_rem = 0;
+        p -= ncb - 1;
+        if (++row_rem == by_br.d) {
+            row_rem = 0;
+            p += ncb;
+        } else if (ncb == 1) {
+            return false;  // one column block and still in the block row: the same parameter
+        }
+        return true;
+    }
+    __device__ long long index() const { return p; }
+};
+
+// Whether a map's launches may carry the 2-D block map's packed arguments (m0 < 0): the
+// walkers then take Block2DMap instead (both are compiled into a strided kernel).
+template <typename Map> struct HasBlock2D { static constexpr bool value = false; };
+template <> struct HasBlock2D<StridedMap> { static constexpr bool value = true; };
 
 template <int MAP> struct MapOf;
 template <> struct MapOf<kMapTensor> { using type = TensorMap; };
@@ -312,6 +432,55 @@ __device__ __forceinline__ void store_units_coalesced(T* __restrict__ out, long 
     __syncwarp();  // the stage is rewritten by the next unit
 }
 
+// n bytes (8, 16 or 32) from v to p, in 16- or 8-byte vectors (p aligned to min(n, 16)).
+template <int N>
+__device__ __forceinline__ void store_bytes_vec(void* __restrict__ p, const void* v) {
+    static_assert(N == 8 || N == 16 || N == 32, "8, 16 or 32 bytes");
+    if constexpr (N == 8) {
+        uint2 w;
+        memcpy(&w, v, 8);
+        *reinterpret_cast<uint2*>(p) = w;
+    } else {
+        uint4 w[N / 16];
+        memcpy(w, v, N);
+#pragma unroll
+        for (int k = 0; k < N / 16; ++k) reinterpret_cast<uint4*>(p)[k] = w[k];
+    }
+}
+
+// The warp-contiguous decode: a warp whose 32 units [base, base + 512) are all full takes
+// them as 4 spans of 128 elements, lane L elements 4L..4L+3 of each: 4 codes in
+// (fetch(begin, c)), one vector of 4 outputs out (16 bytes for float32, 8 for float16 and
+// bfloat16, 32 for float64), so that every store instruction of the warp writes one
+// contiguous run, without the shared-memory staging of store_units_coalesced (the traversal
+// experiment's "unit4" layout, bench/NOTES.md: s8->f32 at 256M on an H200 in 0.328-0.334 ms
+// against 0.348-0.352 staged). The map is sought once per 4-element run.
+template <typename TCode, typename TOut, typename Map, typename Op, typename Fetch>
+__device__ __forceinline__ void decode_warp_spans(Map& map, Op& op, long long base, TOut* __restrict__ out,
+                                                  Fetch fetch) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const long long begin = base + 128 * k + 4 * lane;
+        TCode c[4];
+        fetch(begin, c);
+        map.seek(begin);
+        if constexpr (kLoadsParams<Map>) op.reload(map.index());
+        TOut y[4];
+        if (map.uniform()) {
+#pragma unroll
+            for (int l = 0; l < 4; ++l) y[l] = op(c[l]);
+        } else {
+#pragma unroll
+            for (int l = 0; l < 4; ++l) {
+                if (l > 0 && map.next()) op.reload(map.index());
+                y[l] = op(c[l]);
+            }
+        }
+        store_bytes_vec<4 * sizeof(TOut)>(out + begin, y);
+    }
+}
+
 // Bit flags of the kernels' `vec` argument: which side may use 16-byte vectors.
 constexpr int kVecFloat = 1;  // float side (src of quantize, out of dequantize) aligned from `head` on
 constexpr int kVecCode = 2;   // code side (out of quantize, src of dequantize) aligned there as well
@@ -329,12 +498,31 @@ __device__ __forceinline__ void for_each_unit(const TIn* __restrict__ in, TOut* 
     // A float output goes out a warp at a time (store_units_coalesced): every lane of a warp
     // takes every iteration (the bound is the warp's first unit), idle lanes included.
     constexpr bool kWarpStore = !VecInIsFloat && sizeof(TOut) >= 2;
+    if constexpr (HasBlock2D<Map>::value) {
+        if (packed_divisor(m0)) {
+            for_each_unit<Block2DMap, TIn, TOut, VecInIsFloat>(in, out, n, head, vec, m0, m1, m2, dims, op);
+            return;
+        }
+    }
     const int lane = threadIdx.x & 31;
     const long long units = unit_count(n, head);
     const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
     Map map(m0, m1, m2, dims);  // seek() sets all of its position: built once per thread
     for (long long u = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
          (kWarpStore ? u - lane : u) < units; u += stride) {
+        if constexpr (kWarpStore) {
+            // The warp's 32 units all full and both sides vectorised (uniform across the warp):
+            // the warp-contiguous decode. Else (the head's warp, the tail's) the staged store.
+            const long long u0 = u - lane;
+            if (u0 >= 1 && head + (u0 + 31) * kUnit <= n && vec_in && vec_out) {
+                static_assert(sizeof(TIn) == 1, "one-byte codes");
+                decode_warp_spans<TIn>(map, op, head + (u0 - 1) * kUnit, out, [&](long long b, TIn (&c)[4]) {
+                    const unsigned word = __ldg(reinterpret_cast<const unsigned*>(in + b));
+                    memcpy(c, &word, sizeof(word));
+                });
+                continue;
+            }
+        }
         long long begin = 0;
         int len = 0;
         if (u < units) unit_bounds(u, n, head, begin, len);

@@ -330,6 +330,12 @@ template <typename Map, typename TIn, typename Op>
 __device__ __forceinline__ void for_each_packed_unit(const TIn* __restrict__ in, unsigned char* __restrict__ out,
                                                      long long n, int vec, long long m0, long long m1,
                                                      long long m2, const long long* dims, Op op) {
+    if constexpr (HasBlock2D<Map>::value) {  // the 2-D block map's launch (elementwise.cuh)
+        if (packed_divisor(m0)) {
+            for_each_packed_unit<Block2DMap, TIn>(in, out, n, vec, m0, m1, m2, dims, op);
+            return;
+        }
+    }
     const long long units = (n + kUnit - 1) / kUnit;
     const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
     Map map(m0, m1, m2, dims);
@@ -378,6 +384,12 @@ template <typename Map, typename TOut, typename Op>
 __device__ __forceinline__ void for_each_unpacked_unit(const unsigned char* __restrict__ in, TOut* __restrict__ out,
                                                        long long n, int vec, long long m0, long long m1,
                                                        long long m2, const long long* dims, Op op) {
+    if constexpr (HasBlock2D<Map>::value) {  // the 2-D block map's launch (elementwise.cuh)
+        if (packed_divisor(m0)) {
+            for_each_unpacked_unit<Block2DMap, TOut>(in, out, n, vec, m0, m1, m2, dims, op);
+            return;
+        }
+    }
     const long long units = (n + kUnit - 1) / kUnit;
     const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
     const int lane = threadIdx.x & 31;
@@ -385,6 +397,17 @@ __device__ __forceinline__ void for_each_unpacked_unit(const unsigned char* __re
     // Every lane of a warp takes every iteration: the outputs go out a warp at a time.
     for (long long u = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; u - lane < units;
          u += stride) {
+        const long long u0 = u - lane;
+        if ((u0 + 32) * kUnit <= n && (vec & kVecFloat) && (vec & kVecPacked)) {
+            // The warp's 32 units all full: the warp-contiguous decode (elementwise.cuh), 4 codes
+            // (2 bytes) in per lane and span.
+            decode_warp_spans<unsigned>(map, op, u0 * kUnit, out, [&](long long b, unsigned (&c)[4]) {
+                const unsigned word = __ldg(reinterpret_cast<const unsigned short*>(in + b / 2));
+#pragma unroll
+                for (int l = 0; l < 4; ++l) c[l] = (word >> (4 * l)) & 0xfu;
+            });
+            continue;
+        }
         const long long begin = u * kUnit;
         const long long rest = n - begin;
         const int len = u >= units ? 0 : (rest < kUnit ? static_cast<int>(rest) : kUnit);

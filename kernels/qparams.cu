@@ -37,6 +37,7 @@
 //   gpuq::minmax_segments<float, true>
 //   gpuq::dynamic_quantize_segments<__half, signed char, false>
 //   gpuq::minmax_columns<gpuq_bf16>
+//   gpuq::qparams_tiles<float>
 #include "contract.cuh"
 #include "elementwise.cuh"
 
@@ -376,6 +377,76 @@ __device__ __forceinline__ QParams finalize_one(float lo, float hi, int qmin, in
 __device__ __forceinline__ void flag_failures(const QParams& q, int* flag) {
     if (q.inf) atomicOr(flag, 1);
     if (q.range) atomicOr(flag, 2);
+}
+
+// choose_qparams for blocks (br, bc) of a 2-D (merged) x of `cols` columns, the 128x128
+// case: one thread block per tile (slot s = block row * ceil(cols / bc) + block column, the
+// param grid in C order), a warp per tile row reading it in 16-byte vectors where the row
+// starts 16-byte aligned (a 128-wide float32 row: one LDG.128 a lane), the first vectors of
+// four rows in flight before any is reduced; then the tile's min/max over the block, and its
+// thread 0 applies the formula and writes the slot's scale and zero point: no keys, no
+// atomics (but the flag's, on failure), no finalize launch. Slots are walked grid-stride.
+template <typename T>
+__global__ void __launch_bounds__(256)
+qparams_tiles(const T* __restrict__ x, long long rows, long long cols, long long br, long long bc,
+              long long slots, int qmin, int qmax, int symmetric, float eps, int scale_fmt,
+              float* __restrict__ scales, int* __restrict__ zps, int* __restrict__ flag) {
+    constexpr int V = 16 / sizeof(T);  // elements a 16-byte vector
+    const long long ncb = (cols + bc - 1) / bc;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    for (long long s = blockIdx.x; s < slots; s += gridDim.x) {
+        const long long rb = s / ncb, cb = s - rb * ncb;
+        const long long r0 = rb * br, c0 = cb * bc;
+        const long long h = min(br, rows - r0), w = min(bc, cols - c0);
+        const long long wv = w / V * V;  // the vector part of an aligned row
+        Acc<T> acc;
+        for (long long r = warp; r < h; r += 4LL * warps) {
+            uint4 raw[4];
+            bool have[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const long long rr = r + static_cast<long long>(u) * warps;
+                const T* row = x + (r0 + rr) * cols + c0;
+                const bool aligned = (reinterpret_cast<unsigned long long>(row) & 15u) == 0;
+                have[u] = rr < h && aligned && static_cast<long long>(lane) * V < wv;
+                if (have[u]) raw[u] = __ldg(reinterpret_cast<const uint4*>(row + lane * V));
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                if (!have[u]) continue;
+                T v[V];
+                memcpy(v, &raw[u], sizeof(v));
+#pragma unroll
+                for (int k = 0; k < V; ++k) acc.add(v[k]);
+            }
+#pragma unroll 1
+            for (int u = 0; u < 4; ++u) {
+                const long long rr = r + static_cast<long long>(u) * warps;
+                if (rr >= h) break;
+                const T* row = x + (r0 + rr) * cols + c0;
+                long long tail = 0;  // where the scalar part starts
+                if ((reinterpret_cast<unsigned long long>(row) & 15u) == 0) {
+                    for (long long j = static_cast<long long>(lane) * V + 32 * V; j < wv; j += 32 * V) {
+                        T v[V];
+                        const uint4 more = __ldg(reinterpret_cast<const uint4*>(row + j));
+                        memcpy(v, &more, sizeof(v));
+#pragma unroll
+                        for (int k = 0; k < V; ++k) acc.add(v[k]);
+                    }
+                    tail = wv;
+                }
+                for (long long j = tail + lane; j < w; j += 32) acc.add(row[j]);
+            }
+        }
+        float l = acc.lo32(), hv = acc.hi32();
+        team_minmax<false>(l, hv);
+        if (threadIdx.x == 0) {
+            const QParams q = finalize_one(l, hv, qmin, qmax, symmetric, eps, scale_fmt);
+            scales[s] = q.scale;
+            if (zps) zps[s] = q.zp;
+            flag_failures(q, flag);
+        }
+    }
 }
 
 // Scales and zero points of `slots` slots from the reduction's keys; zps may be

@@ -51,8 +51,8 @@ BUGS = {
     ),
     "channel-off-by-one": (
         "kernels/elementwise.cuh",
-        "divmod(row, channels, unused, c);",
-        "divmod(row + 1, channels, unused, c);",
+        "by_channels(row, unused, ci);",
+        "by_channels(row + 1, unused, ci);",
         "every element reads its neighbour channel's scale",
     ),
     "warp-offset-8": (

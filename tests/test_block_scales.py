@@ -31,6 +31,7 @@ CASES = [
     ((1, 1), (4, 4)),
     ((6, 64), (4, 32)),
     ((4, 9), (100, 100)),
+    ((9, 701), (4, 300)),  # 2-D tiles whose rows outrun a warp's 16-byte vectors (qparams_tiles)
     ((2, 3, 50), (-1, 2, 17)),
     # more alternating dims than the CUDA element maps take (8): parameters repeated per element,
     # the reductions' block walk over up to 16 merged dims

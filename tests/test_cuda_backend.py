@@ -200,6 +200,48 @@ def test_every_scheme_matches_numpy(shape, axis, group, with_zp):
     assert np.array_equal(h2, d2)
 
 
+#: Decodes long enough for whole warps (512 elements): the warp-contiguous spans, with scales
+#: changing inside a span (channel rows of 37, groups of 20 and 128, 2-D blocks) and the staged
+#: path of the head's and the tail's warps. (shape, scheme keywords).
+_DECODE_SCHEMES = [
+    ((1537,), {}),
+    ((5, 370), {"axis": 0}),
+    ((3, 700), {"axis": 1, "group_size": 20}),
+    ((2, 1100), {"axis": 1, "group_size": 128}),
+    ((130, 300), {"block_size": (128, 128)}),
+]
+
+
+@needs_gpu
+@pytest.mark.parametrize("shape, kw", _DECODE_SCHEMES, ids=[f"{s}-{k}" for s, k in _DECODE_SCHEMES])
+@pytest.mark.parametrize("code", ["int8", "uint8", "float8_e4m3fn", "int4"])
+@pytest.mark.parametrize("start", [0, 1])
+def test_warp_contiguous_decode_matches_numpy(cp, shape, kw, code, start):
+    """Every decode through the warp-contiguous spans (4 codes in, 4 outputs out per lane):
+    each output dtype, code views at offsets that keep or break the vectors, bit for bit."""
+    rng = np.random.default_rng(start)
+    n = int(np.prod(shape))
+    x = (rng.standard_normal(n + start) * 40).astype(np.float32)
+    x[::53] = np.nan
+    pshape = gpuq._scheme.Scheme.build(shape, kw.get("axis"), kw.get("group_size"), kw.get("block_size")).param_shape
+    s = rng.uniform(0.1, 2.0, pshape).astype(np.float32)
+    z = rng.integers(-20, 20, pshape).astype(np.int32) if code == "int8" else None
+    z = rng.integers(100, 150, pshape).astype(np.int32) if code == "uint8" else z
+    z = rng.integers(-8, 8, pshape).astype(np.int32) if code == "int4" else z
+    q = gpuq.quantize(x[start:].reshape(shape), s, z, dtype=code, **kw)
+    for out in ("float32", "float16", "bfloat16", "float64"):
+        if isinstance(q, gpuq.Codes):  # int4: packed bytes, no view; the start moves the floats only
+            qd = gpuq.Codes(cp.asarray(q.data), q.shape, code)
+        else:  # a view `start` bytes into a device buffer (fp8 codes as their bits)
+            bits = np.concatenate([np.zeros(start, np.uint8), q.reshape(-1).view(np.uint8)])
+            qd = cp.asarray(bits)[start:].reshape(shape)
+            qd = qd.view(q.dtype) if code in ("int8", "uint8") else gpuq.Codes(qd, shape, code)
+        h = gpuq.dequantize(q, s, z, dtype=out, **kw)
+        d = cp.asnumpy(gpuq.dequantize(qd, s, z, dtype=out, **kw))
+        size = np.dtype(h.dtype).itemsize
+        assert np.array_equal(h.view(f"u{size}"), d.view(f"u{size}")), out
+
+
 @needs_gpu
 @pytest.mark.parametrize("start", range(0, 17))
 def test_misaligned_views_and_strided_inputs(cp, start):

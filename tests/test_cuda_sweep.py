@@ -87,9 +87,14 @@ def _cases() -> dict:
         cases[registry.segments_name(f, False)] = Case("choose_qparams", f, np.dtype(np.uint8),
                                                        block_cap=True, shape=(3, 1100), axis=0)
         cases[registry.columns_name(f)] = Case("choose_qparams", f, np.dtype(np.uint8), shape=(7, 33), axis=1)
-        # Ragged 2-D blocks, the grid capped: each thread block reduces several blocks in turn.
+        # Ragged 3-D blocks (2-D ones take qparams_tiles), the grid capped: each thread block
+        # reduces several blocks in turn.
         cases[registry.blocks_name(f)] = Case("choose_qparams", f, np.dtype(np.int8), block_cap=True,
-                                              shape=(37, 41), block=(16, 16))
+                                              shape=(3, 37, 41), block=(2, 16, 16))
+        # Ragged 2-D tiles, rows of every 16-byte alignment (41 columns), rows longer than a
+        # warp's vectors (300 > 32 x 8 bfloat16), the grid capped: several tiles per thread block.
+        cases[registry.tiles_name(f)] = Case("choose_qparams", f, np.dtype(np.int8), block_cap=True,
+                                             shape=(37, 341), block=(16, 300))
         for q in QUANT_RANGE:
             cases[registry.fused_name(f, q, True)] = Case("quantize_dynamic", f, q, warp=True,
                                                           shape=(5, 33), axis=0)

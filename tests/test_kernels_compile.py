@@ -17,12 +17,14 @@ import os
 import shutil
 import subprocess
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from gpuq._scheme import Scheme
 from gpuq.backends.cuda import nvrtc_check, registry
+from gpuq.backends.cuda.launch import device_map_params, fast_divisor
 
 _LIB = nvrtc_check.find_libnvrtc()
 needs_nvrtc = pytest.mark.skipif(
@@ -200,6 +202,7 @@ _HARNESS = r"""
 #include <cstdlib>
 #define __shared__ static
 struct uint4 { unsigned x, y, z, w; };
+struct uint2 { unsigned x, y; };
 template <class T> T __ldg(const T* p) { return *p; }
 // The warp-wide store of float outputs (dequantize direction) needs a warp: the CPU execution
 // of the kernels (tests/cudasim) runs it; this one-thread-at-a-time harness walks quantize only.
@@ -207,6 +210,9 @@ inline unsigned __ballot_sync(unsigned, int) { std::abort(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { std::abort(); }
 struct Dim { unsigned x = 0; };
 static Dim gridDim, blockDim, blockIdx, threadIdx;
+#include "cudasim_ptx.h"  // the CPU execution's mul.hi.u32 / clz.b32, as tests/cudasim gives them
+inline unsigned __umulhi(unsigned a, unsigned b) { return cudasim::ptx::mul_hi_u32(a, b); }
+inline int __clz(int x) { return static_cast<int>(cudasim::ptx::clz_b32(static_cast<uint32_t>(x))); }
 #include "elementwise.cuh"
 using namespace gpuq;
 constexpr long long kSentinel = 12345;  // ValueMap's starting index (below 2^24)
@@ -227,9 +233,47 @@ void run(const long long* in, long long* out, long long n, long long head, int v
             for_each_unit<Map, long long, long long, true>(in, out, n, head, vec, m0, m1, m2, dims, IdxOp{p0});
         }
 }
+// FastDivmod(packed) against the host's integer division on a grid of dividends below 2^31:
+// the ends, 2 either side of the 5 multiples of d nearest 0, 2^30 and 2^31 - 1 (the magic's
+// error grows with the dividend: it would show at the top first), and `randoms` pseudo-random
+// ones. Returns the count of wrong quotients or remainders (the first one on stderr).
+long long fast_divisor_misses(long long packed, int randoms) {
+    const FastDivmod f(packed);
+    const unsigned d = f.d;
+    const unsigned top = 0x7fffffffu;
+    std::vector<unsigned> as = {0u, 1u, 2u, top, top - 1u, top - 2u, 1u << 30, (1u << 30) - 1u, (1u << 30) + 1u};
+    for (unsigned base : {0u, top / 2u, top}) {
+        const long long k = base / d * d;
+        for (long long m = k - 2LL * d; m <= k + 2LL * d; m += d)
+            for (long long a = m - 2; a <= m + 2; ++a)
+                if (a >= 0 && a <= top) as.push_back(static_cast<unsigned>(a));
+    }
+    unsigned long long state = 0x9e3779b97f4a7c15ull ^ d;
+    for (int k = 0; k < randoms; ++k) {
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        as.push_back(static_cast<unsigned>(state >> 33));  // 31 bits
+    }
+    long long misses = 0;
+    for (unsigned a : as) {
+        unsigned q, r;
+        f(a, q, r);
+        if (q != a / d || r != a % d) {
+            if (misses == 0) std::fprintf(stderr, "d=%u a=%u: %u %u\n", d, a, q, r);
+            ++misses;
+        }
+    }
+    return misses;
+}
 int main() {
     int map, vec, nd; long long n, head, m0, m1, m2; unsigned blocks, threads;
     while (std::cin >> map) {
+        if (map == -2) {  // "-2 packed randoms": FastDivmod of a packed divisor on the dividend grid
+            long long packed;
+            int randoms;
+            std::cin >> packed >> randoms;
+            std::printf("%lld\n", fast_divisor_misses(packed, randoms));
+            continue;
+        }
         if (map < 0) {  // "-1 bits": the kernels' scale_from_bits, as C99 hex floats
             long long bits;
             std::cin >> bits;
@@ -263,7 +307,8 @@ def harness(tmp_path_factory):
     d = tmp_path_factory.mktemp("harness")
     (d / "h.cpp").write_text(textwrap.dedent(_HARNESS))
     exe = d / "h"
-    subprocess.run([_CXX, "-std=c++17", "-O1", "-Wno-unknown-pragmas", f"-I{registry.kernels_dir()}",
+    shim = Path(__file__).parent / "cudasim" / "shim"
+    subprocess.run([_CXX, "-std=c++17", "-O1", "-Wno-unknown-pragmas", f"-I{registry.kernels_dir()}", f"-I{shim}",
                     str(d / "h.cpp"), "-o", str(exe)], check=True, capture_output=True)
     return exe
 
@@ -328,6 +373,12 @@ _CASES = [
     ((7, 100), None, (3, 32)),
     ((6, 64), None, (4, 32)),
     ((2, 3, 50), None, (2, 2, 17)),
+    # the 2-D block map (issue 38): ragged both ways, one column block, rows of one block row
+    ((130, 257), None, (128, 128)),
+    ((9, 7), None, (4, 3)),
+    ((17, 1025), None, (3, 128)),
+    ((33, 40), None, (5, 40 - 1)),
+    ((20, 5), None, (3, 5 - 2)),
 ]
 
 
@@ -340,15 +391,21 @@ def test_traversal_and_index_maps_on_host(harness, shape, axis, group):
     n = int(np.prod(shape))
     expected = _expected_index(scheme)
     lines, runs = [], []
+    # The map's arguments as a launch passes them (the channel and group maps' divisors packed
+    # for FastDivmod, the 2-D block map's too) and plain (what a tensor of 2^31 elements or more gets).
+    forms = {device_map_params(name, m0, m1, m2, n, dims), (m0, m1, m2)}
     for head in sorted({0, 1, 3, 15, min(n, 15)}):
         head = min(head, n)
         for vec in (0, 1, 3):
             for blocks, threads in ((1, 1), (3, 5)):
-                dims_t = dims or ()
-                nd = len(dims_t) // 3
-                lines.append(" ".join(map(str, (registry.MAPS[name], n, head, vec, m0, m1, m2,
-                                                blocks, threads, nd) + tuple(dims_t))))
-                runs.append((head, vec, blocks, threads))
+                for p0, p1, p2 in forms:
+                    dims_t = dims or ()
+                    nd = len(dims_t) // 3
+                    lines.append(" ".join(map(str, (registry.MAPS[name], n, head, vec, p0, p1, p2,
+                                                    blocks, threads, nd) + tuple(dims_t))))
+                    runs.append((head, vec, blocks, threads, p0 < 0))
+    if name in ("channel", "group") or (name == "strided" and len(shape) == 2):
+        assert any(p[0] < 0 for p in forms), "the launch packs this map's divisors"
     out = subprocess.run([str(harness)], input="\n".join(lines) + "\n", capture_output=True,
                          text=True, check=True).stdout.splitlines()
     assert len(out) == len(runs)
@@ -357,6 +414,48 @@ def test_traversal_and_index_maps_on_host(harness, shape, axis, group):
         assert np.array_equal(got >> 24, np.arange(n)), f"elements misplaced for head/vec/grid {run}"
         assert np.array_equal(got & ((1 << 24) - 1), expected), (
             f"scale index wrong for head/vec/grid {run} ({name}, {m0}, {m1}, {m2}, {dims})")
+
+
+def test_launch_packs_the_element_maps_divisors_below_two_to_the_31():
+    assert device_map_params("channel", 3, 4, 0, 2**31 - 1) == (fast_divisor(3), fast_divisor(4), 0)
+    assert device_map_params("group", 9, 2, 20, 36) == (fast_divisor(9), fast_divisor(2), fast_divisor(9))
+    assert device_map_params("channel", 3, 4, 0, 2**31) == (3, 4, 0)  # today's 32/64-bit divmod
+    assert device_map_params("strided", 3, 0, 0, 100, (2, 5, 10) * 3) == (3, 0, 0)  # 3-D: the odometer
+    assert device_map_params("strided", 2, 0, 0, 300 * 200, (300, 200, 2, 1, 128, 128)) == (
+        fast_divisor(128), fast_divisor(200), fast_divisor(128))
+    with pytest.raises(ValueError, match=r"d must be in \[1, 2\*\*31\), got 2147483648"):
+        fast_divisor(2**31)
+
+
+def _fast_divisor_misses(harness, divisors, randoms):
+    lines = [f"-2 {fast_divisor(int(d))} {randoms}" for d in divisors]
+    return {int(d): int(m) for d, m in zip(divisors, _harness_lines(harness, lines), strict=True)}
+
+
+def test_fast_divisor_every_divisor_below_two_to_the_16(harness):
+    """The kernels' FastDivmod (the CPU execution's mul.hi.u32 and clz.b32) with the host's
+    multiplier equals integer division for every divisor < 2^16, on each one's grid of
+    dividends up to 2^31 - 1."""
+    misses = _fast_divisor_misses(harness, range(1, 2**16), 16)
+    assert not {d: m for d, m in misses.items() if m}
+
+
+def test_fast_divisor_large_and_extreme_divisors(harness):
+    """Sampled divisors up to 2^31 - 1 and every power of two and its neighbours."""
+    rng = np.random.default_rng(38)
+    extremes = {2**31 - 1, 2**31 - 2, 2**30 + 1, 3, 641, 6700417, 46341, 65537}
+    for k in range(1, 31):
+        extremes |= {2**k - 1, 2**k, 2**k + 1}
+    divisors = sorted(extremes | set(rng.integers(2**16, 2**31, 2000).tolist()))
+    misses = _fast_divisor_misses(harness, divisors, 512)
+    assert not {d: m for d, m in misses.items() if m}
+
+
+def test_fast_divisor_check_can_fail(harness):
+    """A multiplier one too small is caught (the check is not vacuous)."""
+    bad = fast_divisor(7) - (1 << 31)  # mult - 1
+    (line,) = _harness_lines(harness, [f"-2 {bad} 64"])
+    assert int(line) > 0
 
 
 def _harness_lines(harness, lines):

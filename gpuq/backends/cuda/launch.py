@@ -159,6 +159,77 @@ def per_element(params, scheme):
     return cupy.ascontiguousarray(cupy.broadcast_to(p, scheme.shape))
 
 
+#: Below this many elements every index and divisor of a map fits the kernels' FastDivmod.
+FAST_DIVISION_LIMIT = 2**31
+
+
+def fast_divisor(d: int) -> int:
+    """Divisor ``d`` (``1 <= d < 2**31``) with its magic multiplier, packed as the kernels'
+    FastDivmod reads a map argument (kernels/elementwise.cuh): a negative int64 with ``mult``
+    in bits 62..31 and ``d`` in bits 30..0, where ``a // d == (mulhi(a, mult) + a) >> shift``
+    for every ``0 <= a < 2**31`` (``shift = ceil(log2 d)``, ``mult = 2**32 (2**shift - d) // d
+    + 1``; Granlund and Montgomery, PLDI 1994, as PyTorch's IntegerDivider).
+
+    >>> m = fast_divisor(7); (m < 0, m & 0x7fffffff, (m >> 31) & 0xffffffff)
+    (True, 7, 613566757)
+    >>> fast_divisor(1) & 0x7fffffff, (fast_divisor(1) >> 31) & 0xffffffff
+    (1, 1)
+    """
+    if not 1 <= d < FAST_DIVISION_LIMIT:
+        raise ValueError(f"fast_divisor: d must be in [1, 2**31), got {d}")
+    shift = (d - 1).bit_length()
+    mult = (2**32 * (2**shift - d)) // d + 1
+    return ((1 << 63) | (mult << 31) | d) - (1 << 64)
+
+
+def device_map_params(map_name: str, m0: int, m1: int, m2: int, n: int, dims=None) -> tuple:
+    """The ``(m0, m1, m2)`` a launch over ``n`` elements passes (kernels/elementwise.cuh): below
+    ``2**31`` elements the divisors packed by :func:`fast_divisor` -- the channel map's ``C,
+    inner``, the group map's ``n, inner, g`` (a group longer than its axis is one group: ``g``
+    becomes the axis length, the same walk) and, for blocks ``(br, bc)`` on 2-D merged dims
+    ``(R, C)``, the 2-D block map's ``br, C, bc`` -- else as they are (the kernels then divide
+    in 32 or 64 bits, or walk ``dims``).
+
+    >>> device_map_params("channel", 3, 4, 0, 12) == (fast_divisor(3), fast_divisor(4), 0)
+    True
+    >>> device_map_params("channel", 3, 2**31, 0, 3 * 2**31)
+    (3, 2147483648, 0)
+    >>> dims = (300, 200, 2, 1, 128, 128)
+    >>> device_map_params("strided", 2, 0, 0, 60000, dims) == tuple(map(fast_divisor, (128, 200, 128)))
+    True
+    """
+    if n >= FAST_DIVISION_LIMIT or (map_name in ("channel", "group") and min(m0, m1) < 1):
+        return m0, m1, m2  # (an empty tensor launches nothing that reads them)
+    if map_name == "channel":
+        return fast_divisor(m0), fast_divisor(m1), m2
+    if map_name == "group":
+        return fast_divisor(m0), fast_divisor(m1), fast_divisor(min(m2, m0))
+    tiles = block_tiles(map_name, m0, dims)
+    if tiles is not None:
+        _, cols, br, bc = tiles
+        return fast_divisor(br), fast_divisor(cols), fast_divisor(bc)
+    return m0, m1, m2
+
+
+def block_tiles(map_name: str, m0: int, dims) -> tuple | None:
+    """``(rows, cols, br, bc)`` when an index map is blocks ``(br, bc)`` on 2-D merged dims whose
+    parameter is ``(row // br) * ceil(cols / bc) + col // bc`` (the param grid in C order; a
+    stride 0 where a block covers its dim, whose quotient is 0 there), else None. The 2-D block
+    map and ``choose_qparams``' one-block-per-tile kernel take these.
+
+    >>> block_tiles("strided", 2, (300, 200, 2, 1, 128, 128))
+    (300, 200, 128, 128)
+    >>> block_tiles("strided", 3, (2, 3, 4, 4, 0, 1, 1, 3, 1)) is None
+    True
+    """
+    if map_name != "strided" or m0 != 2:
+        return None
+    rows, cols, ps0, ps1, br, bc = dims
+    if ps0 in (-(-cols // bc), 0 if br >= rows else -1) and ps1 in (1, 0 if bc >= cols else -1):
+        return rows, cols, br, bc
+    return None
+
+
 def map_args(src, scheme, scales, zps):
     """``(map_name, (m0, m1, m2), dims_arg, scales, zps)``: the index map a launch over
     contiguous ``src`` takes, and its parameters as device pointers (or, under the value
@@ -176,7 +247,7 @@ def map_args(src, scheme, scales, zps):
         zps = None if zps is None else per_element(zps, scheme)
         map_name, m0, m1 = "channel", src.size, 1
     dims_arg = scales if dims is None else dims_array(device_id(src), dims)
-    return map_name, (m0, m1, m2), dims_arg, scales, zps
+    return map_name, device_map_params(map_name, m0, m1, m2, src.size, dims), dims_arg, scales, zps
 
 
 def _launch(op, src, out, scheme, scales, zps):

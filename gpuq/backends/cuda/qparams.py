@@ -15,7 +15,9 @@ multi-axis                    adjacent axes merge into one channel axis; others
                               are moved to the front (a transposed copy)
 ============================  =================================================
 
-then ``finalize`` (the formula, one thread per slot). ``quantize_dynamic``
+then ``finalize`` (the formula, one thread per slot); blocks ``(br, bc)`` on 2-D merged dims
+(128x128 tiles) take ``qparams_tiles`` instead: one thread block per tile reduces it and
+writes its parameters, one launch. ``quantize_dynamic``
 fuses all of it with the quantization where every block is one contiguous
 run (per-token rows, groups along the last axis, small per-tensor): one team
 per block reads it, computes its parameters and writes its codes.
@@ -32,7 +34,8 @@ import math
 import numpy as np
 
 from ..._scheme import strided_dims
-from .registry import FINALIZE, blocks_name, columns_name, fused_name, qparams_names, segments_name
+from .registry import (FINALIZE, blocks_name, columns_name, fused_name, qparams_names, segments_name,
+                       tiles_name)
 
 SOURCE = "qparams.cu"
 #: Elements per piece of a per-tensor (or long-row) reduction: one thread block each.
@@ -235,6 +238,18 @@ def choose_qparams(x, scheme, qmin, qmax, symmetric, eps, scale_dtype="float32")
     Everything is allocated and launched on ``x``'s device, whichever is current.
     """
     with x.device:
+        tiles = _tiles(scheme) if x.size else None
+        if tiles is not None:  # 2-D blocks: one launch, each tile writes its own parameters
+            import cupy
+
+            x = cupy.ascontiguousarray(x)
+            scales, zps, flag = _outputs(scheme, qmin, symmetric)
+            _launch(tiles_name(x.dtype), min(scales.size, _MAX_BLOCKS),
+                    (x, *map(np.int64, tiles), np.int64(scales.size), np.int32(qmin), np.int32(qmax),
+                     np.int32(symmetric), np.float32(eps), np.int32(SCALE_FMT[scale_dtype]), scales,
+                     _NULL if zps is None else zps, flag))
+            raise_on_failure(flag, scale_dtype)
+            return scales, zps
         lo, hi = minmax_keys(x, scheme)
         scales, zps, flag = _outputs(scheme, qmin, symmetric)
         if lo.size:
@@ -244,6 +259,14 @@ def choose_qparams(x, scheme, qmin, qmax, symmetric, eps, scale_dtype="float32")
                      _NULL if zps is None else zps, flag))
             raise_on_failure(flag, scale_dtype)
     return scales, zps
+
+
+def _tiles(scheme):
+    """``(rows, cols, br, bc)`` of blocks on 2-D merged dims (``qparams_tiles``), else None."""
+    from .launch import block_tiles
+
+    name, m0, _, _, dims = scheme.index_map
+    return block_tiles(name, m0, dims) if scheme.kind == "block" else None
 
 
 def _fused_rows(shape, scheme):

@@ -181,6 +181,10 @@ def blocks_name(dtype) -> str:
     return f"gpuq::minmax_blocks<{_c(dtype)}>"
 
 
+def tiles_name(dtype) -> str:
+    return f"gpuq::qparams_tiles<{_c(dtype)}>"
+
+
 FINALIZE = "gpuq::finalize"
 
 
@@ -188,12 +192,13 @@ def qparams_names() -> list:
     """Every name expression of ``qparams.cu`` the dispatcher can request.
 
     >>> len(qparams_names()), qparams_names()[0]
-    (33, 'gpuq::minmax_segments<__half, false>')
+    (37, 'gpuq::minmax_segments<__half, false>')
     """
     names = [segments_name(f, w) for f in _FLOATS for w in (False, True)]
     names += [columns_name(f) for f in _FLOATS]
     names += [blocks_name(f) for f in _FLOATS]
     names.append(FINALIZE)
+    names += [tiles_name(f) for f in _FLOATS]
     names += [fused_name(f, q, w) for f in _FLOATS for q in _QUANT_DTYPES for w in (False, True)]
     return names
 

@@ -390,6 +390,11 @@ CUDASIM_ATOMIC_CAS(unsigned short)
 #undef CUDASIM_ATOMIC_CAS
 
 // ---------------------------------------------------------------------------
+// Integer intrinsics: the unsigned high product and the leading-zero count (the index maps' magic division).
+inline unsigned int __umulhi(unsigned int a, unsigned int b) { return ::cudasim::ptx::mul_hi_u32(a, b); }
+inline int __clz(int x) { return static_cast<int>(::cudasim::ptx::clz_b32(static_cast<uint32_t>(x))); }
+
+// ---------------------------------------------------------------------------
 // Bit casts.
 
 inline unsigned int __float_as_uint(float x) { return ::cudasim::ptx::bits_of(x); }

@@ -335,6 +335,23 @@ inline uint32_t cvt_rn_f16x2_e4m3x2(uint16_t a) {
 }
 
 // ---------------------------------------------------------------------------
+// Integer forms of the index maps' magic-number division (kernels/elementwise.cuh, FastDivmod),
+// reached through CUDA's __umulhi and __clz (cudasim_dialect.h):
+//   * mul.hi.u32 d, a, b (PTX ISA 9.7.1.4 mul): "the full 2n-bit product" of the two unsigned
+//     32-bit operands, of which ".hi" keeps "the upper n bits" -- here (a * b) >> 32 in 64 bits.
+//   * clz.b32 d, a (PTX ISA 9.7.1.16 clz): "the number of leading zeros in a" counted from the
+//     most significant bit; "for .b32 ... the number of leading zeros is between 0 and 32
+//     inclusively" (a = 0 gives 32).
+inline uint32_t mul_hi_u32(uint32_t a, uint32_t b) {
+    return static_cast<uint32_t>((static_cast<uint64_t>(a) * b) >> 32);
+}
+inline uint32_t clz_b32(uint32_t a) {
+    uint32_t n = 0;
+    for (uint32_t bit = 0x80000000u; bit != 0 && (a & bit) == 0; bit >>= 1) ++n;
+    return n;
+}
+
+// ---------------------------------------------------------------------------
 // Operand glue for the translated asm statements (see tests/cudasim/ptx.py):
 // in<'c', T>(x) checks that x suits register constraint c and passes its bits
 // as the helper's parameter type T; out<'c'>(x) = v stores v's bits into x.
