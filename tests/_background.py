@@ -63,10 +63,10 @@ def _kernel_names(items):
     return names
 
 
-def _prebuild_kernels(names=None) -> None:
+def _prebuild_kernels(names=None) -> concurrent.futures.Executor:
     """Every module the CUDA backend can ask the CPU execution for (or those holding one of
     ``names``), built on background threads (each build is a g++ process), longest first; as
-    the backend would build them (same source text, names and sanitizer setting), so its
+    the backend would build them (same source text, names, sanitizer setting and macros), so its
     requests find them built, or wait on the build in progress. A failed build is left for
     the test that needs it to report."""
     import cupy
@@ -74,12 +74,14 @@ def _prebuild_kernels(names=None) -> None:
 
     from gpuq.backends.cuda import registry
 
-    sanitize = cupy._sim.sanitize()
+    sanitize, defines = cupy._sim.sanitize(), cupy._sim.build_defines()
     units = [u for u in registry.compile_units() if names is None or names.intersection(u[1])]
     units.sort(key=lambda u: u[0] != "formats.cu")
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1,
                                                  thread_name_prefix="gpuq-prebuild")
     for source, names in units:
-        pool.submit(hostbuild.build, registry.source_text(source), list(names), sanitize=sanitize)
+        pool.submit(hostbuild.build, registry.source_text(source), list(names), sanitize=sanitize,
+                    defines=defines)
     pool.shutdown(wait=False)
     on_exit(lambda: pool.shutdown(wait=False, cancel_futures=True))
+    return pool
