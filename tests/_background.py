@@ -2,13 +2,14 @@
 
 Most of the suite is single-threaded Python, so on a 2-core CI machine one core
 idles while it runs, and three long jobs used to run each at its own test, in
-series: the host builds of the kernels for the CPU execution (49 g++ modules,
-~110 s of one core cold), the UBSan sweep in its child process (the same builds
+series: the host builds of the kernels for the CPU execution (74 g++ modules,
+~110 s of one core cold), the UBSan sweep in its child process (its representatives' builds
 sanitized, then the sweep), and the NVRTC builds of every instantiation (~4 min
 of one core). Here they start at the end of collection and run beside the
 suite; their tests wait for the results they would otherwise have made, and
 check them exactly as before. A session that selects none of their tests
-starts nothing (``pytest tests/test_cli.py``).
+starts nothing (``pytest tests/test_cli.py``), one of sweep cases only builds their
+modules (``pytest tests/test_cuda_sweep.py -k fp4``).
 
 A test module takes part by defining ``start_background(items)`` (its selected
 items); :func:`on_exit` registers what stops its work if the session ends first.
