@@ -334,24 +334,33 @@ _ELEMENTWISE = [n for n in ALL_NAMES if n not in QPARAMS_NAMES]
 
 # The sanitized sweep (test_sweep_under_ubsan) runs one representative float type per kernel
 # family and code type, not every float type again: undefined behaviour lives in the code
-# shared by a family (the traversal, the index maps, the code's conversion), and the float
-# type rotates over the families so that every one of them is still sanitized somewhere. An
-# elementwise representative is a whole compile unit (every index map, with and without zero
-# points: one build), a qparams/MSE one a single kernel. The full sanitized sweep is the
-# ``slow`` test test_full_sweep_under_ubsan (``pytest -m slow tests/test_cuda_sweep.py``).
+# shared by a family (the traversal, the index maps, the code's conversion) and in its compute
+# type (float or double: the conversions to integers). So each kernel template runs float64 for
+# its first family and the float32-computed types in turn for the others (one template of one
+# family: the types in turn over the templates). An elementwise representative is a whole
+# compile unit (every index map, with and without zero points: one build), a qparams/MSE one a
+# single kernel. The full sanitized sweep is the ``slow`` test test_full_sweep_under_ubsan
+# (``pytest -m slow tests/test_cuda_sweep.py``).
 def _ubsan_representatives() -> frozenset:
-    by_family = {}
-    for name, case in CASES.items():
-        if name not in ALL_NAMES:
-            continue
+    by_template = {}
+    for name in ALL_NAMES:
+        case = CASES[name]
         elementwise = name in _ELEMENTWISE
         family = replace(case, fdtype=None, map_name="" if elementwise else case.map_name,
-                                     has_zp=False if elementwise else case.has_zp)
-        by_family.setdefault(repr(family), {}).setdefault(case.fdtype, []).append(name)
+                         has_zp=False if elementwise else case.has_zp)
+        families = by_template.setdefault(name.partition("<")[0], {})
+        families.setdefault(repr(family), {}).setdefault(case.fdtype, []).append(name)
+    f64 = np.dtype(np.float64)
+    narrow = [f for f in FLOAT_DTYPES if f != f64]
     chosen = set()
-    for i, family in enumerate(sorted(by_family)):
-        dtypes = [f for f in FLOAT_DTYPES if f in by_family[family]]
-        chosen.update(by_family[family][dtypes[i % len(dtypes)]])
+    for t, template in enumerate(sorted(by_template)):
+        for j, family in enumerate(sorted(by_template[template])):
+            by_type = by_template[template][family]
+            if len(by_template[template]) == 1:
+                want = list(FLOAT_DTYPES)[t % len(FLOAT_DTYPES)]
+            else:
+                want = f64 if j == 0 else narrow[(t + j - 1) % len(narrow)]
+            chosen.update(by_type.get(want) or next(iter(by_type.values())))
     return frozenset(chosen)
 
 
