@@ -39,6 +39,10 @@ collect_ignore = ["cudasim", "planted_bugs.py", "_background.py",
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "real_cupy: needs a feature of real CuPy that the CPU execution does not model")
+    config.addinivalue_line(
+        "markers", "slow: minutes of work for hand runs, deselected by default (pytest -m slow runs them)")
+    config.addinivalue_line(
+        "markers", "ubsan: a representative case the sanitized sweep runs (tests/test_cuda_sweep.py)")
     if REQUIRE_GPU and CUDA_MODE != "real":
         raise pytest.UsageError(
             f"GPUQ_REQUIRE_GPU=1 but the CUDA tests would run on the CPU execution of the kernels: "
@@ -72,8 +76,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_collection_finish(session):
-    # The long CPU-bound checks run beside the suite (tests/_background.py).
-    _background.start(session.items, CUDA_MODE)
+    # The long CPU-bound checks run beside the suite (tests/_background.py); not for --collect-only.
+    if not session.config.option.collectonly:
+        _background.start(session.items, CUDA_MODE)
 
 
 def pytest_sessionfinish(session):

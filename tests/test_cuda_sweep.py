@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
@@ -265,6 +266,8 @@ def _formats(cp, case, shape, s, z, s_dev, z_dev, kw, rng, seed):
 
         bits = rng.integers(0, 256, n).astype(np.uint8)
         bits[:4] = (0x7F, 0xFF, 0x7C, 0x01)  # NaN of both signs, e5m2's Inf, a subnormal
+        if n >= 260:
+            bits[4:260] = np.arange(256)  # every code (the e4m3 decode differs by architecture)
         src_h = bits.reshape(shape).view(getattr(ml_dtypes, case.code))
         src_d = gpuq.Codes(_offset_view(cp, bits.reshape(shape)), shape, case.code)
         host = gpuq.dequantize(src_h, s, dtype=case.fdtype, **kw)
@@ -336,29 +339,87 @@ def _run_case(cp, name, schedule, monkeypatch):
 _ELEMENTWISE = [n for n in ALL_NAMES if n not in QPARAMS_NAMES]
 
 
-@pytest.mark.parametrize("name", _ELEMENTWISE)
+# The sanitized sweep (test_sweep_under_ubsan) runs one representative float type per kernel
+# family and code type, not every float type again: undefined behaviour lives in the code
+# shared by a family (the traversal, the index maps, the code's conversion) and in its compute
+# type (float or double: the conversions to integers). So each kernel template runs float64 for
+# its first family and the float32-computed types in turn for the others (one template of one
+# family: the types in turn over the templates). An elementwise representative is a whole
+# compile unit (every index map, with and without zero points: one build), a qparams/MSE one a
+# single kernel. The full sanitized sweep is the ``slow`` test test_full_sweep_under_ubsan
+# (``pytest -m slow tests/test_cuda_sweep.py``).
+def _ubsan_representatives() -> frozenset:
+    by_template = {}
+    for name in ALL_NAMES:
+        case = CASES[name]
+        elementwise = name in _ELEMENTWISE
+        family = replace(case, fdtype=None, map_name="" if elementwise else case.map_name,
+                         has_zp=False if elementwise else case.has_zp)
+        families = by_template.setdefault(name.partition("<")[0], {})
+        families.setdefault(repr(family), {}).setdefault(case.fdtype, []).append(name)
+    f64 = np.dtype(np.float64)
+    narrow = [f for f in FLOAT_DTYPES if f != f64]
+    chosen = set()
+    for t, template in enumerate(sorted(by_template)):
+        for j, family in enumerate(sorted(by_template[template])):
+            by_type = by_template[template][family]
+            if len(by_template[template]) == 1:
+                want = list(FLOAT_DTYPES)[t % len(FLOAT_DTYPES)]
+            else:
+                want = f64 if j == 0 else narrow[(t + j - 1) % len(narrow)]
+            chosen.update(by_type.get(want) or next(iter(by_type.values())))
+    return frozenset(chosen)
+
+
+UBSAN_NAMES = _ubsan_representatives()
+#: Marks the cases of the sanitized child's run (``-m ubsan``).
+_UBSAN = pytest.mark.ubsan
+
+
+def _cases_of(names, *schedules):
+    """Parameters ``name`` (and ``schedule``), the sanitized run's representatives marked."""
+    if not schedules:
+        return [pytest.param(n, marks=_UBSAN if n in UBSAN_NAMES else ()) for n in names]
+    return [pytest.param(n, s, id=f"{n}-{s}", marks=_UBSAN if n in UBSAN_NAMES and s == schedules[0] else ())
+            for n in names for s in schedules]
+
+
+@pytest.mark.parametrize("name", _cases_of(_ELEMENTWISE))
 def test_elementwise_instantiation(cp, name, monkeypatch):
     _run_case(cp, name, "inorder", monkeypatch)
 
 
 # The CPU execution builds for the device's compute capability (9.0 by default: sm_89+ paths run);
-# the kernels with architecture-dependent element operations run again as sm_80 builds, so the
-# paths kept for older GPUs are proven too. The element operation depends on the compute type,
-# the code and the zero point, not on the input type or the layout: one layout (0) of the float32
-# and float64 elementwise kernels, and the float32 dynamic and MSE kernels (int8 and fp8 codes),
-# cover each; 23 cases, not every instantiation again.
-def _arch_dependent(name: str) -> bool:
-    family, _, args = name.partition("<")
-    if family in ("gpuq::quantize", "gpuq::quantize_fp8", "gpuq::dequantize_fp8"):
-        types = [a.strip() for a in args.rstrip(">").split(",")]
-        return types[-1] == "0" and ("float" in types[:2] or "double" in types[:2])
-    return family in ("gpuq::dynamic_quantize_segments", "gpuq::mse_search") and args.startswith("float,")
+# the kernels whose text differs by architecture run again as sm_80 builds, so the paths kept for
+# older GPUs are proven too. Only formats.cu branches on __CUDA_ARCH__ (mse.cu includes it;
+# test_only_formats_cu_branches_on_the_architecture pins that), in three places: the saturating
+# fp8 cast (quantize_fp8, per fp8 code; the float compute type for e4m3, double for e5m2: the
+# cast takes the float32 quotient either way), and the e4m3 decode (dequantize_fp8 of e4m3, which
+# is the decode mse.cu's e4m3 search calls too; e5m2's decode is one widening on every
+# architecture). The encode of the MSE search is the software cast on every architecture.
+_ARCH_DEPENDENT = ["gpuq::quantize_fp8<float, 0, float, 0>", "gpuq::quantize_fp8<double, 1, double, 0>",
+                   "gpuq::dequantize_fp8<0, float, float, 0>"]
 
 
-_ARCH_DEPENDENT = [n for n in ALL_NAMES if _arch_dependent(n)]
+def test_only_formats_cu_branches_on_the_architecture():
+    """The sm_80 reruns above cover every architecture branch of the kernels as built now: a new
+    one (another source, another place) fails here until _ARCH_DEPENDENT covers it. The shim
+    headers only define the default architecture."""
+    from cudasim import hostbuild
+
+    branches = {s: registry.source_text(s).count("__CUDA_ARCH__") for s in registry.SOURCES}
+    assert branches == {"quantize.cu": 0, "dequantize.cu": 0, "qparams.cu": 0, "formats.cu": 5, "mse.cu": 5}
+    text = registry.source_text("formats.cu")
+    guarded = [text[i:text.index("#endif", i)] for i in range(len(text)) if text.startswith("#if __CUDA_ARCH__", i)]
+    assert [g.split("\n")[0] for g in guarded] == ["#if __CUDA_ARCH__ >= 890"] * len(guarded)
+    assert all(n in ALL_NAMES for n in _ARCH_DEPENDENT)
+    for header in hostbuild.SHIM_DIR.glob("*.h"):
+        lines = [ln for ln in header.read_text().splitlines() if "__CUDA_ARCH__" in ln]
+        assert len(lines) <= 2 and all(ln.startswith(("#ifndef __CUDA_ARCH__", "#define __CUDA_ARCH__ 800"))
+                                       for ln in lines), (header.name, lines)
 
 
-@pytest.mark.parametrize("name", _ARCH_DEPENDENT)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_UBSAN) for n in _ARCH_DEPENDENT])
 def test_elementwise_instantiation_built_for_sm80(cp, name, monkeypatch):
     if not _SIM:
         pytest.skip("a real GPU builds for its own architecture")
@@ -366,29 +427,37 @@ def test_elementwise_instantiation_built_for_sm80(cp, name, monkeypatch):
         _run_case(cp, name, "inorder", monkeypatch)
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES)
-@pytest.mark.parametrize("name", QPARAMS_NAMES)
+@pytest.mark.parametrize("name, schedule", _cases_of(QPARAMS_NAMES, *SCHEDULES))
 def test_qparams_instantiation_every_schedule(cp, name, schedule, monkeypatch):
     if not _SIM and schedule != "inorder":
         pytest.skip("fiber schedules exist only on the CPU execution of the kernels")
     _run_case(cp, name, schedule, monkeypatch)
 
 
+def kernel_names_of(item):
+    """The name expressions ``item`` launches (tests/_background.py prebuilds only their
+    modules when every selected CUDA test says): a kernel case its own, any other none."""
+    callspec = getattr(item, "callspec", None)
+    name = callspec.params.get("name") if callspec is not None else None
+    return {name} if name in CASES else set()
+
+
 _SANITIZED_RUN = os.environ.get("GPUQ_SIM_SANITIZE") == "1"
 _ubsan_child = None
 
 
-def _start_ubsan_child():
-    """The sanitized sweep: this file again in a child pytest (UBSan halts the process at the
-    first report: a child keeps this session alive), output to files (no pipe to fill)."""
+def _start_ubsan_child(marks: str):
+    """The sanitized sweep: this file again in a child pytest selecting ``-m marks`` (UBSan
+    halts the process at the first report: a child keeps this session alive), output to files
+    (no pipe to fill)."""
     import tempfile
 
     import _background
 
     env = dict(os.environ, GPUQ_SIM_SANITIZE="1", UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1")
     log = tempfile.TemporaryFile(mode="w+")
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", marks,
+                             __file__], env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     _background.on_exit(proc.kill)
     return proc, log
 
@@ -398,23 +467,47 @@ def start_background(items):
     global _ubsan_child
     if _SIM and not _SANITIZED_RUN and _REASON is None and any(
             item.name == "test_sweep_under_ubsan" for item in items):
-        _ubsan_child = _start_ubsan_child()
+        _ubsan_child = _start_ubsan_child("ubsan")
 
 
-@pytest.mark.skipif(not _SIM, reason="the sanitizer build exists only on the CPU execution of the kernels")
-@pytest.mark.skipif(_SANITIZED_RUN, reason="already the sanitized run")
-def test_sweep_under_ubsan():
-    """The whole sweep again, every kernel built with -fsanitize=undefined, in a child process
-    (started at collection where this test is selected, else here)."""
-    global _ubsan_child
-    proc, log = _ubsan_child or _start_ubsan_child()
-    _ubsan_child = None
+def _child_passed(proc, log, timeout: float) -> int:
+    """The number of tests the child passed, once it ended cleanly with no UBSan report."""
     try:
-        proc.wait(timeout=900)
+        proc.wait(timeout=timeout)
     finally:
         proc.kill()
     log.seek(0)
     out = log.read()
     tail = out[-6000:].strip()
     assert proc.returncode == 0, tail
-    assert "runtime error" not in out and f"{len(ALL_NAMES) + 2 * len(QPARAMS_NAMES) + len(_ARCH_DEPENDENT) + 1} passed" in tail, tail
+    assert "runtime error" not in out, tail
+    passed = re.search(r"(\d+) passed", tail)
+    assert passed, tail
+    return int(passed.group(1))
+
+
+_sanitizer_build = pytest.mark.skipif(
+    not _SIM or _SANITIZED_RUN, reason="already the sanitized run" if _SANITIZED_RUN
+    else "the sanitizer build exists only on the CPU execution of the kernels")
+
+
+@_sanitizer_build
+def test_sweep_under_ubsan():
+    """The representative cases (``-m ubsan``: each kernel family and code type, the sm_80
+    reruns) again, every kernel built with -fsanitize=undefined, in a child process (started
+    at collection where this test is selected, else here)."""
+    global _ubsan_child
+    proc, log = _ubsan_child or _start_ubsan_child("ubsan")
+    _ubsan_child = None
+    expected = len(_ARCH_DEPENDENT) + len([n for n in ALL_NAMES if n in UBSAN_NAMES])
+    assert _child_passed(proc, log, timeout=900) == expected
+
+
+@pytest.mark.slow
+@_sanitizer_build
+def test_full_sweep_under_ubsan():
+    """Every case of this file under UBSan, by hand: ``pytest -m slow tests/test_cuda_sweep.py``
+    (its builds alone are ~74 sanitized g++ modules)."""
+    proc, log = _start_ubsan_child("not slow")
+    cases = len(_ELEMENTWISE) + len(_ARCH_DEPENDENT) + len(QPARAMS_NAMES) * len(SCHEDULES)
+    assert _child_passed(proc, log, timeout=3600) > cases  # and the plain tests of this file

@@ -98,13 +98,14 @@ class RawModule:
         self._built = {}  # name expressions given to the engine -> its module
         # The architecture of the device current at construction, as NVRTC's -arch would fix it.
         self.arch = int(_sim.COMPUTE_CAPABILITY) * 10
+        self._defines = _sim.build_defines()
         _sim.modules.append(_sim.ModuleRecord(options, self.name_expressions, _digest(code), "RawModule"))
 
     def _build(self, names: tuple):
         mod = self._built.get(names)
         if mod is None:
             mod = _hostbuild().build(self.code, list(names), sanitize=_sim.sanitize(),
-                                     defines=(f"__CUDA_ARCH__={self.arch}",))
+                                     defines=self._defines)
             self._built[names] = mod
         return mod
 

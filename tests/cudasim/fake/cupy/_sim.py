@@ -95,6 +95,12 @@ def compute_capability(cc: str):
         set_compute_capability(previous)
 
 
+def build_defines(cc: str | None = None) -> tuple:
+    """The macros a ``RawModule`` made for ``cc`` (default: the current compute capability) is
+    built with; a prebuild must pass the same, or its modules are other cache entries."""
+    return (f"__CUDA_ARCH__={int(_check_cc(cc or COMPUTE_CAPABILITY)) * 10}",)
+
+
 def _check_schedule(name) -> str:
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; expected one of {SCHEDULES}")
