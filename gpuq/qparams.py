@@ -206,7 +206,9 @@ def quantize_dynamic(x, *, axis=None, group_size=None, block_size=None, dtype="i
     The same as :func:`choose_qparams` followed by :func:`gpuq.quantize`,
     bit for bit. On the GPU it reads ``x`` at most twice, and once where each
     block is a contiguous row (per-token rows, groups along the last axis):
-    one thread block per row, as vLLM's dynamic int8 kernel does.
+    one team of threads per block (8 to 32 lanes, or a thread block), the
+    block held in registers where its rows are 16-byte aligned whole units of
+    16 elements (float16, bfloat16, float32; blocks up to 16384 elements).
 
     Parameters
     ----------

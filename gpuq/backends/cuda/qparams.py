@@ -18,7 +18,13 @@ multi-axis                    adjacent axes merge into one channel axis; others
 then ``finalize`` (the formula, one thread per slot). ``quantize_dynamic``
 fuses all of it with the quantization where every block is one contiguous
 run (per-token rows, groups along the last axis, small per-tensor): one team
-per block reads it, computes its parameters and writes its codes.
+per block reads it, computes its parameters and writes its codes. Where the
+rows are aligned whole 16-element units of float16/bfloat16/float32 and a
+block holds at most 16384 elements (:func:`unit_schedule`), the team keeps its
+block in registers (``dynamic_quantize_units``: x read once, 16-byte loads and
+stores); elsewhere it reads the block twice (``dynamic_quantize_segments``).
+The failure flag is one word per (device, stream, host thread)
+(:func:`failure_flag`); ``check=False`` passes none and reads nothing back.
 
 Importing this module does not import CuPy; the kernel names come from
 :mod:`gpuq.backends.cuda.registry`, and the module is compiled on first use.
