@@ -195,6 +195,17 @@ def build_cases(torch, device, rows, cols):
              gpuq=lambda: gpuq.quantize_dynamic(x, axis=0, symmetric=True),
              eager=lambda: _eager_dynamic(torch, x),
              host=lambda k: gpuq.quantize_dynamic(_host(x[:k]), axis=0, symmetric=True)),
+        # Issue 38: the same call unchecked (no flag read-back, no host synchronisation: the
+        # kernel alone, as a serving loop runs it), and bf16 rows (the read-once kernel's
+        # 16-byte loads of 8 elements).
+        dict(name="dynamic f32->s8 per-row unchecked", bytes=5 * n + 4 * rows,
+             gpuq=lambda: gpuq.quantize_dynamic(x, axis=0, symmetric=True, check_values=False),
+             eager=lambda: _eager_dynamic(torch, x),
+             host=lambda k: gpuq.quantize_dynamic(_host(x[:k]), axis=0, symmetric=True)),
+        dict(name="dynamic bf16->s8 per-row unchecked", bytes=3 * n + 4 * rows,
+             gpuq=lambda: gpuq.quantize_dynamic(x16, axis=0, symmetric=True, check_values=False),
+             eager=lambda: _eager_dynamic(torch, x16.float()),
+             host=lambda k: gpuq.quantize_dynamic(_host(x16[:k]), axis=0, symmetric=True)),
         # Issue 30: the MSE search for int4 g128 scales on a (4096, 4096) weight (target:
         # >= 10 GB/s of input on an H100). The peer is the search written in torch eager
         # (20 fake-quantizations, sums by torch's reduction: not gpuq's order, so its choice

@@ -616,8 +616,9 @@ def _quantize_chunk(src, scales, zps, *, axis, code):
     with _device(arr):
         scheme = Scheme.build(arr.shape, axis)
         ct = compute_dtype(native(arr.dtype))
-        s = scales_param(scales, scheme, ct, backend, check_values=False)
-        z = zps_param(zps, code, scheme, backend, check_values=False)
+        # gpuq's own parameters, not checked again (check_values=False may have left a scale +Inf).
+        s = scales.astype(ct, copy=False).reshape(scheme.param_shape)
+        z = None if zps is None or code.zero_point == "none" else zps.reshape(scheme.param_shape)
         out = backend.empty(arr, arr.shape, backend.code_storage(code)[0])
         if arr.size:
             with _threads_shared():

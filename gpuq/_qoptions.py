@@ -120,9 +120,20 @@ def check_options(symmetric, eps, scale_dtype, method, scale_rule=None) -> tuple
     return (None if symmetric is None else bool(symmetric)), eps, sdt, _method(method)
 
 
+def check_bool(value, name: str) -> None:
+    """``value`` is True or False (a NumPy bool too), else a TypeError naming ``name``.
+
+    >>> check_bool(0, "check_values")
+    Traceback (most recent call last):
+    ...
+    TypeError: check_values must be True or False, got 0
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+
+
 def _check_symmetric(symmetric) -> None:
-    if not isinstance(symmetric, (bool, np.bool_)):
-        raise TypeError(f"symmetric must be True or False, got {symmetric!r}")
+    check_bool(symmetric, "symmetric")
 
 
 def _method(value) -> str:

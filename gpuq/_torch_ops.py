@@ -67,7 +67,7 @@ SCHEMAS = {
     "quantize_dynamic": "(Tensor x, *, int[]? axis=None, int? group_size=None, "
                         "str dtype=\"int8\", bool? symmetric=None, int[]? block_size=None, "
                         "str scale_dtype=\"float32\", str method=\"minmax\", str? scale_rule=None, "
-                        "float? global_scale=None) -> Tensor[]",
+                        "float? global_scale=None, bool check_values=True) -> Tensor[]",
 }
 
 
@@ -277,16 +277,18 @@ def _choose_qparams_fake(x, *, axis=None, group_size=None, dtype="int8", symmetr
 
 
 def _quantize_dynamic(x, *, axis=None, group_size=None, dtype="int8", symmetric=None, block_size=None,
-                      scale_dtype="float32", method="minmax", scale_rule=None, global_scale=None):
+                      scale_dtype="float32", method="minmax", scale_rule=None, global_scale=None,
+                      check_values=True):
     q, scales, zps = qparams.quantize_dynamic(x, axis=eager_axis(axis), group_size=group_size,
                                               block_size=block_size, dtype=dtype, symmetric=symmetric,
                                               scale_dtype=scale_dtype, method=method, scale_rule=scale_rule,
-                                              global_scale=global_scale)
+                                              global_scale=global_scale, check_values=check_values)
     return _present((q.data if isinstance(q, Codes) else q, scales, zps))
 
 
 def _quantize_dynamic_fake(x, *, axis=None, group_size=None, dtype="int8", symmetric=None, block_size=None,
-                           scale_dtype="float32", method="minmax", scale_rule=None, global_scale=None):
+                           scale_dtype="float32", method="minmax", scale_rule=None, global_scale=None,
+                           check_values=True):
     code, s, with_zps = _qparams_meta(x, axis, group_size, block_size, dtype, symmetric, None, scale_dtype,
                                       method, scale_rule, global_scale)
     return [_codes_like(x, code), *_params_like(x, s, with_zps)]

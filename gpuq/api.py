@@ -126,6 +126,22 @@ def quantize(src, scales, zps=None, *, axis=None, group_size=None, block_size=No
     s = _nvfp4_scales(scales_param(scales, scheme, compute_dtype(fdtype), backend, check_values=check_values),
                       global_scale, code)
     z = zps_param(zps, code, scheme, backend, check_values=check_values)
+    return encode(backend, x, scheme, code, s, z, out, saturate)
+
+
+def encode(backend, x, scheme, code, s, z, out=None, saturate=True):
+    """The codes of ``x`` (a ``backend`` array) from parameters in the compute type and
+    ``scheme.param_shape`` (``z`` int32 or None), checked by :func:`quantize` or computed by
+    gpuq itself (``quantize_dynamic(..., check_values=False)`` hands on a scale +Inf as it
+    is): into ``out`` (checked here) or a new array, a :class:`Codes` where the backend keeps
+    codes as bits.
+
+    >>> from gpuq._dispatch import backend_for
+    >>> from gpuq._codetypes import as_code_type
+    >>> backend, x = backend_for(np.float32([1.0, np.inf, -2.0]))
+    >>> encode(backend, x, Scheme.build(x.shape), as_code_type("int8"), np.float32(np.inf), None)
+    array([0, 0, 0], dtype=int8)
+    """
     target = codes_out(out, code, x.shape, backend)
     if target is None:
         stored, in_codes = backend.code_storage(code)

@@ -88,8 +88,9 @@ import numpy as np  # noqa: F401 (the doctests use it)
 
 from . import _mx, _nvfp4
 from ._interop import callers_type
-from ._qoptions import EPS, METHODS, SCALE_DTYPES, check_options, scale_rule as _scale_rule, validate  # noqa: F401 (gpuq.qparams names them)
-from .api import quantize
+from ._qoptions import EPS, METHODS, SCALE_DTYPES, check_bool, check_options, scale_rule as _scale_rule, validate  # noqa: F401 (gpuq.qparams names them)
+from ._dtypes import compute_dtype, native
+from .api import encode, quantize
 
 __all__ = ["choose_qparams", "quantize_dynamic", "METHODS"]
 
@@ -198,19 +199,31 @@ def choose_qparams(x, *, axis=None, group_size=None, block_size=None, dtype="int
 
 @callers_type
 def quantize_dynamic(x, *, axis=None, group_size=None, block_size=None, dtype="int8", symmetric=None,
-                     scale_dtype="float32", method="minmax", scale_rule=None, global_scale=None):
+                     scale_dtype="float32", method="minmax", scale_rule=None, global_scale=None,
+                     check_values=True):
     """Codes, scales and zero points of ``x`` in one call.
 
     The same as :func:`choose_qparams` followed by :func:`gpuq.quantize`,
     bit for bit. On the GPU it reads ``x`` at most twice, and once where each
     block is a contiguous row (per-token rows, groups along the last axis):
-    one thread block per row, as vLLM's dynamic int8 kernel does.
+    one team of threads per block (8 to 32 lanes, or a thread block), the
+    block held in registers where its rows are 16-byte aligned whole units of
+    16 elements (float16, bfloat16, float32; blocks up to 16384 elements).
 
     Parameters
     ----------
     x, axis, group_size, dtype, symmetric, scale_dtype, method, scale_rule
         As in :func:`choose_qparams` (``eps`` is the default one). ``method="mse"`` is
         :func:`choose_qparams` with it, then :func:`gpuq.quantize` (no fused pass).
+    check_values : bool
+        True (default): +/-Inf in ``x``, or a scale that ``scale_dtype`` cannot hold, raises
+        ``ValueError`` as in :func:`choose_qparams`; on the GPU that reads one flag back (a
+        synchronisation). False: nothing is checked or read back (the call only enqueues work
+        on the GPU), and a block holding +/-Inf gets scale +Inf and codes equal to its zero
+        point (0 where it has none; fp8 codes: +/-0, and NaN for +/-Inf itself), a scale that
+        ``scale_dtype`` cannot hold comes back as 0 or +Inf; the asymmetric zero point of
+        either is 0. The same bits on every backend. ``method="mse"`` always checks (its search
+        needs every block's range finite).
 
     Returns
     -------
@@ -231,7 +244,15 @@ def quantize_dynamic(x, *, axis=None, group_size=None, block_size=None, dtype="i
     (array([0.01574803, 0.15748031], dtype=float32), None)
     >>> gpuq.quantize_dynamic(x, axis=0, symmetric=True, dtype="int4", method="mse")[1]
     array([0.2742857, 2.742857 ], dtype=float32)
+
+    Unchecked, a row holding Inf is all zero points with scale Inf (checked, a ``ValueError``):
+
+    >>> gpuq.quantize_dynamic(np.float32([[1, np.inf], [2, -4]]), axis=0, dtype="uint8",
+    ...                       check_values=False)
+    (array([[  0,   0],
+           [255,   0]], dtype=uint8), array([       inf, 0.02352941], dtype=float32), array([  0, 170], dtype=int32))
     """
+    check_bool(check_values, "check_values")
     backend, arr, scheme, code, symmetric, eps, sdt, method = validate(
         x, axis, group_size, block_size, dtype, symmetric, None, scale_dtype, method, scale_rule)
     rule = _scale_rule(scale_rule, sdt, code, None, method, global_scale)
@@ -241,13 +262,24 @@ def quantize_dynamic(x, *, axis=None, group_size=None, block_size=None, dtype="i
                      check_values=False, global_scale=global_scale)
         return q, scales, None
     if method == "minmax":
-        fused = backend.quantize_dynamic(code, arr, scheme, symmetric, eps, sdt)  # one pass where the backend can
+        fused = backend.quantize_dynamic(code, arr, scheme, symmetric, eps, sdt, check_values)  # one pass where the backend can
         if fused is not None:
             return fused
-    scales, zps = backend.choose_qparams(code, arr, scheme, symmetric, eps, sdt, method)
-    q = quantize(arr, scales, zps, axis=axis, group_size=group_size, block_size=block_size, dtype=code.name,
-                 check_values=False)
-    return q, scales, zps
+        scales, zps = backend.choose_qparams(code, arr, scheme, symmetric, eps, sdt, method, check_values)
+    else:
+        scales, zps = backend.choose_qparams(code, arr, scheme, symmetric, eps, sdt, method)
+    # The parameters are gpuq's own: no second check (unchecked ones may hold a scale +Inf).
+    return computed_codes(backend, arr, scheme, code, scales, zps), scales, zps
+
+
+def computed_codes(backend, arr, scheme, code, scales, zps):
+    """The codes of ``arr`` from float32 ``scales`` and int32 ``zps`` (or None) that gpuq
+    computed for it (``scheme.param_shape``): :func:`gpuq.api.encode` with the scales in the
+    compute type (float64 for float64 data, widened exactly); the zero points of a code type
+    without them (fp8: all 0) are left out."""
+    ct = compute_dtype(native(arr.dtype))
+    z = None if zps is None or code.zero_point == "none" else zps
+    return encode(backend, arr, scheme, code, scales.astype(ct, copy=False), z)
 
 
 

@@ -53,7 +53,7 @@ from ._codetypes import CODE_TYPES, as_code_type, code_type
 from ._dtypes import FLOAT_DTYPES, as_dtype
 from ._nvfp4 import check_global_scale
 from ._params import check_saturate
-from ._qoptions import check_options
+from ._qoptions import check_bool, check_options
 from ._torch_ops import SCHEMAS, dtype_name_of, register, scheme, uint8_bytes
 
 __all__ = ["OPS", "SCHEMAS"]
@@ -246,12 +246,15 @@ def _choose_qparams(x, *, axis=None, group_size=None, block_size=None, dtype="in
 
 
 def _quantize_dynamic(x, *, axis=None, group_size=None, block_size=None, dtype="int8", symmetric=None,
-                      scale_dtype="float32", method="minmax", scale_rule=None, global_scale=None):
+                      scale_dtype="float32", method="minmax", scale_rule=None, global_scale=None,
+                      check_values=True):
     dtype = _dtype_name(dtype, as_code_type)
     symmetric, _, scale_dtype, method = check_options(symmetric, None, scale_dtype, method, scale_rule)
+    check_bool(check_values, "check_values")
     q, scales, *zps = torch.ops.gpuq.quantize_dynamic(x, dtype=dtype, symmetric=symmetric, scale_dtype=scale_dtype,
                                                       method=method, scale_rule=scale_rule,
                                                       global_scale=_global_scale(global_scale),
+                                                      check_values=bool(check_values),
                                                       **_granularity(x, axis, group_size, block_size))
     return _as_codes(q, x, dtype), scales, (zps[0] if zps else None)
 

@@ -220,10 +220,12 @@ struct QuantizeFp8Op : QuantCursor<TS, false> {
         // A NaN keeps its sign (the host's division does; the GPU's gives its canonical NaN).
         if (is_nan(w)) return static_cast<unsigned char>(Fp8<FMT>::nan_code | (sign_bit(x) ? 0x80u : 0u));
         const float t = to_f32_rn(d(w));
+        // A NaN quotient of a number (Inf / Inf, 0 / 0: unchecked scales) takes x's sign too, as
+        // on the host (the GPU's division gives its positive canonical NaN, x86 a negative one).
+        if (is_nan(t)) return static_cast<unsigned char>(Fp8<FMT>::nan_code | (sign_bit(x) ? 0x80u : 0u));
 #if __CUDA_ARCH__ >= 890
-        // The hardware conversion is the saturating cast; a NaN quotient (0/0, Inf/Inf) keeps
-        // the software path's code, whose sign the instruction does not promise.
-        if (saturate && !is_nan(t)) return f32_to_fp8_satfinite<FMT>(t);
+        // The hardware conversion is the saturating cast (t is no NaN here).
+        if (saturate) return f32_to_fp8_satfinite<FMT>(t);
 #endif
         return saturate ? f32_to_fp8<FMT, true>(t) : f32_to_fp8<FMT, false>(t);
     }

@@ -36,6 +36,7 @@
 // Instantiated by name from Python (gpuq/backends/cuda_qparams.py), e.g.
 //   gpuq::minmax_segments<float, true>
 //   gpuq::dynamic_quantize_segments<__half, signed char, false>
+//   gpuq::dynamic_quantize_units<float, signed char, 256, 4>
 //   gpuq::minmax_columns<gpuq_bf16>
 //   gpuq::qparams_tiles<float>
 #include "contract.cuh"
@@ -374,7 +375,10 @@ __device__ __forceinline__ QParams finalize_one(float lo, float hi, int qmin, in
 }
 
 // The flag bits of a failed block: +/-Inf in the data (1), a scale the scale dtype cannot hold (2).
+// A null flag: the call is unchecked (check_values=False), the parameters stand as computed
+// (scale +Inf for a block with +/-Inf, 0 or +Inf where the scale dtype cannot hold it; zp 0).
 __device__ __forceinline__ void flag_failures(const QParams& q, int* flag) {
+    if (!flag) return;
     if (q.inf) atomicOr(flag, 1);
     if (q.range) atomicOr(flag, 2);
 }
@@ -450,7 +454,7 @@ qparams_tiles(const T* __restrict__ x, long long rows, long long cols, long long
 }
 
 // Scales and zero points of `slots` slots from the reduction's keys; zps may be
-// null (symmetric int8); flag[0] collects flag_failures' bits.
+// null (symmetric int8); flag[0] collects flag_failures' bits (null: unchecked).
 __global__ void __launch_bounds__(256)
 finalize(const unsigned* __restrict__ lo, const unsigned* __restrict__ hi, long long slots, int qmin, int qmax,
          int symmetric, float eps, int scale_fmt, float* __restrict__ scales, int* __restrict__ zps,
@@ -504,6 +508,92 @@ dynamic_quantize_segments(const T* __restrict__ x, TQ* __restrict__ q, long long
         const ZeroPoint<TQ> zb = zero_point<TQ>(qp.zp);
         const Divisor<TC> div = divisor(sc);  // the block's reciprocal, once
         for (long long i = lane; i < len; i += lanes) q[begin + i] = quantize_rn_zp<TQ>(widen<TC>(x[begin + i]), div, zb);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Fused dynamic quantize, each block read once (issue 38): x as `rows` contiguous rows of n cut
+// into blocks of g as above, with n a multiple of 16, g a multiple of 16 or >= n, and x 16-byte
+// aligned, so that every block starts on a 16-element unit whose 16 codes are one aligned
+// 16-byte store; every block holds at most LANES * UNITS units. A team of LANES threads (8, 16
+// or 32 lanes of a warp, or the whole 256-thread block) takes one block: lane l loads units
+// l, l + LANES, ... with 16-byte loads into registers before anything else, reduces them (warp
+// shuffles, a block team one exchange through shared memory), computes the parameters (every
+// lane the same finalize_one from the same min/max: no second exchange) and quantizes from the
+// registers. DRAM sees x once, as a stream, where dynamic_quantize_segments reads each block
+// twice (the second time from DRAM once the blocks in flight outgrow L2). The codes are
+// quantize_rn_zp's, as there.
+template <int LANES>
+__device__ __forceinline__ void lanes_minmax(float& lo, float& hi) {
+    if constexpr (LANES > 32) {
+        team_minmax<false>(lo, hi);
+    } else {
+#pragma unroll
+        for (int o = LANES / 2; o > 0; o >>= 1) {  // within aligned groups of LANES lanes
+            lo = min_keep(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+            hi = max_keep(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+        }
+    }
+}
+
+template <typename T, typename TQ, int LANES, int UNITS>
+__global__ void __launch_bounds__(256)
+dynamic_quantize_units(const T* __restrict__ x, TQ* __restrict__ q, long long rows, long long n, long long g,
+                       int symmetric, float eps, int scale_fmt, float* __restrict__ scales,
+                       int* __restrict__ zps, int* __restrict__ flag) {
+    static_assert(sizeof(T) <= 4 && sizeof(TQ) == 1, "float16, bfloat16 or float32 in, one-byte codes out");
+    static_assert(LANES == 8 || LANES == 16 || LANES == 32 || LANES == 256, "a part of a warp, a warp or the block");
+    using TC = typename ComputeOf<T>::type;
+    constexpr int kTeams = LANES > 32 ? 1 : 256 / LANES;  // teams per thread block
+    const long long groups = (n + g - 1) / g;
+    const long long pieces = rows * groups;
+    const int lane = threadIdx.x % LANES, team = threadIdx.x / LANES;
+    // Rounds of kTeams blocks per thread block: every lane of a warp takes every round (the
+    // shuffles take the whole warp), a team past the end with an empty block.
+    for (long long first = static_cast<long long>(blockIdx.x) * kTeams; first < pieces;
+         first += static_cast<long long>(gridDim.x) * kTeams) {
+        const long long s = first + team;
+        long long begin = 0;
+        long long len = 0;
+        if (s < pieces) {
+            const long long r = s / groups, j = s - r * groups;
+            begin = r * n + j * g;
+            len = min(g, n - j * g);
+        }
+        T v[UNITS][kUnit];
+        Acc<T> acc;
+#pragma unroll
+        for (int k = 0; k < UNITS; ++k) {
+            const long long at = static_cast<long long>(lane + k * LANES) * kUnit;
+            if (at < len) {
+                load_unit_vec(v[k], x + begin + at);
+#pragma unroll
+                for (int e = 0; e < kUnit; ++e) acc.add(v[k][e]);
+            }
+        }
+        float l = acc.lo32(), h = acc.hi32();
+        lanes_minmax<LANES>(l, h);
+        if (s >= pieces) continue;  // (no barrier follows: the block team never gets here)
+        const QParams qp = finalize_one(l, h, CodeRange<TQ>::lo, CodeRange<TQ>::hi, symmetric, eps, scale_fmt);
+        if (lane == 0) {
+            scales[s] = qp.scale;
+            if (zps) zps[s] = qp.zp;
+            flag_failures(qp, flag);
+        }
+        TC sc;
+        widen_scale(qp.scale, sc);
+        const ZeroPoint<TQ> zb = zero_point<TQ>(qp.zp);
+        const Divisor<TC> div = divisor(sc);
+#pragma unroll
+        for (int k = 0; k < UNITS; ++k) {
+            const long long at = static_cast<long long>(lane + k * LANES) * kUnit;
+            if (at < len) {
+                TQ c[kUnit];
+#pragma unroll
+                for (int e = 0; e < kUnit; ++e) c[e] = quantize_rn_zp<TQ>(widen<TC>(v[k][e]), div, zb);
+                store_unit_vec(q + begin + at, c);
+            }
+        }
     }
 }
 

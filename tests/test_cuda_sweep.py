@@ -72,6 +72,8 @@ class Case:
     code: str = ""  # the code format of formats.cu ("int4", "float8_e4m3fn", ...); "" for int8/uint8
     block: tuple = None  # block_size= (the general block map and its reduction)
     method: str = "minmax"  # choose_qparams' method ("mse": kernels/mse.cu)
+    group: int = None  # group_size= of choose_qparams / quantize_dynamic
+    aligned: bool = False  # the device copy 16-byte aligned (else a view one element in)
 
 
 def _cases() -> dict:
@@ -101,6 +103,19 @@ def _cases() -> dict:
                                                           shape=(5, 33), axis=0)
             cases[registry.fused_name(f, q, False)] = Case("quantize_dynamic", f, q, block_cap=True,
                                                            shape=(5, 1100), axis=0)
+    # The read-once dynamic kernel (aligned rows of whole units), one shape per schedule, each
+    # just above the previous schedule's capacity; ragged groups for the 8-lane one; the grid
+    # capped: each team takes several blocks in turn.
+    shapes = {(8, 1): ((5, 160), 1, 128), (16, 1): ((5, 256), 0, None), (32, 1): ((3, 496), 0, None),
+              (32, 2): ((3, 1024), 0, None), (256, 1): ((3, 1040), 0, None), (256, 2): ((2, 4112), 0, None),
+              (256, 4): ((2, 8208), 0, None)}
+    for f in FLOAT_DTYPES:
+        if f.name not in registry.UNIT_FLOATS:
+            continue
+        for q in QUANT_RANGE:
+            for sched, (shape, axis, group) in shapes.items():
+                cases[registry.units_name(f, q, *sched)] = Case("quantize_dynamic", f, q, block_cap=True,
+                                                                shape=shape, axis=axis, group=group, aligned=True)
     # formats.cu: fp8 and packed int4, through the same public calls with dtype=<code>.
     i8 = np.dtype(np.int8)
     for f in FLOAT_DTYPES:
@@ -303,9 +318,9 @@ def _qparams(cp, case, seed):
     pairs = []
     for symmetric in (True,) if case.code else (False, True):  # fp8 (a code): symmetric only
         for scale_dtype, data in (("float32", x), ("bfloat16", x), ("float16", small)):
-            xd = _offset_view(cp, data)
+            xd = cp.asarray(data) if case.aligned else _offset_view(cp, data)
             kw = dict(axis=case.axis, dtype=case.code or case.qdtype, symmetric=symmetric, block_size=case.block,
-                      scale_dtype=scale_dtype, method=case.method)
+                      scale_dtype=scale_dtype, method=case.method, group_size=case.group)
             if case.op == "choose_qparams":
                 h, d = gpuq.choose_qparams(data, **kw), gpuq.choose_qparams(xd, **kw)
             else:
@@ -408,7 +423,10 @@ def test_only_formats_cu_branches_on_the_architecture():
     from cudasim import hostbuild
 
     branches = {s: registry.source_text(s).count("__CUDA_ARCH__") for s in registry.SOURCES}
-    assert branches == {"quantize.cu": 0, "dequantize.cu": 0, "qparams.cu": 0, "formats.cu": 5, "mse.cu": 5}
+    # mse.cu and weight_pass.cu include formats.cu: its fp8 cast and e4m3 decode are the functions
+    # the reruns above prove (weight_pass.cu's own cases: tests/test_fused_cuda.py)
+    assert branches == {"quantize.cu": 0, "dequantize.cu": 0, "qparams.cu": 0, "formats.cu": 5, "mse.cu": 5,
+                        "weight_pass.cu": 5}
     text = registry.source_text("formats.cu")
     guarded = [text[i:text.index("#endif", i)] for i in range(len(text)) if text.startswith("#if __CUDA_ARCH__", i)]
     assert [g.split("\n")[0] for g in guarded] == ["#if __CUDA_ARCH__ >= 890"] * len(guarded)

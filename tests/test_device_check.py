@@ -146,7 +146,7 @@ def test_the_headline_benchmark_runs_on_cpu_torch(tmp_path):
     assert gpu_headline.main(["--device", "cpu", "--rows", "8", "--cols", "256", "--reps", "1", "--rounds", "1",
                               "--check-rows", "4", "--no-compile", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
-    assert len(rows) == 9 and all(r["bits"] == "ok" and "gpuq_ms" in r for r in rows), rows
+    assert len(rows) == 11 and all(r["bits"] == "ok" and "gpuq_ms" in r for r in rows), rows
 
 
 @pytest.mark.skipif(CUDA_MODE != "sim", reason="the dry run is for the CPU execution of the kernels")

@@ -127,7 +127,7 @@ def test_finalize_one_equals_numpy_finalize(kernels, scale_dtype):
     f32 = np.finfo(np.float32)
     rng = np.random.default_rng(9)
     edges = np.array([0.0, -0.0, f32.tiny, -f32.tiny, 1e-45, -1e-45, 1.0, -1.0, 1e30, -1e30, f32.max, -f32.max,
-                      np.nan], np.float32)
+                      np.nan, np.inf, -np.inf], np.float32)
     lo = np.concatenate([np.repeat(edges, edges.size), rng.normal(0, 1, 20000).astype(np.float32) * 10.0 **
                          rng.integers(-40, 38, 20000).astype(np.float32)]).astype(np.float32)
     hi = np.concatenate([np.tile(edges, edges.size), rng.normal(0, 1, 20000).astype(np.float32) * 10.0 **
@@ -148,13 +148,23 @@ def test_finalize_one_equals_numpy_finalize(kernels, scale_dtype):
             finalize_all(lo, hi, qmin, qmax, symmetric, eps, fmt, s, z, ok)
             # The slots the scale dtype cannot hold fail alone, in finalize as in the loop.
             for i in np.flatnonzero(~ok)[:50]:
-                with pytest.raises(ValueError, match="cannot hold the scale"):
+                with pytest.raises(ValueError, match="cannot hold the scale|must be finite"):
                     finalize(lo[i:i + 1], hi[i:i + 1], qmin, qmax, symmetric, eps, scale_dtype)
-            assert ok.sum() > 5000 and ok.all() == (scale_dtype != "float16")  # float16: 65504 at most
+            infinite = (lo == -np.inf) | (hi == np.inf)
+            # float16: 65504 at most
+            assert ok.sum() > 5000 and ok[~infinite].all() == (scale_dtype != "float16")
             want_s, want_z = finalize(lo[ok], hi[ok], qmin, qmax, symmetric, eps, scale_dtype)
             np.testing.assert_array_equal(s[ok].view(np.uint32), want_s.view(np.uint32))
             if want_z is not None:
                 np.testing.assert_array_equal(z[ok], want_z)
+            # Unchecked (check_values=False): every slot, +/-inf bounds and failed scales included.
+            all_s, all_z = finalize(lo, hi, qmin, qmax, symmetric, eps, scale_dtype, strict=False, finite=False)
+            np.testing.assert_array_equal(s.view(np.uint32), all_s.view(np.uint32))
+            if all_z is not None:
+                np.testing.assert_array_equal(z, all_z)
+            assert infinite.sum() > 20 and not ok[infinite].any() and (s[infinite] == np.inf).all()
+            if not symmetric:
+                assert (z[infinite] == 0).all()
 
 
 def test_runs_layouts():

@@ -101,13 +101,17 @@ class Backend(Protocol):
         a slot holds no number."""
 
     @staticmethod
-    def choose_qparams(code, x, scheme, symmetric, eps, scale_dtype, method):
+    def choose_qparams(code, x, scheme, symmetric, eps, scale_dtype, method, check=True):
         """``(scales, zps)`` of ``x`` for ``code`` (zps None where the parameters have none), each
         scale rounded to nearest even in ``scale_dtype`` (``"float32"``, ``"bfloat16"``,
         ``"float16"``) before the zero point is derived from it; ``ValueError`` where one rounds
         to 0 or overflows there. ``method`` is ``"minmax"`` (each block's range) or ``"mse"``
-        (the search of ``gpuq.qparams``' docstring, bit for bit the same on every backend)."""
+        (the search of ``gpuq.qparams``' docstring, bit for bit the same on every backend).
+        ``check=False`` (``"minmax"`` only): nothing raises and nothing is read back; a block
+        holding +/-Inf gets scale +Inf, a scale the dtype cannot hold comes back as 0 or +Inf, and
+        the zero point of either is 0 (the symmetric one where the parameters are symmetric)."""
 
     @staticmethod
-    def quantize_dynamic(code, x, scheme, symmetric, eps, scale_dtype):
-        """``(codes, scales, zps)`` in one pass where this backend fuses it, else None."""
+    def quantize_dynamic(code, x, scheme, symmetric, eps, scale_dtype, check=True):
+        """``(codes, scales, zps)`` in one pass where this backend fuses it, else None; ``check`` as
+        in :meth:`choose_qparams` (the codes of unchecked parameters are ``quantize``'s)."""

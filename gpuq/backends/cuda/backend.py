@@ -177,14 +177,14 @@ class CudaBackend:
         return qparams.minmax(x, scheme)
 
     @staticmethod
-    def choose_qparams(code, x, scheme, symmetric, eps, scale_dtype, method):
+    def choose_qparams(code, x, scheme, symmetric, eps, scale_dtype, method, check=True):
         qmin, qmax, symmetric = kernel_range(code, symmetric)
         if method == "mse":
             return mse.choose_qparams(x, scheme, code, qmin, qmax, symmetric, eps, scale_dtype)
-        return qparams.choose_qparams(x, scheme, qmin, qmax, symmetric, eps, scale_dtype)
+        return qparams.choose_qparams(x, scheme, qmin, qmax, symmetric, eps, scale_dtype, check)
 
     @staticmethod
-    def quantize_dynamic(code, x, scheme, symmetric, eps, scale_dtype):
+    def quantize_dynamic(code, x, scheme, symmetric, eps, scale_dtype, check=True):
         if code.codec != "affine" or code.storage != "element":  # the fused kernel: int8/uint8
             return None
-        return qparams.quantize_dynamic(x, scheme, np.dtype(code.host_dtype), symmetric, eps, scale_dtype)
+        return qparams.quantize_dynamic(x, scheme, np.dtype(code.host_dtype), symmetric, eps, scale_dtype, check)

@@ -42,7 +42,7 @@ def choose_qparams(x, scheme, code, qmin, qmax, symmetric, eps, scale_dtype):
         lo, hi = qparams.minmax_keys(x, scheme)
         scales = cupy.empty(scheme.param_shape, cupy.float32)
         zps = None if (symmetric and qmin < 0) else cupy.empty(scheme.param_shape, cupy.int32)
-        flag = cupy.zeros(1, cupy.int32)
+        flag = qparams.failure_flag()  # this stream's, cleared
         slots = math.prod(scheme.param_shape)
         fn = get_function(SOURCE, tuple(mse_names()), mse_name(x.dtype, mse_codec(code)))
         blocks = min(-(-slots // (THREADS // 32)), _MAX_BLOCKS)

@@ -20,7 +20,13 @@ then ``finalize`` (the formula, one thread per slot); blocks ``(br, bc)`` on 2-D
 writes its parameters, one launch. ``quantize_dynamic``
 fuses all of it with the quantization where every block is one contiguous
 run (per-token rows, groups along the last axis, small per-tensor): one team
-per block reads it, computes its parameters and writes its codes.
+per block reads it, computes its parameters and writes its codes. Where the
+rows are aligned whole 16-element units of float16/bfloat16/float32 and a
+block holds at most 16384 elements (:func:`unit_schedule`), the team keeps its
+block in registers (``dynamic_quantize_units``: x read once, 16-byte loads and
+stores); elsewhere it reads the block twice (``dynamic_quantize_segments``).
+The failure flag is one word per (device, stream, host thread)
+(:func:`failure_flag`); ``check=False`` passes none and reads nothing back.
 
 Importing this module does not import CuPy; the kernel names come from
 :mod:`gpuq.backends.cuda.registry`, and the module is compiled on first use.
@@ -30,12 +36,13 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 
 import numpy as np
 
 from ..._scheme import strided_dims
-from .registry import (FINALIZE, blocks_name, columns_name, fused_name, qparams_names, segments_name,
-                       tiles_name)
+from .registry import (FINALIZE, UNIT_FLOATS, UNIT_SCHEDULES, blocks_name, columns_name, fused_name,
+                       qparams_names, segments_name, tiles_name, units_name)
 
 SOURCE = "qparams.cu"
 #: Elements per piece of a per-tensor (or long-row) reduction: one thread block each.
@@ -208,12 +215,44 @@ def _columns(x, outer, n, inner, g, lo, hi):
 
 # --- parameters ----------------------------------------------------------------------------------
 
-def _outputs(scheme, qmin, symmetric):
+def _outputs(scheme, qmin, symmetric, check=True):
+    """Scales, zps (None for symmetric signed codes) and the failure flag (None unchecked)."""
     import cupy
 
     scales = cupy.empty(scheme.param_shape, cupy.float32)
     zps = None if (symmetric and qmin < 0) else cupy.empty(scheme.param_shape, cupy.int32)
-    return scales, zps, cupy.zeros(1, cupy.int32)
+    return scales, zps, (failure_flag() if check else None)
+
+
+class _Flags(threading.local):
+    """This thread's failure flags, one 4-byte word per (device, stream) handle."""
+
+    def __init__(self):
+        self.by_stream = {}
+
+
+_flags = _Flags()
+
+
+def failure_flag():
+    """The failure flag of the current device and stream, cleared on that stream (one
+    ``cudaMemsetAsync``: no allocation and no fill kernel per call).
+
+    A flag is never shared by two streams (a clear on one could land between a kernel and the
+    read-back on the other) nor by two host threads (two threads may issue to one stream, the
+    legacy default stream for one, and interleave their clears, kernels and read-backs): each
+    host thread keeps one word per (device, stream) it used. Every checked call reads its flag
+    back before it returns, so one thread's calls on one stream never overlap on it.
+    """
+    import cupy
+
+    stream = cupy.cuda.get_current_stream()
+    key = (cupy.cuda.runtime.getDevice(), int(stream.ptr))
+    flag = _flags.by_stream.get(key)
+    if flag is None:
+        flag = _flags.by_stream[key] = cupy.empty(1, cupy.int32)
+    cupy.cuda.runtime.memsetAsync(flag.data.ptr, 0, 4, stream.ptr)
+    return flag
 
 
 #: The kernels' number of each scale dtype (kernels/qparams.cu ``round_scale``).
@@ -232,10 +271,12 @@ def raise_on_failure(flag, scale_dtype):
                          f"to 0 or overflows {scale_dtype}; pass a larger eps or use a wider scale_dtype")
 
 
-def choose_qparams(x, scheme, qmin, qmax, symmetric, eps, scale_dtype="float32"):
+def choose_qparams(x, scheme, qmin, qmax, symmetric, eps, scale_dtype="float32", check=True):
     """Scales and zero points for device ``x`` (validated by ``gpuq.qparams``).
 
-    Everything is allocated and launched on ``x``'s device, whichever is current.
+    Everything is allocated and launched on ``x``'s device, whichever is current. ``check``:
+    read the failure flag back (a synchronisation) and raise; unchecked, a block holding +/-Inf
+    gets scale +Inf (zero point 0 where it has one) and nothing is read back.
     """
     with x.device:
         tiles = _tiles(scheme) if x.size else None
@@ -243,21 +284,23 @@ def choose_qparams(x, scheme, qmin, qmax, symmetric, eps, scale_dtype="float32")
             import cupy
 
             x = cupy.ascontiguousarray(x)
-            scales, zps, flag = _outputs(scheme, qmin, symmetric)
+            scales, zps, flag = _outputs(scheme, qmin, symmetric, check)
             _launch(tiles_name(x.dtype), min(scales.size, _MAX_BLOCKS),
                     (x, *map(np.int64, tiles), np.int64(scales.size), np.int32(qmin), np.int32(qmax),
                      np.int32(symmetric), np.float32(eps), np.int32(SCALE_FMT[scale_dtype]), scales,
-                     _NULL if zps is None else zps, flag))
-            raise_on_failure(flag, scale_dtype)
+                     _NULL if zps is None else zps, _NULL if flag is None else flag))
+            if check:
+                raise_on_failure(flag, scale_dtype)
             return scales, zps
         lo, hi = minmax_keys(x, scheme)
-        scales, zps, flag = _outputs(scheme, qmin, symmetric)
+        scales, zps, flag = _outputs(scheme, qmin, symmetric, check)
         if lo.size:
             _launch(FINALIZE, min(-(-lo.size // THREADS), _MAX_BLOCKS),
                     (lo, hi, np.int64(lo.size), np.int32(qmin), np.int32(qmax), np.int32(symmetric),
                      np.float32(eps), np.int32(SCALE_FMT[scale_dtype]), scales,
-                     _NULL if zps is None else zps, flag))
-            raise_on_failure(flag, scale_dtype)
+                     _NULL if zps is None else zps, _NULL if flag is None else flag))
+            if check:
+                raise_on_failure(flag, scale_dtype)
     return scales, zps
 
 
@@ -290,8 +333,30 @@ def _fused_rows(shape, scheme):
     return rows, n, n
 
 
-def quantize_dynamic(x, scheme, qdtype, symmetric, eps, scale_dtype="float32"):
-    """Codes, scales and zps in one launch where :func:`_fused_rows` allows, else None."""
+def unit_schedule(x, n, g):
+    """``(lanes, units)`` of the read-once kernel (``dynamic_quantize_units``) for contiguous
+    device ``x`` cut in rows of ``n`` and blocks of ``g``, or None where it does not apply (then
+    ``dynamic_quantize_segments``): float16/bfloat16/float32 data 16-byte aligned, rows of
+    whole 16-element units, blocks starting on one (``g`` a multiple of 16, or the whole row),
+    a block of at most 16384 elements; the fewest lanes whose registers hold the block.
+
+    >>> import numpy as np
+    >>> from types import SimpleNamespace as NS
+    >>> x = NS(dtype=np.dtype(np.float32), data=NS(ptr=4096))
+    >>> unit_schedule(x, 16384, 16384), unit_schedule(x, 4096, 128), unit_schedule(x, 4104, 4104)
+    ((256, 4), (8, 1), None)
+    """
+    from ..._dtypes import dtype_name
+
+    if dtype_name(x.dtype) not in UNIT_FLOATS or x.data.ptr % 16 or n % 16 or (g < n and g % 16):
+        return None
+    size = min(g, n)
+    return next(((lanes, units) for lanes, units in UNIT_SCHEDULES if size <= lanes * units * 16), None)
+
+
+def quantize_dynamic(x, scheme, qdtype, symmetric, eps, scale_dtype="float32", check=True):
+    """Codes, scales and zps in one launch where :func:`_fused_rows` allows, else None;
+    ``check`` as in :func:`choose_qparams`."""
     import cupy
 
     fused = _fused_rows(x.shape, scheme) if x.size else None
@@ -307,12 +372,19 @@ def quantize_dynamic(x, scheme, qdtype, symmetric, eps, scale_dtype="float32"):
         # The codes take x's shape: CuPy's ascontiguousarray makes a 0-d array 1-d.
         q = cupy.empty(x.shape, qdtype)
         x = cupy.ascontiguousarray(x)
-        scales, zps, flag = _outputs(scheme, qmin, symmetric)
+        scales, zps, flag = _outputs(scheme, qmin, symmetric, check)
         pieces = rows * -(-n // g)
-        warp = min(g, n) <= WARP_MAX
-        blocks = -(-pieces // (THREADS // 32)) if warp else pieces
-        _launch(fused_name(x.dtype, qdtype, warp), min(blocks, _MAX_BLOCKS),
+        schedule = unit_schedule(x, n, g)
+        if schedule is not None:  # each block read once, from registers
+            name, blocks = units_name(x.dtype, qdtype, *schedule), -(-pieces // max(1, THREADS // schedule[0]))
+        else:
+            warp = min(g, n) <= WARP_MAX
+            name = fused_name(x.dtype, qdtype, warp)
+            blocks = -(-pieces // (THREADS // 32)) if warp else pieces
+        _launch(name, min(blocks, _MAX_BLOCKS),
                 (x, q, np.int64(rows), np.int64(n), np.int64(g), np.int32(symmetric), np.float32(eps),
-                 np.int32(SCALE_FMT[scale_dtype]), scales, _NULL if zps is None else zps, flag))
-        raise_on_failure(flag, scale_dtype)
+                 np.int32(SCALE_FMT[scale_dtype]), scales, _NULL if zps is None else zps,
+                 _NULL if flag is None else flag))
+        if check:
+            raise_on_failure(flag, scale_dtype)
     return q, scales, zps

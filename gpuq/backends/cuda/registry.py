@@ -177,6 +177,22 @@ def fused_name(dtype, qdtype, warp: bool) -> str:
             f"{_c(qdtype)}, {_flag(warp)}>")
 
 
+#: The read-once dynamic kernel's schedules, (lanes per block, units of 16 elements a lane),
+#: smallest first: a block of up to lanes * units * 16 elements in registers (issue 38).
+UNIT_SCHEDULES = ((8, 1), (16, 1), (32, 1), (32, 2), (256, 1), (256, 2), (256, 4))
+#: Input dtypes of the read-once kernel (float64 keeps the two-pass one).
+UNIT_FLOATS = ("float16", "float32", "bfloat16")
+
+
+def units_name(dtype, qdtype, lanes: int, units: int) -> str:
+    """The read-once dynamic kernel for one schedule of :data:`UNIT_SCHEDULES`.
+
+    >>> units_name("float32", "int8", 256, 4)
+    'gpuq::dynamic_quantize_units<float, signed char, 256, 4>'
+    """
+    return f"gpuq::dynamic_quantize_units<{_c(dtype)}, {_c(qdtype)}, {lanes}, {units}>"
+
+
 def blocks_name(dtype) -> str:
     return f"gpuq::minmax_blocks<{_c(dtype)}>"
 
@@ -192,7 +208,7 @@ def qparams_names() -> list:
     """Every name expression of ``qparams.cu`` the dispatcher can request.
 
     >>> len(qparams_names()), qparams_names()[0]
-    (37, 'gpuq::minmax_segments<__half, false>')
+    (79, 'gpuq::minmax_segments<__half, false>')
     """
     names = [segments_name(f, w) for f in _FLOATS for w in (False, True)]
     names += [columns_name(f) for f in _FLOATS]
@@ -200,6 +216,7 @@ def qparams_names() -> list:
     names.append(FINALIZE)
     names += [tiles_name(f) for f in _FLOATS]
     names += [fused_name(f, q, w) for f in _FLOATS for q in _QUANT_DTYPES for w in (False, True)]
+    names += [units_name(f, q, *u) for f in UNIT_FLOATS for q in _QUANT_DTYPES for u in UNIT_SCHEDULES]
     return names
 
 

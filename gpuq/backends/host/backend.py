@@ -137,13 +137,14 @@ class NumpyBackend:
         return qparams.minmax(_native(x), scheme)
 
     @staticmethod
-    def choose_qparams(code, x, scheme, symmetric, eps, scale_dtype, method):
+    def choose_qparams(code, x, scheme, symmetric, eps, scale_dtype, method, check=True):
         if method == "mse":
             return mse.choose_qparams(_native(x), scheme, code, symmetric, eps, scale_dtype)
-        return qparams.choose_qparams(_native(x), scheme, code.qmin, code.qmax, symmetric, eps, scale_dtype)
+        return qparams.choose_qparams(_native(x), scheme, code.qmin, code.qmax, symmetric, eps, scale_dtype,
+                                      check)
 
     @staticmethod
-    def quantize_dynamic(code, x, scheme, symmetric, eps, scale_dtype):
+    def quantize_dynamic(code, x, scheme, symmetric, eps, scale_dtype, check=True):
         if code.codec != "affine" or code.storage != "element":  # the fused loops: int8/uint8
             return None
-        return qparams.quantize_dynamic(_native(x), scheme, code, symmetric, eps, scale_dtype)
+        return qparams.quantize_dynamic(_native(x), scheme, code, symmetric, eps, scale_dtype, check)

@@ -164,6 +164,9 @@ def fp8_table(fmt: str, ct) -> np.ndarray:
 
 def _quantize_fp8_block(xb, ob, params, scratch, *, fmt, saturate):
     t = affine.quotient(xb, params[0], scratch)
+    nan = np.isnan(t)
+    if nan.any():  # a NaN quotient carries x's sign (loops.fp8_of says why)
+        t[nan] = np.where(np.signbit(np.asarray(xb)[nan]), -np.nan, np.nan)
     if t.dtype != _F32:  # float64: the float64 quotient rounded to float32 once, then to fp8
         t32 = scratch.like("t32", _F32, t)
         np.copyto(t32, t, casting="unsafe")

@@ -183,8 +183,8 @@ def bfloat16_bits(f):
 def quantize_one(v, s, zp, qmin, qmax):
     """``clamp(rint(v / s) + zp, qmin, qmax)``; ``zp``, ``qmin``, ``qmax`` integral, of ``s``'s type."""
     t = v / s
-    if t != t:  # NaN is taken as 0
-        t = s - s
+    if t != t:  # NaN is taken as 0 (of s's type: qmin is finite, s may be +inf unchecked)
+        t = qmin - qmin
     return np.int32(min(max(np.rint(t) + zp, qmin), qmax))
 
 
@@ -386,17 +386,18 @@ def finalize_one(lo, hi, qmin, qmax, symmetric, eps, fmt):
     (``finalize_one``), bit for bit (tested against the former), the scale
     rounded to the scale dtype ``fmt`` (:func:`round_scale`) before the zero
     point is derived from it; ``ok`` is False where a bound is +/-inf or the
-    rounded scale is 0 or +inf (the caller raises).
+    rounded scale is 0 or +inf (the caller raises, or with ``check_values=False`` keeps the
+    parameters as computed: a bound +/-inf gives scale +inf, and a scale 0 or +inf the
+    asymmetric zero point 0, as the GPU's ``finalize_one``).
     """
     zero = np.float32(0)
-    if lo == -np.inf or hi == np.inf:
-        return eps, np.int32(0), False
+    finite = lo != -np.inf and hi != np.inf
     if symmetric:
         amax = fmax_keep(fmax_keep(hi, -lo), zero)
         # Half the code range: (qmax - qmin) // 2; symmetric == 2 (scale_rule="full"): / 2 exactly.
         half = np.float32((qmax - qmin) / 2) if symmetric == 2 else np.float32((qmax - qmin) // 2)
         scale = round_scale(max(amax / half, eps), fmt)
-        return scale, np.int32(0 if qmin < 0 else (qmax + 1) // 2), scale != zero and scale != np.inf
+        return scale, np.int32(0 if qmin < 0 else (qmax + 1) // 2), finite and scale != zero and scale != np.inf
     lo0, hi0 = fmin_keep(lo, zero), fmax_keep(hi, zero)
     span = hi0 - lo0
     if span == np.inf:  # hi - lo overflows float32: the same quotient via float64, rounded once
@@ -407,12 +408,12 @@ def finalize_one(lo, hi, qmin, qmax, symmetric, eps, fmt):
     if scale == zero or scale == np.inf:
         return scale, np.int32(0), False
     zp = np.float32(qmin) - np.rint(lo0 / scale)
-    return scale, np.int32(min(max(zp, np.float32(qmin)), np.float32(qmax))), True
+    return scale, np.int32(min(max(zp, np.float32(qmin)), np.float32(qmax))), finite
 
 
 @njit(**_JIT)
 def quantize_dynamic_rows(x, table, bits, run, out, scales, zps, qmin, qmax, symmetric, eps, fmt, czero,
-                          shift, mag, inf):
+                          shift, mag, inf, check):
     """``quantize_dynamic`` of flat ``x`` cut in runs of ``run``, one slot per run.
 
     Per run: min and max (order keys of ``bits``, the same memory as ``x`` viewed
@@ -420,7 +421,8 @@ def quantize_dynamic_rows(x, table, bits, run, out, scales, zps, qmin, qmax, sym
     rounded to the scale dtype ``fmt``), then the codes, while the run is still
     in L1/L2: ``x`` is read from memory once. ``czero`` is 0 in the compute type.
     Returns the first run whose parameters fail (a +/-inf bound, a scale the
-    scale dtype cannot hold; nothing after it is written), or -1.
+    scale dtype cannot hold; nothing after it is written), or -1; with ``check`` False
+    failed runs keep :func:`finalize_one`'s parameters and -1 comes back.
     """
     lo_q, hi_q = to_compute(qmin, czero), to_compute(qmax, czero)
     for r in range(scales.size):
@@ -429,7 +431,7 @@ def quantize_dynamic_rows(x, table, bits, run, out, scales, zps, qmin, qmax, sym
         lo = np.float32(float_of_key(a, bits, shift, mag, table))
         hi = np.float32(float_of_key(b, bits, shift, mag, table))
         scale, zp, ok = finalize_one(lo, hi, qmin, qmax, symmetric, eps, fmt)
-        if not ok:
+        if check and not ok:
             return r
         scales[r] = scale
         if zps is not None:
@@ -474,8 +476,11 @@ def fp8_one(t, f):
 @njit(inline="always")
 def fp8_of(v, s, f):
     """fp8 bits of ``v / s``: one division in the compute type, a float64 quotient rounded to
-    float32 once first (as ``formats._quantize_fp8_block``)."""
-    return fp8_one(np.float32(v / s), f)
+    float32 once first (as ``formats._quantize_fp8_block``). A NaN quotient carries ``v``'s
+    sign: a NaN ``v``'s own, and that of a number ``v`` over an unchecked scale (Inf / Inf,
+    0 / 0), where x86 would give its negative default NaN and the GPU its positive one."""
+    t = np.float32(v / s)
+    return fp8_one(np.float32(np.copysign(t, v)) if t != t else t, f)
 
 
 @njit(inline="always")

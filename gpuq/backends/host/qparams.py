@@ -38,13 +38,14 @@ _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
 
 
-def choose_qparams(x, scheme, qmin, qmax, symmetric, eps, scale_dtype="float32"):
-    """Scales and zero points for host ``x`` (validated by ``gpuq.qparams``)."""
+def choose_qparams(x, scheme, qmin, qmax, symmetric, eps, scale_dtype="float32", check=True):
+    """Scales and zero points for host ``x`` (validated by ``gpuq.qparams``); ``check=False``:
+    nothing raises, failed blocks get :func:`finalize`'s unchecked parameters."""
     lo, hi = minmax(x, scheme)
-    return finalize(lo, hi, qmin, qmax, symmetric, eps, scale_dtype)
+    return finalize(lo, hi, qmin, qmax, symmetric, eps, scale_dtype, strict=check, finite=check)
 
 
-def quantize_dynamic(x, scheme, code, symmetric, eps, scale_dtype="float32"):
+def quantize_dynamic(x, scheme, code, symmetric, eps, scale_dtype="float32", check=True):
     """Codes (the affine one-byte ``code``: int8, uint8), scales and zps in one pass over ``x``
     where every scale covers one
     contiguous row of C-order ``x`` (per-row / per-token, per-group along the last
@@ -54,7 +55,8 @@ def quantize_dynamic(x, scheme, code, symmetric, eps, scale_dtype="float32"):
     row in one pass (reduce, finalize, codes from L1). Otherwise each block of
     rows is reduced, turned into qparams by :func:`finalize` and quantized by the
     ufunc block function while it is still in cache. Either way ``x`` is read
-    from memory once, with the same bits as choose_qparams then quantize.
+    from memory once, with the same bits as choose_qparams then quantize. ``check=False``:
+    nothing raises, failed rows get :func:`finalize`'s unchecked parameters and their codes.
     """
     rows = _row_view(x, scheme)
     if rows is None or rows.shape[1] > blocks.BLOCK:
@@ -66,7 +68,7 @@ def quantize_dynamic(x, scheme, code, symmetric, eps, scale_dtype="float32"):
     zps = None if symmetric and qmin < 0 else np.empty(nrows, np.int32)
     kernels = choice.kernels()
     plan = _FusedRows(rows, q.reshape(rows.shape), scales, zps, qmin, qmax, symmetric, eps, scale_dtype,
-                      kernels)
+                      kernels, check)
     plan.pshape = scheme.param_shape
     if kernels is not None:
         fn = functools.partial(_dynamic_rows_compiled, plan=plan)
@@ -93,7 +95,7 @@ def _dynamic_rows_compiled(xb, qb, span, scratch, *, plan):
     bad = plan.kernels.quantize_dynamic_rows(
         x, table, xb.reshape(-1).view(it), xb.shape[1], qb.reshape(-1), plan.scales[r0:r1], zps,
         plan.qmin, plan.qmax, plan.symmetric, np.float32(plan.eps), SCALE_FORMATS[plan.scale_dtype],
-        plan.ct.type(0), shift, mag, inf)
+        plan.ct.type(0), shift, mag, inf, plan.check)
     if bad >= 0:
         lo, hi = row_minmax(xb, plan.kernels)
         plan.raise_bad_rows(r0, r1, lo, hi)
@@ -121,8 +123,8 @@ class _FusedRows:
     hands the rows with their parameters to the ufunc quantize (``zparams``: finalized zps ->
     its zero-point params)."""
 
-    def __init__(self, rows, q, scales, zps, qmin, qmax, symmetric, eps, scale_dtype, kernels):
-        self.rows, self.q, self.scales, self.zps = rows, q, scales, zps
+    def __init__(self, rows, q, scales, zps, qmin, qmax, symmetric, eps, scale_dtype, kernels, check):
+        self.rows, self.q, self.scales, self.zps, self.check = rows, q, scales, zps, check
         self.qmin, self.qmax, self.symmetric, self.eps = qmin, qmax, symmetric, eps
         self.scale_dtype = scale_dtype
         self.kernels, self.zparams = kernels, None
@@ -139,7 +141,8 @@ class _FusedRows:
             return xb, self.q[r0:r1], (r0, r1)
         lo, hi = row_minmax(xb, None)
         try:
-            s, z = finalize(lo, hi, self.qmin, self.qmax, self.symmetric, self.eps, self.scale_dtype)
+            s, z = finalize(lo, hi, self.qmin, self.qmax, self.symmetric, self.eps, self.scale_dtype,
+                            strict=self.check, finite=self.check)
         except ValueError:
             self.raise_bad_rows(r0, r1, lo, hi)
         self.scales[r0:r1] = s
@@ -362,18 +365,25 @@ SCALE_FORMATS = {"float32": 0, "bfloat16": 1, "float16": 2}
 
 
 @np.errstate(over="ignore", invalid="ignore", divide="ignore")
-def finalize(lo, hi, qmin, qmax, symmetric, eps, scale_dtype="float32", strict=True):
+def finalize(lo, hi, qmin, qmax, symmetric, eps, scale_dtype="float32", strict=True, finite=True):
     """Scales (float32) and zero points (int32, or None) from per-slot ``lo``/``hi``.
 
     ``lo``/``hi`` of any float dtype; float64 is rounded to float32 first
     (rounding is monotonic, so this is the min/max of the rounded values).
-    Raises ``ValueError`` if a slot holds +/-inf or a value beyond float32, or
-    if a scale rounds to 0 or overflows in ``scale_dtype`` (:func:`round_scales`);
-    with ``strict=False`` such a scale is returned as 0 or +inf instead (its zero
-    point is then meaningless): the MSE search leaves those candidates out.
+    Raises ``ValueError`` if a slot holds +/-inf or a value beyond float32 (``finite=False``:
+    its scale is +inf instead, the formula's own result), or if a scale rounds to 0 or
+    overflows in ``scale_dtype`` (:func:`round_scales`); with ``strict=False`` such a scale is
+    returned as 0 or +inf instead: the MSE search leaves those candidates out. The asymmetric
+    zero point of a scale 0 or +inf is 0 (``kernels/qparams.cu`` ``finalize_one``), the
+    symmetric one stays.
+
+    >>> finalize(np.float32([-1, -np.inf]), np.float32([np.inf, 2]), 0, 255, False, 2**-126,
+    ...          strict=False, finite=False)
+    (array([inf, inf], dtype=float32), array([0, 0], dtype=int32))
     """
     lo32, hi32 = lo.astype(_F32), hi.astype(_F32)
-    _check_finite(lo32, hi32, lo, hi)
+    if finite:
+        _check_finite(lo32, hi32, lo, hi)
     eps = np.float32(eps)
     if symmetric:
         # Half the code range: 127 for 8-bit codes, 7 for 4-bit, max_finite for the float codes
@@ -398,8 +408,10 @@ def finalize(lo, hi, qmin, qmax, symmetric, eps, scale_dtype="float32", strict=T
         scales = np.where(wide, wide_s.astype(_F32), scales)
     scales = round_scales(np.asarray(np.maximum(scales, eps), _F32), scale_dtype, strict)
     zps = np.float32(qmin) - np.rint(lo0 / scales)
-    zps = np.asarray(np.clip(zps, qmin, qmax), np.int32)
-    return scales, zps
+    zps = np.clip(zps, qmin, qmax)
+    if not strict or not finite:  # a scale 0 or +inf: zero point 0 (lo' / scale may be NaN)
+        zps = np.where((scales == 0) | (scales == np.inf), np.float32(0), zps)
+    return scales, np.asarray(zps, np.int32)
 
 
 def round_scales(scales, scale_dtype, strict=True):
