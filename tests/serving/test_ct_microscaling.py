@@ -213,8 +213,8 @@ CT_FIXTURES = Path(__file__).resolve().parents[1] / "data" / "ct_microscaling"
 
 @pytest.mark.parametrize("preset", MICRO)
 def test_gpuq_reads_compressed_tensors_own_folders(tmp_path, preset):
-    """Folders made by compressed-tensors' own compressors (make_fixtures.py there) dequantize to
-    its dequantizer's bits, the all-zero group (up_proj's row 0: MX scale byte 0) included."""
+    """Folders made by compressed-tensors' own compressors (tests/data/ct_microscaling/
+    make_ct_fixtures.py) dequantize to its dequantizer's bits, the all-zero group (up_proj's row 0: MX scale byte 0) included."""
     from compressed_tensors.entrypoints.convert import CompressedTensorsDequantizer
 
     q = CT_FIXTURES / preset

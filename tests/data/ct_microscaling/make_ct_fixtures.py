@@ -4,7 +4,7 @@
 Run offline, never in the tests (it needs torch, compressed-tensors 0.20.0 and transformers
 5.24.0, the pinned test extra)::
 
-    .venv/bin/python tests/data/ct_microscaling/make_fixtures.py
+    .venv/bin/python tests/data/ct_microscaling/make_ct_fixtures.py
 
 Each of ``NVFP4A16/``, ``MXFP4A16/``, ``MXFP6A16/`` and ``MXFP8A16/`` is a tiny bfloat16 Llama (1
 layer, hidden 32, 2 heads of 16, 1 KV head, intermediate 32, vocabulary 16, untied lm_head),
