@@ -55,6 +55,11 @@ import time
 
 import numpy as np
 
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.llama_folder import llama_tensors  # noqa: E402
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIB = 2**20
 
@@ -105,20 +110,7 @@ def layout(d: dict, layers: int) -> dict:
     >>> len(t), t["model.layers.0.mlp.down_proj.weight"]
     (57, (4096, 11008))
     """
-    h, m, v = d["hidden"], d["intermediate"], d["vocab"]
-    t = {"model.embed_tokens.weight": (v, h)}
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        for n in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            t[p + f"self_attn.{n}.weight"] = (h, h)
-        t[p + "mlp.gate_proj.weight"] = (m, h)
-        t[p + "mlp.up_proj.weight"] = (m, h)
-        t[p + "mlp.down_proj.weight"] = (h, m)
-        t[p + "input_layernorm.weight"] = (h,)
-        t[p + "post_attention_layernorm.weight"] = (h,)
-    t["model.norm.weight"] = (h,)
-    t["lm_head.weight"] = (v, h)
-    return t
+    return llama_tensors(d["hidden"], d["intermediate"], d["vocab"], layers)
 
 
 def config(d: dict, layers: int) -> dict:

@@ -9,6 +9,7 @@ files the same with the pass on or off, locally and shard by shard (what ``--wor
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -198,18 +199,25 @@ def write_input(path, fmt, dtype):
     write_checkpoint(path, fmt, tensors, None)
 
 
-def run(tmp_path, fmt, dtype, plan, tag, monkeypatch, fast=True):
-    src = os.path.join(tmp_path, f"in.{fmt}")
-    if not os.path.exists(src):
-        write_input(src, fmt, dtype)
-    out = os.path.join(tmp_path, f"{tag}.{fmt}")
-    calls = []
+@contextlib.contextmanager
+def one_pass_or_not(monkeypatch, fast, calls):
+    """The one pass, each call of it appended to ``calls`` (``fast``), or the multi-pass path."""
     with monkeypatch.context() as m:
         if fast:
             real = fused.quantize_file_tensor
             m.setattr(fused, "quantize_file_tensor", lambda *a, **k: calls.append(1) or real(*a, **k))
         else:
             m.setattr(fused, "covers_file", lambda *a: False)
+        yield
+
+
+def run(tmp_path, fmt, dtype, plan, tag, monkeypatch, fast=True):
+    src = os.path.join(tmp_path, f"in.{fmt}")
+    if not os.path.exists(src):
+        write_input(src, fmt, dtype)
+    out = os.path.join(tmp_path, f"{tag}.{fmt}")
+    calls = []
+    with one_pass_or_not(monkeypatch, fast, calls):
         report = convert.run_quantize(src, out, plan, min_size=64, device=HostDevice(), progress=False,
                                       nonfinite="allow")
     return out, report, len(calls)
@@ -266,12 +274,7 @@ def test_each_shard_takes_the_one_pass(tmp_path, monkeypatch):
     outs, calls = [], []
     for fast in (True, False):
         out = os.path.join(tmp_path, "fast" if fast else "slow")
-        with monkeypatch.context() as m:
-            if fast:
-                real = fused.quantize_file_tensor
-                m.setattr(fused, "quantize_file_tensor", lambda *a, **k: calls.append(1) or real(*a, **k))
-            else:
-                m.setattr(fused, "covers_file", lambda *a: False)
+        with one_pass_or_not(monkeypatch, fast, calls):
             run_sharded_quantize(src, out, plan, min_size=64, device="cpu", progress=False, nonfinite="allow")
         outs.append(out)
     assert len(calls) == 2

@@ -79,6 +79,31 @@ def _pack_fields(sq, g, ob):
 
 
 @njit(inline="always")
+def _fp8_segment(xs, os, s, f, table, values, w, sa, sd):
+    """fp8 codes ``os`` of the ``w`` elements of ``xs`` at scale ``s``, and each element's value
+    and round-trip error in float64 (``sa``, ``sd``) for the figures."""
+    for j in range(w):  # the codes apart: a table lookup in the loop stops it vectorizing
+        os[j] = fp8_of(load(xs, j, table), s, f)
+    for j in range(w):
+        a = np.float64(load(xs, j, table))
+        sa[j] = a
+        sd[j] = a - np.float64(values[os[j]] * s)
+
+
+@njit(inline="always")
+def _drop_nonfinite(xs, table, w, sa, sd, cnt):
+    """Leave the non-finite elements of ``xs[:w]`` out of the figures, and add their counts
+    (NaN, +Inf, -Inf) to ``cnt``."""
+    for j in range(w):
+        if not abs(load(xs, j, table)) <= _FMAX:
+            sa[j] = sd[j] = 0.0
+    _, _, nan, pos, neg = _finite_range(xs, table, 0, w)
+    cnt[0] += nan
+    cnt[1] += pos
+    cnt[2] += neg
+
+
+@njit(inline="always")
 def _finite_range(x, table, base, g):
     """Min and max of the finite elements of ``x[base:base + g]`` with 0 among them, and the
     counts of NaN, +Inf and -Inf (the slow path of a group that holds a non-finite value)."""
@@ -172,21 +197,9 @@ def weight_rows(x, table, bits, r0, r1, n, g, qmin, qmax, symmetric, eps, fmt, s
                 if cbits == 4:
                     _pack_fields(sq, g, ob)
             else:
-                os = out[base:base + g]
-                for j in range(g):  # the codes apart: a table lookup in the loop stops it vectorizing
-                    os[j] = fp8_of(load(xs, j, table), s, f)
-                for j in range(g):
-                    a = np.float64(load(xs, j, table))
-                    sa[j] = a
-                    sd[j] = a - np.float64(values[os[j]] * s)
+                _fp8_segment(xs, out[base:base + g], s, f, table, values, g, sa, sd)
             if bad:  # rare: leave the non-finite elements out of the figures, and count them
-                for j in range(g):
-                    if not abs(load(xs, j, table)) <= _FMAX:
-                        sa[j] = sd[j] = 0.0
-                _, _, nan, pos, neg = _finite_range(xs, table, 0, g)
-                cnt[0] += nan
-                cnt[1] += pos
-                cnt[2] += neg
+                _drop_nonfinite(xs, table, g, sa, sd, cnt)
             _energy(sa, sd, g, acc)
     return -1
 
@@ -338,21 +351,10 @@ def block_strips(x, table, bits, s0, s1, rows, n, br, bc, qmin, qmax, symmetric,
             for c in range(cols):
                 c0 = r * n + c * bc
                 w = min(n, (c + 1) * bc) - c * bc
-                xs, os, s = x[c0:c0 + w], out[c0:c0 + w], scales[si * cols + c]
-                for j in range(w):  # the codes apart: a table lookup in the loop stops it vectorizing
-                    os[j] = fp8_of(load(xs, j, table), s, f)
-                for j in range(w):
-                    a = np.float64(load(xs, j, table))
-                    sa[j] = a
-                    sd[j] = a - np.float64(values[os[j]] * s)
+                xs = x[c0:c0 + w]
+                _fp8_segment(xs, out[c0:c0 + w], scales[si * cols + c], f, table, values, w, sa, sd)
                 if tops[c] >= inf:  # rare: the non-finite elements out of the figures, counted
-                    for j in range(w):
-                        if not abs(load(xs, j, table)) <= _FMAX:
-                            sa[j] = sd[j] = 0.0
-                    _, _, nan, pos, neg = _finite_range(xs, table, 0, w)
-                    cnt[0] += nan
-                    cnt[1] += pos
-                    cnt[2] += neg
+                    _drop_nonfinite(xs, table, w, sa, sd, cnt)
                 _energy(sa, sd, w, acc)
     return -1
 
