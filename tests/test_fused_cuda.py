@@ -328,3 +328,169 @@ def test_the_command_on_cuda_writes_the_cpu_bytes(tmp_path, capsys, flags):
         assert (a["sqnr_db"] is None) == (b["sqnr_db"] is None)
         if a["sqnr_db"] is not None:
             assert b["sqnr_db"] == pytest.approx(a["sqnr_db"], rel=1e-9)
+
+
+# --- the command's shard loop: the stream (read into pinned buffers, overlapped with the GPU) -----
+
+def _serving():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "serving"))
+    import _serving
+
+    return _serving
+
+
+def _mixed_model(folder, seed=3):
+    """Two shards of a two-layer Llama folder whose weights the stream must interleave with
+    other paths: NaN, +Inf and -Inf in one weight (the GPU's pass counts them), a float64
+    weight (the pass does not take it: the multi-pass path, in its turn), norms and the
+    embedding kept in float."""
+    sv = _serving()
+    t = sv.make_model(folder / "one", hidden=128, inter=256, layers=2, seed=seed, extra=False)
+    q = t["model.layers.0.self_attn.q_proj.weight"].copy()
+    q[0, 3], q[5, 7], q[9, :2] = np.nan, np.inf, -np.inf
+    t["model.layers.0.self_attn.q_proj.weight"] = q
+    t["model.layers.1.mlp.down_proj.weight"] = t["model.layers.1.mlp.down_proj.weight"].astype(np.float64)
+    from gpuq.checkpoints.files import write_checkpoint
+
+    write_checkpoint(str(folder / "one" / "model.safetensors"), "safetensors", t, None, {"format": "pt"})
+    sv.reshard(folder / "one", folder / "m", lambda k: 1 if ".layers.1." in k else 0, 2)
+    return folder / "m"
+
+
+def _run_both(tmp_path, capsys, model, flags):
+    """``{device: (rc, report or None, stderr)}`` of the command on the cpu and on cuda."""
+    import json
+
+    sv, got = _serving(), {}
+    for device in ("cpu", "cuda"):
+        rc = sv.gpuq_main("quantize", model, "-o", tmp_path / device, "--format", "compressed-tensors",
+                          *flags, "--device", device, "-q", "--json")
+        out = capsys.readouterr()
+        got[device] = (rc, json.loads(out.out) if rc == 0 else None, out.err)
+    return got
+
+
+@pytest.mark.parametrize("flags", [["--dtype", "int4", "--nonfinite", "warn"],
+                                   ["--dtype", "float8_e4m3fn", "--per-tensor", "--nonfinite", "allow"]],
+                         ids=["int4-g128", "fp8-tensor"])
+def test_the_shard_loop_streams_every_kind_of_tensor_as_the_cpu_writes_it(tmp_path, capsys, flags):
+    """Two shards through the stream, the GPU's weights between kept tensors and a float64 weight
+    the pass does not take: the same files byte for byte, the same rows (SQNR to 1e-12), the
+    same warnings in the same order."""
+    from report_rows import assert_same_rows
+
+    model = _mixed_model(tmp_path)
+    got = _run_both(tmp_path, capsys, model, flags)
+    assert got["cpu"][0] == got["cuda"][0] == 0
+    assert got["cpu"][2] == got["cuda"][2]  # the NaN/Inf warning (with warn), in its turn
+    assert ("q_proj.weight' has 4 non-finite values" in got["cpu"][2]) == ("warn" in flags)
+    files = sorted(p.name for p in (tmp_path / "cpu").iterdir())
+    assert files == sorted(p.name for p in (tmp_path / "cuda").iterdir()) and len(files) >= 4
+    for name in files:
+        assert (tmp_path / "cpu" / name).read_bytes() == (tmp_path / "cuda" / name).read_bytes(), name
+    rows = {d: got[d][1]["tensors"] for d in got}
+    assert_same_rows(rows["cuda"], rows["cpu"])
+    q = next(r for r in rows["cuda"] if r["name"].endswith("0.self_attn.q_proj.weight"))
+    assert q["nonfinite"] == {"nan": 1, "posinf": 1, "neginf": 2}
+    assert sum(r["quantized"] for r in rows["cuda"]) == 14
+
+
+def test_the_shard_loop_reads_the_next_weight_before_it_waits_for_the_gpu(tmp_path, capsys, monkeypatch):
+    """Each GPU weight is read straight into pinned memory, and the read of the next one comes
+    before the wait for the one before it; the kept tensors and the float64 weight are read
+    after the GPU's weight before them is done (the rows keep the file's order)."""
+    from gpuq.checkpoints import files
+
+    model = _mixed_model(tmp_path)
+    log = []
+    load, result = files.Checkpoint.load, fused_cuda.Pipeline.result
+
+    def logged_load(self, name, out=None):
+        # Into one of the stream's pinned input buffers (the host's reads go to its own Buffers)
+        slots = fused_cuda._pipeline("stream").slots
+        into = out is not None and any(s.host.get("in") is not None and np.shares_memory(out, s.host["in"])
+                                       for s in slots)
+        pinned = None
+        if into and _SIM:
+            import cupy
+
+            pinned = cupy.cuda._pinned.is_pinned(out)
+        log.append(("read", name, into, pinned))
+        return load(self, name, out)
+
+    def logged_result(self, slot):
+        log.append(("wait",))
+        return result(self, slot)
+
+    monkeypatch.setattr(files.Checkpoint, "load", logged_load)
+    monkeypatch.setattr(fused_cuda.Pipeline, "result", logged_result)
+    assert _serving().gpuq_main("quantize", model, "-o", tmp_path / "o", "--format", "compressed-tensors",
+                                "--dtype", "int8", "--device", "cuda", "-q", "--nonfinite", "allow") == 0
+    capsys.readouterr()
+    reads = [e for e in log if e[0] == "read" and "/" not in e[1]]
+    assert reads, log
+    gpu = [e for e in reads if e[2]]
+    assert len(gpu) == 13 and all(e[3] in (True, None) for e in gpu)  # 14 Linear weights, one float64
+    assert not any(e[2] for e in reads if "down_proj" in e[1] and ".1." in e[1])
+    # The log the overlap gives: each GPU weight's wait comes after the read of the GPU weight
+    # that follows it, and before the read of a host tensor that follows it.
+    seq = [("G" if e[2] else "H") if e[0] == "read" else "W" for e in log if e[0] == "wait" or e in reads]
+    want, pending = [], False
+    for kind in (c for c in seq if c != "W"):
+        if kind == "G":
+            want += ["G", "W"] if pending else ["G"]
+            pending = True
+        else:
+            want += ["W", "H"] if pending else ["H"]
+            pending = False
+    want += ["W"] if pending else []
+    assert "".join(seq) == "".join(want) and "GGW" in "".join(seq)
+
+
+def test_a_weight_the_gpu_refuses_midway_gives_the_cpu_error_and_frees_the_stream(tmp_path, capsys, monkeypatch):
+    """A weight whose scale float16 cannot hold, between two the GPU takes: the pass refuses it,
+    and the command says the GPU's multi-pass line on that tensor; a NaN under --nonfinite
+    error: the cpu's line; and the
+    stream's slots are free for the next run, which writes the cpu's bytes."""
+    import json
+
+    sv = _serving()
+    t = sv.make_model(tmp_path / "m", hidden=128, inter=256, seed=5, dtype="float32", extra=False)
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**cfg, "dtype": "float16"}))  # float16 scales
+    bad = dict(t)
+    bad["model.layers.0.self_attn.k_proj.weight"] = np.full((64, 128), 1e30, np.float32)
+    from gpuq.checkpoints.files import write_checkpoint
+
+    (tmp_path / "bad").mkdir()
+    write_checkpoint(str(tmp_path / "bad" / "model.safetensors"), "safetensors", bad, None, {"format": "pt"})
+    for f in ("config.json", "generation_config.json"):
+        (tmp_path / "bad" / f).write_bytes((tmp_path / "m" / f).read_bytes())
+    got = _run_both(tmp_path, capsys, tmp_path / "bad", ["--dtype", "int8"])
+    assert got["cpu"][0] == got["cuda"][0] == 2
+    for d in ("cpu", "cuda"):
+        assert got[d][2].startswith("gpuq: error: tensor 'model.layers.0.self_attn.k_proj.weight'")
+    with monkeypatch.context() as m:  # the GPU's multi-pass path alone says the same line
+        m.setattr(fused, "covers", lambda *a: False)
+        assert sv.gpuq_main("quantize", tmp_path / "bad", "-o", tmp_path / "slow", "--format", "compressed-tensors",
+                            "--dtype", "int8", "--device", "cuda", "-q") == 2
+        assert capsys.readouterr().err == got["cuda"][2]
+    nan = dict(t)
+    nan["model.layers.0.mlp.up_proj.weight"] = t["model.layers.0.mlp.up_proj.weight"].copy()
+    nan["model.layers.0.mlp.up_proj.weight"][1, 1] = np.nan
+    write_checkpoint(str(tmp_path / "bad" / "model.safetensors"), "safetensors", nan, None, {"format": "pt"})
+    got = _run_both(tmp_path, capsys, tmp_path / "bad", ["--dtype", "int8", "--nonfinite", "error"])
+    assert got["cpu"][0] == got["cuda"][0] == 2
+    assert got["cpu"][2] == got["cuda"][2] and "up_proj" in got["cuda"][2]
+    assert all(s.pending is None for s in fused_cuda._pipeline("stream").slots)
+    for d in ("cpu", "cuda"):
+        import shutil
+
+        shutil.rmtree(tmp_path / d, ignore_errors=True)
+    got = _run_both(tmp_path, capsys, tmp_path / "m", ["--dtype", "int8"])
+    assert got["cpu"][0] == got["cuda"][0] == 0
+    for name in sorted(p.name for p in (tmp_path / "cpu").iterdir()):
+        assert (tmp_path / "cpu" / name).read_bytes() == (tmp_path / "cuda" / name).read_bytes(), name

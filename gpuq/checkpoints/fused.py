@@ -152,15 +152,12 @@ def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None, me
     >>> t["m.weight_scale"].ravel().tolist(), counts
     ([0.007874015718698502, 0.031496062874794006], {'nan': 0, 'posinf': 0, 'neginf': 0})
     """
-    from .scale_rules import api_kwargs
-
     buffers = buffers or Buffers()
     if scheme.strategy == "block":
         return _blocks(x, scheme, module, buffers)
-    if scale_rule is None:  # the command's rule name ("narrow" is the API's default, None)
-        scale_rule = api_kwargs("float32", getattr(scheme, "scale_rule", None)).get("scale_rule")
-    n = x.shape[1]
-    g = scheme.group_size if scheme.strategy == "group" else n
+    if scale_rule is None:
+        scale_rule = scheme_rule(scheme)
+    g = group_of(x.shape, scheme)
     given = None
     if method == "mse" or scheme.scale_dtype == _E8M0:  # the search's, or MX, scales: the library's call
         given = _chosen(x, x, scheme.code.name, scheme.symmetric, scheme.scale_dtype, scale_rule,
@@ -171,13 +168,29 @@ def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None, me
                 buffers, "words", given, device)
     if done is None:
         return None
-    out, code, scales, zps, stats, counts = done
-    if code.codec == "float8":
-        codes = out.view(scheme.code.host_array_dtype())
-        tensors = scheme.layout.encode(module, x.shape, scheme, codes, scales, zps)
-    else:
-        tensors = scheme.layout.encode_words(module, x.shape, scheme, out.view(np.int32), scales, zps)
-    return tensors, stats, counts
+    out, _, scales, zps, stats, counts = done
+    return encode(scheme, module, x.shape, out, scales, zps), stats, counts
+
+
+def scheme_rule(scheme):
+    """``choose_qparams``' ``scale_rule`` for the command's rule name of ``scheme`` (None: the
+    API's default, the narrow rule)."""
+    from .scale_rules import api_kwargs
+
+    return api_kwargs("float32", getattr(scheme, "scale_rule", None)).get("scale_rule")
+
+
+def group_of(shape, scheme) -> int:
+    """The pass's group length along a row of a ``[rows, n]`` weight (``n`` per tensor or channel)."""
+    return scheme.group_size if scheme.strategy == "group" else shape[1]
+
+
+def encode(scheme, module, shape, out, scales, zps) -> dict:
+    """The stored tensors of a weight from the pass's codes ``out`` (fp8 bytes, or int codes in
+    compressed-tensors' words) and parameters, by ``scheme``'s layout."""
+    if scheme.code.codec == "float8":
+        return scheme.layout.encode(module, shape, scheme, out.view(scheme.code.host_array_dtype()), scales, zps)
+    return scheme.layout.encode_words(module, shape, scheme, out.view(np.int32), scales, zps)
 
 
 def _blocks(x, scheme, module, buffers):
@@ -226,13 +239,9 @@ def _run(x, dtype, symmetric, scale_dtype, strategy, g, scale_rule, buffers, pac
     (``out`` the codes in ``buffers``' ``"codes"``: fp8 bytes, or int codes as ``packing`` lays
     them out, :func:`gpuq.backends.host.weight_pass.quantize_rows`), or None where a scale is
     refused; a CUDA ``device`` takes the GPU's pass (``packing`` ``"words"``, no ``given``)."""
-    from .._qoptions import validate
     from ..backends.host import weight_pass
 
-    axis = {"tensor": None, "channel": 0, "group": 1}[strategy]
-    stand_in = np.broadcast_to(np.zeros((), x.dtype), x.shape)  # validate reads no data
-    _, _, _, code, symmetric, eps, sdt, _ = validate(stand_in, axis, g if strategy == "group" else None, None,
-                                                     dtype, symmetric, None, scale_dtype, "minmax", scale_rule)
+    code, symmetric, eps, sdt = pass_args(x.shape, x.dtype, dtype, symmetric, scale_dtype, strategy, g, scale_rule)
     rows, n = x.shape
     if code.codec == "float8":
         out = buffers.array("codes", (rows, n), np.uint8)
@@ -250,6 +259,18 @@ def _run(x, dtype, symmetric, scale_dtype, strategy, g, scale_rule, buffers, pac
         return None
     scales, zps, (signal, error, max_err), counts = done
     return out, code, scales, zps, _figures(signal, error, max_err, counts, x.size), counts
+
+
+def pass_args(shape, x_dtype, dtype, symmetric, scale_dtype, strategy, g, scale_rule) -> tuple:
+    """``(code, symmetric, eps, scale_dtype)`` of the pass over a ``[rows, n]`` weight of
+    ``shape`` and ``x_dtype`` as ``gpuq._qoptions.validate`` gives them (it reads no data)."""
+    from .._qoptions import validate
+
+    axis = {"tensor": None, "channel": 0, "group": 1}[strategy]
+    stand_in = np.broadcast_to(np.zeros((), x_dtype), shape)
+    _, _, _, code, symmetric, eps, sdt, _ = validate(stand_in, axis, g if strategy == "group" else None, None,
+                                                     dtype, symmetric, None, scale_dtype, "minmax", scale_rule)
+    return code, symmetric, eps, sdt
 
 
 def file_geometry(shape, scheme: dict):

@@ -61,6 +61,7 @@ class Result(NamedTuple):
     figures: tuple             # (signal, error, max_abs_error)
     counts: dict               # NaN, +Inf, -Inf
     failed: bool               # a scale the scale dtype cannot hold: nothing to trust
+    x: np.ndarray              # the weight as uploaded (the slot's input; the multi-pass path's, on failure)
 
 
 class _Slot:
@@ -149,14 +150,14 @@ class Pipeline:
             dev_par.get(stream=slot.stream, out=host_par, blocking=False)
             dev_fig.get(stream=slot.stream, out=host_fig, blocking=False)
             slot.event.record(slot.stream)
-        slot.pending = p
+        slot.pending = (p, buf)
         return slot
 
     def result(self, slot: _Slot) -> Result:
         """Wait for ``slot``'s weight and read its results (see :class:`Result`)."""
         from ..backends.cuda import weight_pass
 
-        p, slot.pending = slot.pending, None
+        (p, x), slot.pending = slot.pending, None
         slot.event.synchronize()
         nout = math.prod(p.out_shape) * p.out_dtype.itemsize
         codes = slot.host["out"][:nout].view(p.out_dtype).reshape(p.out_shape)
@@ -168,12 +169,20 @@ class Pipeline:
         figures, counts = weight_pass.figures(_view(fig, np.float64, 3 * m),
                                               fig[24 * m:48 * m].view(np.int64), p.blocks)
         failed = bool(fig[48 * m:48 * m + 4].view(np.int32)[0] & 2)
-        return Result(codes, scales, zps, figures, counts, failed)
+        return Result(codes, scales, zps, figures, counts, failed, x)
+
+    def drain(self) -> None:
+        """Wait for the weights in flight and drop their results (a run that stops early leaves
+        its slots free for the next one)."""
+        for slot in self.slots:
+            if slot.pending is not None:
+                self.result(slot)
 
 
 class Job(NamedTuple):
     """One weight of :func:`quantize_stream`: ``fill(buf)`` writes its data into ``buf`` (a pinned
-    array of ``shape`` and ``dtype``; e.g. ``lambda buf: ckpt.load(name, out=buf)``)."""
+    array of ``shape`` and ``dtype``; e.g. ``lambda buf: ckpt.load(name, out=buf)``); ``plan``
+    None: a weight the GPU's pass does not take (the caller's, in its turn)."""
 
     key: object
     shape: tuple
@@ -183,36 +192,110 @@ class Job(NamedTuple):
 
 
 def quantize_stream(jobs, pipeline: Pipeline | None = None):
-    """``(key, Result)`` for each :class:`Job`, in order. The read (``fill``) of each weight runs
-    while the GPU works on the one before; a result is valid until the next one is asked for.
+    """``(key, Result)`` for each :class:`Job`, in order (``(key, None)`` for a job without a
+    plan, once the weight before it is done: the caller handles it then). The read (``fill``)
+    of each weight runs while the GPU works on the one before; a result is valid until the
+    next one is asked for. A stream closed early (an error in the caller's loop) waits for
+    the weight in flight.
 
     >>> for key, r in quantize_stream(jobs):                 # doctest: +SKIP
     ...     write(key, r.codes, r.scales)
     """
     pipe = pipeline or _pipeline()
     prev = None
-    for job in jobs:
-        buf = pipe.input(job.shape, job.dtype)
-        job.fill(buf)  # the host's part, while the GPU has the previous weight
-        slot = pipe.submit(buf, job.plan)
+    try:
+        for job in jobs:
+            if job.plan is None:  # not the GPU's: the weight before it first, in order
+                if prev is not None:
+                    done, prev = prev, None
+                    yield done[0], pipe.result(done[1])
+                yield job.key, None
+                continue
+            buf = pipe.input(job.shape, job.dtype)
+            job.fill(buf)  # the host's part, while the GPU has the previous weight
+            slot = pipe.submit(buf, job.plan)
+            done, prev = prev, (job.key, slot)
+            if done is not None:
+                yield done[0], pipe.result(done[1])
         if prev is not None:
-            yield prev[0], pipe.result(prev[1])
-        prev = (job.key, slot)
-    if prev is not None:
-        yield prev[0], pipe.result(prev[1])
+            done, prev = prev, None
+            yield done[0], pipe.result(done[1])
+    finally:
+        pipe.drain()
+
+
+def plan_weight(shape, dtype, scheme, device, method: str):
+    """The GPU pass's :class:`~gpuq.backends.cuda.weight_pass.Plan` for a ``[out, in]`` weight
+    of ``shape`` and ``dtype`` (its file's spec: nothing is read) in ``scheme`` on ``device``,
+    or None where :func:`gpuq.checkpoints.fused.covers` says the pass does not take it.
+
+    >>> from gpuq.checkpoints.env import HostDevice
+    >>> plan_weight((2, 256), np.float32, None, HostDevice(), "minmax") is None   # not a GPU
+    True
+    """
+    from ..backends.cuda import weight_pass
+    from . import fused
+
+    if getattr(device, "name", None) != "cuda" or len(shape) != 2:
+        return None
+    stand_in = np.empty(shape, dtype)  # covers reads the shape, dtype and order only (pages never touched)
+    if not fused.covers(stand_in, scheme, device, method):
+        return None
+    g = fused.group_of(shape, scheme)
+    code, symmetric, eps, sdt = fused.pass_args(shape, dtype, scheme.code.name, scheme.symmetric,
+                                                scheme.scale_dtype, scheme.strategy, g, fused.scheme_rule(scheme))
+    return weight_pass.plan(shape, _dtype_name(dtype), code, symmetric, eps, sdt, g, scheme.strategy == "tensor")
+
+
+def weight_outputs(r: Result, scheme, module: str, shape) -> tuple:
+    """``(tensors, stats, counts)`` of a weight's :class:`Result` (not failed), as
+    :func:`gpuq.checkpoints.fused.quantize_weight` gives them: the codes straight from the
+    slot's pinned buffer (valid until the stream's next weight), the scales in the scheme's
+    dtype."""
+    from . import fused
+
+    signal, error, max_err = r.figures
+    stats = fused._figures(signal, error, max_err, r.counts, math.prod(shape))
+    return fused.encode(scheme, module, shape, r.codes, r.scales, r.zps), stats, r.counts
+
+
+def shard_weights(ckpt, chosen: dict, device, method: str):
+    """``(name, Result or None)`` for every tensor of the open checkpoint ``ckpt``, in file order:
+    the weights of ``chosen`` (name -> scheme) the GPU's pass takes are read straight into the
+    stream's pinned buffers (``ckpt.load(name, out=...)``: the bytes at the file's offsets), the
+    next one's read overlapping the GPU's work on the one before (:func:`quantize_stream`);
+    every other tensor comes as ``(name, None)``, in its turn, for the caller's own path. Close
+    it (``contextlib.closing``) where the loop may stop early.
+
+    >>> for name, r in shard_weights(ckpt, chosen, device, "minmax"):   # doctest: +SKIP
+    ...     print(name, r is not None and r.counts)
+    """
+    def jobs():
+        for name in ckpt.names:
+            shape, dtype = ckpt.spec(name)
+            scheme = chosen.get(name)
+            plan = None
+            if scheme is not None and ckpt.format == "safetensors":
+                plan = plan_weight(shape, dtype, scheme, device, method)
+            yield Job(name, shape, dtype, lambda buf, name=name: ckpt.load(name, out=buf), plan)
+
+    return quantize_stream(jobs(), _pipeline("stream"))
 
 
 _PIPELINES = {}
 
 
-def _pipeline() -> Pipeline:
-    """The current device's pipeline, made once."""
+def _pipeline(role: str = "rows") -> Pipeline:
+    """The current device's pipeline for ``role`` (``"rows"``: :func:`quantize_rows`,
+    ``"stream"``: :func:`shard_weights`), made once: its pinned buffers serve every
+    later run. Two roles, so that a one-weight call (the multi-pass fallback of a weight the
+    stream refused) never takes a slot the stream holds."""
     import cupy
 
-    dev = cupy.cuda.Device().id
-    if dev not in _PIPELINES:
-        _PIPELINES[dev] = Pipeline()
-    return _PIPELINES[dev]
+    key = (cupy.cuda.Device().id, role)
+    if key not in _PIPELINES:
+        _PIPELINES[key] = Pipeline()
+    return _PIPELINES[key]
 
 
 def quantize_rows(x, code, symmetric, eps, scale_dtype, g, tensor, out):

@@ -25,6 +25,7 @@ weight's tensors in its place.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 
@@ -33,7 +34,7 @@ import numpy as np
 from ..._qoptions import RULE_SCALE_DTYPES
 from ..convert import (count_nonfinite, error_stats, finish_report, finite_part, host_codes, progress_bar,
                        sqnr_db)
-from .. import fused
+from .. import fused, fused_cuda
 from ..files import Checkpoint, CliError, check_header_size, checkpoint_writer, safetensors_layout
 from ..report import nonfinite_text
 from ..scale_rules import resolve, rule_note
@@ -225,11 +226,17 @@ def _finite_amax(model, name, block=1 << 22) -> np.float32:
 
 def _quantize_shard(model, shard, path, entries, chosen, kept, device, nonfinite, warn, present, bar,
                     method, shared) -> list:
+    """The rows of one shard, its tensors written to ``path`` in file order. On ``--device cuda``
+    the weights the GPU's pass takes stream through it (:func:`gpuq.checkpoints.fused_cuda.shard_weights`:
+    read into pinned buffers, one weight's read overlapping the GPU's work on the one before,
+    the outputs written from pinned buffers); every other tensor takes the host's path in its
+    turn, and so does a weight the pass refuses (:func:`quantize_weight`, from the bytes read)."""
     rows = []
     buffers = Buffers()  # the read and code buffers, reused from weight to weight
     with Checkpoint(model.shard_path(shard)) as ckpt, \
-            checkpoint_writer(path, "safetensors", entries, None, model.extra[shard]) as w:
-        for name in ckpt.names:
+            checkpoint_writer(path, "safetensors", entries, None, model.extra[shard]) as w, \
+            contextlib.closing(_shard_stream(ckpt, chosen, device, method)) as stream:
+        for name, done in stream:
             shape, dtype = model.specs[name]
             row = {"name": name, "shape": list(shape), "dtype": dtype.name, "bytes_before": ckpt.nbytes(name)}
             if name not in chosen:
@@ -238,21 +245,35 @@ def _quantize_shard(model, shard, path, entries, chosen, kept, device, nonfinite
                 rows.append({**row, "quantized": False, "scheme": None, "bytes_after": row["bytes_before"],
                              "sqnr_db": None, "max_abs_error": None, "nonfinite": None,
                              "vllm": "-" if router else None, **({"reason": ROUTER} if router else {})})
+                bar.update(1, name)
+                continue
+            scheme = chosen[name]
+            if done is not None and not done.failed:  # the GPU's pass
+                tensors, stats, counts = fused_cuda.weight_outputs(done, scheme, module_of(name), shape)
+                _check_nonfinite(counts, name, nonfinite, warn)
             else:
-                scheme = chosen[name]
-                tensors, stats, counts = quantize_weight(buffers.load(ckpt, name), scheme, device, name, nonfinite,
-                                                         warn, method, shared.get(name), buffers=buffers)
-                for n, t in tensors.items():
-                    w.write(n, t)
-                rows.append({**row, "quantized": True, "scheme": _scheme_json(scheme),
-                             "scheme_text": scheme.describe(),
-                             "bytes_after": int(sum(t.nbytes for t in tensors.values())),
-                             "sqnr_db": sqnr_db(stats["signal"], stats["error"]),
-                             "max_abs_error": stats["max_abs_error"], "nonfinite": counts,
-                             "vllm": vllm_check(module_of(name), shape, scheme, present),
-                             "_signal": stats["signal"], "_error": stats["error"]})
+                x = done.x if done is not None else buffers.load(ckpt, name)
+                tensors, stats, counts = quantize_weight(x, scheme, device, name, nonfinite, warn, method,
+                                                         shared.get(name), buffers=buffers)
+            for n, t in tensors.items():
+                w.write(n, t)
+            rows.append({**row, "quantized": True, "scheme": _scheme_json(scheme),
+                         "scheme_text": scheme.describe(),
+                         "bytes_after": int(sum(t.nbytes for t in tensors.values())),
+                         "sqnr_db": sqnr_db(stats["signal"], stats["error"]),
+                         "max_abs_error": stats["max_abs_error"], "nonfinite": counts,
+                         "vllm": vllm_check(module_of(name), shape, scheme, present),
+                         "_signal": stats["signal"], "_error": stats["error"]})
             bar.update(1, name)
     return rows
+
+
+def _shard_stream(ckpt, chosen, device, method):
+    """``(name, GPU result or None)`` for each tensor of ``ckpt`` in file order: the GPU's stream
+    on a CUDA device, every name with None elsewhere."""
+    if device.name == "cuda":
+        return fused_cuda.shard_weights(ckpt, chosen, device, method)
+    return ((name, None) for name in ckpt.names)
 
 
 def quantize_weight(x, scheme: WeightScheme, device, name, nonfinite="warn", warn=None, method="minmax",
