@@ -9,7 +9,8 @@
 //      skipped: the command's parameters come from the finite values, and 0 is in every range
 //      finalize_one forms, so this gives the host's parameters), and counts NaN, +Inf, -Inf;
 //   2. finalize_one (qparams.cu): scale (rounded to the scale dtype) and zero point; per
-//      tensor (TENSOR), the one range comes from weight_range's keys, reduced before;
+//      tensor (TENSOR), the one range comes from weight_range's keys, reduced before; or
+//      (`given`) the caller's scales and zero points, as they are (step 1 skipped);
 //   3. every element's code by the contract's element functions (contract.cuh's Divisor and
 //      quantize_rn_zp; formats.cu's QuantizeFp8Op for fp8), written in the final layout:
 //      compressed-tensors' int32 words (offset-binary fields q + 2^(bits - 1), element k of a
@@ -134,12 +135,13 @@ __device__ __forceinline__ void flush_figures(const Figures& f, double* __restri
 // (4 or 8) bits in [qmin, qmax] into `out` as uint32 words, ceil(n * cbits / 32) a row;
 // KIND 1 / 2: fp8 e4m3fn / e5m2 (saturating) bytes, n a row. scales/zps (zps null:
 // symmetric) one per group, or slot 0 alone under TENSOR (range keys lo/hi from
-// weight_range). sums/counts: 3 per block. flag: bit 2 where a scale falls out of the scale
-// dtype. blockDim.x is 256.
+// weight_range); `given` nonzero: they are inputs, read as they are (no range, no rounding,
+// not written; the lo/hi keys unused), as the host pass's `given`. sums/counts: 3 per block.
+// flag: bit 2 where a scale falls out of the scale dtype. blockDim.x is 256.
 template <typename T, int KIND, bool WARP, bool TENSOR>
 __global__ void __launch_bounds__(256)
 weight_pass(const T* __restrict__ x, long long rows, long long n, long long g, int cbits, int qmin, int qmax,
-            int symmetric, float eps, int scale_fmt, const unsigned* __restrict__ lo_key,
+            int symmetric, float eps, int scale_fmt, int given, const unsigned* __restrict__ lo_key,
             const unsigned* __restrict__ hi_key, unsigned char* __restrict__ out, float* __restrict__ scales,
             int* __restrict__ zps, double* __restrict__ sums, long long* __restrict__ counts,
             int* __restrict__ flag) {
@@ -153,14 +155,19 @@ weight_pass(const T* __restrict__ x, long long rows, long long n, long long g, i
         const long long r = live ? p / groups : 0, gi = live ? p - r * groups : 0;
         const long long base = r * n + gi * g, len = live ? g : 0;
         QParams qp;
-        if constexpr (TENSOR) {
+        if (given) {  // the caller's scales (and zps): the MSE search's, or MX's e8m0 ones, as they are
+            const long long slot = TENSOR ? 0 : (live ? p : 0);
+            qp.scale = scales[slot];
+            qp.zp = zps ? zps[slot] : 0;
+            qp.inf = qp.range = false;
+        } else if (TENSOR) {
             qp = finalize_one(float_of(lo_key[0]), float_of(hi_key[0]), qmin, qmax, symmetric, eps, scale_fmt);
         } else {
             float lo, hi;
             finite_range<T, WARP>(x, base, len, lo, hi);
             qp = finalize_one(lo, hi, qmin, qmax, symmetric, eps, scale_fmt);
         }
-        if (live && lane == 0 && (!TENSOR || p == 0)) {
+        if (!given && live && lane == 0 && (!TENSOR || p == 0)) {
             scales[TENSOR ? 0 : p] = qp.scale;
             if (zps) zps[TENSOR ? 0 : p] = qp.zp;
             if (qp.range) atomicOr(flag, 2);

@@ -163,14 +163,22 @@ def _cuda_device():
     return CudaDevice()
 
 
+@pytest.mark.parametrize("method", ["minmax", "mse"])
 @pytest.mark.parametrize("name", ["int4-g128-sym-bf16", "int4-channel-asym-f16", "int8-g64-sym-f32",
                                   "fp8-channel-bf16", "fp8-tensor-f16"])
-def test_the_command_path_writes_the_host_bytes(name):
+def test_the_command_path_writes_the_host_bytes(name, method):
+    """mse: the search's scales, chosen on the GPU as the multi-pass path does there, then the pass."""
     scheme, device = SCHEMES[name], _cuda_device()
     x = weight((6, 256), BF16, seed=1)
-    assert fused.covers(x, scheme, device, "minmax") and not fused.covers(x, scheme, device, "mse")
-    got = serving.quantize_weight(x, scheme, device, "m.weight", nonfinite="allow")
-    assert_same(serving.quantize_weight(x, scheme, HostDevice(), "m.weight", nonfinite="allow"), got)
+    assert fused.covers(x, scheme, device, method)
+    got = serving.quantize_weight(x, scheme, device, "m.weight", nonfinite="allow", method=method)
+    assert_same(serving.quantize_weight(x, scheme, HostDevice(), "m.weight", nonfinite="allow", method=method), got)
+    if _SIM:
+        import cupy
+
+        names = [r.name for r in cupy._sim.launches]
+        assert any(n.startswith("gpuq::weight_pass<") for n in names)
+        assert any("mse" in n for n in names) == (method == "mse")  # the search ran on the GPU
     tensors, stats, counts = got
     want_counts, signal, error, max_err = numpy_figures(x, tensors, scheme)  # plain NumPy
     assert counts == want_counts and stats["max_abs_error"] == max_err
@@ -191,10 +199,14 @@ def test_the_command_path_falls_back_where_a_scale_cannot_be_held(monkeypatch):
     assert str(fast.value) == str(slow.value)
 
 
-def test_float64_weights_and_mse_keep_the_multi_pass_path():
-    scheme = SCHEMES["int4-g128-sym-bf16"]
-    assert not fused.covers(np.zeros((2, 128)), scheme, _cuda_device(), "minmax")
-    assert not fused.covers(np.zeros((2, 128), np.float32), scheme, _cuda_device(), "mse")
+def test_float64_weights_and_block_scales_keep_the_multi_pass_path():
+    from gpuq.checkpoints.formats.fp8_blocks import FP8_BLOCK, FP8_BLOCKS
+    from gpuq.checkpoints.serving.formats import WeightScheme, fp8_code
+
+    assert not fused.covers(np.zeros((2, 128)), SCHEMES["int4-g128-sym-bf16"], _cuda_device(), "minmax")
+    block = WeightScheme(fp8_code(), "block", True, "float32", FP8_BLOCKS, block=FP8_BLOCK)
+    assert not fused.covers(np.zeros((2, 128), np.float32), block, _cuda_device(), "minmax")
+    assert fused.covers(np.zeros((2, 128), np.float32), block, HostDevice(), "minmax")
 
 
 # --- the run loop: two streams, pinned buffers -----------------------------------------------------
@@ -374,8 +386,10 @@ def _run_both(tmp_path, capsys, model, flags):
 
 
 @pytest.mark.parametrize("flags", [["--dtype", "int4", "--nonfinite", "warn"],
-                                   ["--dtype", "float8_e4m3fn", "--per-tensor", "--nonfinite", "allow"]],
-                         ids=["int4-g128", "fp8-tensor"])
+                                   ["--dtype", "float8_e4m3fn", "--per-tensor", "--nonfinite", "allow"],
+                                   ["--dtype", "int8", "--asymmetric", "--calibrate", "mse", "--nonfinite", "allow"],
+                                   ["--preset", "MXFP8A16", "--nonfinite", "allow"]],
+                         ids=["int4-g128", "fp8-tensor", "int8-asym-mse", "mxfp8"])
 def test_the_shard_loop_streams_every_kind_of_tensor_as_the_cpu_writes_it(tmp_path, capsys, flags):
     """Two shards through the stream, the GPU's weights between kept tensors and a float64 weight
     the pass does not take: the same files byte for byte, the same rows (SQNR to 1e-12), the
@@ -396,6 +410,12 @@ def test_the_shard_loop_streams_every_kind_of_tensor_as_the_cpu_writes_it(tmp_pa
     q = next(r for r in rows["cuda"] if r["name"].endswith("0.self_attn.q_proj.weight"))
     assert q["nonfinite"] == {"nan": 1, "posinf": 1, "neginf": 2}
     assert sum(r["quantized"] for r in rows["cuda"]) == 14
+    if _SIM:  # the GPU's pass ran (the last shard's weights), with the given scales where there are
+        import cupy
+
+        names = [r.name for r in cupy._sim.launches]
+        assert any(n.startswith("gpuq::weight_pass<") for n in names)
+        assert any("mse" in n for n in names) == ("mse" in flags)
 
 
 def test_the_shard_loop_reads_the_next_weight_before_it_waits_for_the_gpu(tmp_path, capsys, monkeypatch):
@@ -494,3 +514,36 @@ def test_a_weight_the_gpu_refuses_midway_gives_the_cpu_error_and_frees_the_strea
     assert got["cpu"][0] == got["cuda"][0] == 0
     for name in sorted(p.name for p in (tmp_path / "cpu").iterdir()):
         assert (tmp_path / "cpu" / name).read_bytes() == (tmp_path / "cuda" / name).read_bytes(), name
+
+
+# --- given scales (the MSE search's, MX's e8m0 ones): the pass's codes and figures only ----------
+
+def _given(x, code_name, symmetric, g, tensor, seed):
+    """Scales (and zps) no min/max gives: the host pass's own scaled by random factors in
+    [0.5, 2), zero points drawn in the code range (what a search may choose)."""
+    code = code_type(code_name)
+    g = g or x.shape[1]
+    first = host_pass.quantize_rows(x, code, symmetric, EPS, "float32", g, tensor, _out(x.shape, code))
+    rng = np.random.default_rng(seed)
+    scales = (first[0] * rng.uniform(0.5, 2.0, first[0].shape)).astype(np.float32)
+    zps = None if first[1] is None else rng.integers(code.qmin, code.qmax + 1, first[1].shape).astype(np.int32)
+    return scales, zps
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] in (0, 1)],
+                         ids=lambda c: "kind{}-{}-{}".format(c[0], "warp" if c[1] else "block",
+                                                             "tensor" if c[2] else "groups"))
+def test_given_scales_give_the_host_pass_codes_and_figures(case):
+    code_name, symmetric, sdt, g, tensor, shape = CASES[case]
+    x = weight(shape, BF16, seed=21)
+    given = _given(x, code_name, symmetric, g, tensor, seed=22)
+    code, gg = code_type(code_name), g or shape[1]
+    o_host, o_gpu = _out(shape, code), _out(shape, code)
+    want = host_pass.quantize_rows(x, code, symmetric, EPS, sdt, gg, tensor, o_host, given=given)
+    got = fused_cuda.quantize_rows(x, code, symmetric, EPS, sdt, gg, tensor, o_gpu, given=given)
+    assert_same_rows((want, o_host), (got, o_gpu))
+    assert got[0].tobytes() == given[0].tobytes()  # read as they are: not rounded, not chosen again
+    if _SIM:  # no range reduction: the per-tensor keys are not used
+        import cupy
+
+        assert registry.weight_range_name("bfloat16") not in [r.name for r in cupy._sim.launches[-2:]]

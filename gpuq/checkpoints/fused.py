@@ -26,9 +26,11 @@ sums the figures with them. compressed-tensors' ``mxfp8-quantized`` takes the sa
 figures. MXFP4/MXFP6/NVFP4 and gpt-oss MXFP4 keep the multi-pass path.
 
 On a CUDA device, compressed-tensors' int 4/8-bit words and fp8 bytes with per-tensor,
-per-channel or per-group scales (``--calibrate minmax``) go through the GPU's pass
-(:mod:`gpuq.checkpoints.fused_cuda`, the hook in :func:`covers` and :func:`_run`); the other
-cases keep the multi-pass path there.
+per-channel or per-group scales go through the GPU's pass (:mod:`gpuq.checkpoints.fused_cuda`,
+the hook in :func:`covers` and :func:`_run`): min/max scales chosen in the kernel, or the
+given ones of ``--calibrate mse`` and ``mxfp8-quantized`` (``choose_qparams`` on the GPU, as
+the multi-pass path calls it there); the other cases (block scales, MXFP4/NVFP4, fp4/fp6)
+keep the multi-pass path there.
 
 :class:`Buffers` holds the read and write buffers a run reuses from weight to weight.
 """
@@ -106,7 +108,7 @@ def covers(x, scheme, device, method: str) -> bool:
     if device.name == "cuda":  # the GPU's pass (gpuq.checkpoints.fused_cuda): its own conditions, then the layout's
         from .fused_cuda import device_covers
 
-        if not device_covers(x, scheme, method) or scheme.strategy == "block" or scheme.scale_dtype == _E8M0:
+        if not device_covers(x, scheme, method) or scheme.strategy == "block":
             return False
     elif device.name != "cpu" or method not in ("minmax", "mse") or choice.kernels() is None:
         return False
@@ -159,9 +161,8 @@ def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None, me
         scale_rule = scheme_rule(scheme)
     g = group_of(x.shape, scheme)
     given = None
-    if method == "mse" or scheme.scale_dtype == _E8M0:  # the search's, or MX, scales: the library's call
-        given = _chosen(x, x, scheme.code.name, scheme.symmetric, scheme.scale_dtype, scale_rule,
-                        scheme.api_kwargs(), method)
+    if scales_given(scheme, method):
+        given = chosen_for(x, scheme, method, scale_rule, device)
         if given is None:
             return None
     done = _run(x, scheme.code.name, scheme.symmetric, scheme.scale_dtype, scheme.strategy, g, scale_rule,
@@ -170,6 +171,20 @@ def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None, me
         return None
     out, _, scales, zps, stats, counts = done
     return encode(scheme, module, x.shape, out, scales, zps), stats, counts
+
+
+def scales_given(scheme, method: str) -> bool:
+    """Whether the pass takes ``scheme``'s scales from the library's call (:func:`chosen_for`):
+    the MSE search's, or MX's e8m0 ones; otherwise it chooses them (min/max)."""
+    return method == "mse" or scheme.scale_dtype == _E8M0
+
+
+def chosen_for(x, scheme, method: str, scale_rule=None, device=None):
+    """``(scales, zps)`` of weight ``x`` in ``scheme`` by ``method`` as the multi-pass path
+    chooses them (:func:`_chosen`; on a CUDA ``device``, on the GPU as it does there), None
+    where the call refuses."""
+    return _chosen(x, x, scheme.code.name, scheme.symmetric, scheme.scale_dtype, scale_rule,
+                   scheme.api_kwargs(), method, device)
 
 
 def scheme_rule(scheme):
@@ -217,28 +232,32 @@ def _figures(signal, error, max_err, counts, size) -> dict:
     return {"signal": signal, "error": error, "max_abs_error": max_err}
 
 
-def _chosen(x, x2d, dtype, symmetric, scale_dtype, scale_rule, kw, method):
+def _chosen(x, x2d, dtype, symmetric, scale_dtype, scale_rule, kw, method, device=None):
     """``(scales, zps)`` of :func:`gpuq.choose_qparams` over ``x`` (``x2d`` its ``[rows, n]``
     view) by ``method`` (the MSE search, or MX's min/max rule), as the multi-pass path chooses
-    them: from the finite values (NaN/Inf replaced by 0 where there are any); None where the
-    call refuses (the multi-pass path then says why)."""
+    them: from the finite values (NaN/Inf replaced by 0 where there are any), on a CUDA
+    ``device`` on the GPU (host arrays back); None where the call refuses (the multi-pass path
+    then says why)."""
     import gpuq
 
     from ..backends.host.weight_pass import nonfinite_in
 
     pd = finite_part(x) if nonfinite_in(x2d) else x
+    cuda = getattr(device, "name", "cpu") == "cuda"
     try:
-        return gpuq.choose_qparams(pd, dtype=dtype, symmetric=symmetric, scale_dtype=scale_dtype, method=method,
-                                   **kw, **({} if scale_rule is None else {"scale_rule": scale_rule}))
+        scales, zps = gpuq.choose_qparams(device.put(pd) if cuda else pd, dtype=dtype, symmetric=symmetric,
+                                          scale_dtype=scale_dtype, method=method, **kw,
+                                          **({} if scale_rule is None else {"scale_rule": scale_rule}))
     except ValueError:
         return None
+    return (device.get(scales), device.get(zps)) if cuda else (scales, zps)
 
 
 def _run(x, dtype, symmetric, scale_dtype, strategy, g, scale_rule, buffers, packing, given=None, device=None):
     """The pass over a C-order ``[rows, n]`` ``x``: ``(out, code, scales, zps, stats, counts)``
     (``out`` the codes in ``buffers``' ``"codes"``: fp8 bytes, or int codes as ``packing`` lays
     them out, :func:`gpuq.backends.host.weight_pass.quantize_rows`), or None where a scale is
-    refused; a CUDA ``device`` takes the GPU's pass (``packing`` ``"words"``, no ``given``)."""
+    refused; a CUDA ``device`` takes the GPU's pass (``packing`` ``"words"``)."""
     from ..backends.host import weight_pass
 
     code, symmetric, eps, sdt = pass_args(x.shape, x.dtype, dtype, symmetric, scale_dtype, strategy, g, scale_rule)
@@ -252,7 +271,7 @@ def _run(x, dtype, symmetric, scale_dtype, strategy, g, scale_rule, buffers, pac
     if getattr(device, "name", "cpu") == "cuda":  # the hook: the GPU's pass, the host pass's interface
         from .fused_cuda import quantize_rows
 
-        done = quantize_rows(x, code, symmetric, eps, sdt, g, strategy == "tensor", out)
+        done = quantize_rows(x, code, symmetric, eps, sdt, g, strategy == "tensor", out, given)
     else:
         done = weight_pass.quantize_rows(x, code, symmetric, eps, sdt, g, strategy == "tensor", out, packing, given)
     if done is None:

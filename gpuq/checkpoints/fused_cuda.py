@@ -31,8 +31,9 @@ from .._dtypes import is_bfloat16
 
 def device_covers(x, scheme, method: str) -> bool:
     """Whether the GPU pass takes weight ``x`` in ``scheme`` on top of what the layout takes
-    (:func:`gpuq.checkpoints.fused.covers` checks the rest): ``--calibrate minmax``, weights
-    stored as bfloat16, float16 or float32, and int4/int8 or fp8 codes.
+    (:func:`gpuq.checkpoints.fused.covers` checks the rest): ``--calibrate minmax`` or ``mse``
+    (the search's scales given to the pass), weights stored as bfloat16, float16 or float32,
+    and int4/int8 or fp8 codes.
 
     >>> from gpuq.checkpoints.serving.formats import WeightScheme, int_code
     >>> from gpuq.checkpoints.formats.compressed_tensors import PACK
@@ -41,7 +42,7 @@ def device_covers(x, scheme, method: str) -> bool:
     (True, False)
     """
     code = scheme.code
-    if method != "minmax" or not isinstance(x, np.ndarray):
+    if method not in ("minmax", "mse") or not isinstance(x, np.ndarray):
         return False
     if not (is_bfloat16(x.dtype) or x.dtype in (np.float16, np.float32)):
         return False
@@ -117,10 +118,12 @@ class Pipeline:
         dtype = np.dtype(dtype)
         return slot.pinned("in", math.prod(shape) * dtype.itemsize).view(dtype).reshape(shape)
 
-    def submit(self, x: np.ndarray, p) -> _Slot:
+    def submit(self, x: np.ndarray, p, given=None) -> _Slot:
         """Queue weight ``x`` (C order, :meth:`input`'s buffer or any array, then copied into
         it) under plan ``p`` (:func:`gpuq.backends.cuda.weight_pass.plan`) on the next slot's
-        stream: upload, kernels, downloads, an event. Returns the slot for :meth:`result`."""
+        stream: upload, kernels, downloads, an event; ``given`` ``(scales, zps)`` (host arrays,
+        one a group or one; zps None for symmetric signed codes) under ``p.given``: uploaded
+        with the weight. Returns the slot for :meth:`result`."""
         from ..backends.cuda import weight_pass
 
         buf = self.input(x.shape, x.dtype)
@@ -132,11 +135,17 @@ class Pipeline:
         host_out = slot.pinned("out", nout)
         host_par = slot.pinned("params", 8 * p.slots)
         host_fig = slot.pinned("figures", 48 * weight_pass.MAX_BLOCKS + 4)
+        if p.given:  # into the parameters' pinned buffer: up before the kernel, back after it
+            _view(host_par, np.float32, p.slots)[...] = np.asarray(given[0], np.float32).reshape(-1)
+            if not (p.symmetric and p.qmin < 0):
+                host_par[4 * p.slots:].view(np.int32)[...] = np.asarray(given[1]).reshape(-1)
         with slot.stream:
             dev_in = slot.device("in", nin)
             dev_in.set(buf.reshape(-1).view(np.uint8), stream=slot.stream)
             dev_out = slot.device("out", nout)
             dev_par = slot.device("params", 8 * p.slots)
+            if p.given:
+                dev_par.set(host_par, stream=slot.stream)
             dev_fig = slot.device("figures", 48 * weight_pass.MAX_BLOCKS + 4)
             dev_keys = slot.device("keys", 8)
             scales = _view(dev_par, np.float32, p.slots)
@@ -182,26 +191,30 @@ class Pipeline:
 class Job(NamedTuple):
     """One weight of :func:`quantize_stream`: ``fill(buf)`` writes its data into ``buf`` (a pinned
     array of ``shape`` and ``dtype``; e.g. ``lambda buf: ckpt.load(name, out=buf)``); ``plan``
-    None: a weight the GPU's pass does not take (the caller's, in its turn)."""
+    None: a weight the GPU's pass does not take (the caller's, in its turn); ``choose(buf)``
+    under ``plan.given``: its ``(scales, zps)`` once it is read, or None where they are refused
+    (the weight is then the caller's, as without a plan)."""
 
     key: object
     shape: tuple
     dtype: object
     fill: object
     plan: object
+    choose: object = None
 
 
-def quantize_stream(jobs, pipeline: Pipeline | None = None):
+def quantize_stream(jobs, pipeline: Pipeline | None = None, role: str = "rows"):
     """``(key, Result)`` for each :class:`Job`, in order (``(key, None)`` for a job without a
     plan, once the weight before it is done: the caller handles it then). The read (``fill``)
     of each weight runs while the GPU works on the one before; a result is valid until the
     next one is asked for. A stream closed early (an error in the caller's loop) waits for
-    the weight in flight.
+    the weight in flight. ``pipeline``: the device's for ``role`` (:func:`_pipeline`) by
+    default, taken at the first weight with a plan (a stream of none needs no GPU).
 
     >>> for key, r in quantize_stream(jobs):                 # doctest: +SKIP
     ...     write(key, r.codes, r.scales)
     """
-    pipe = pipeline or _pipeline()
+    pipe = pipeline
     prev = None
     try:
         for job in jobs:
@@ -211,9 +224,17 @@ def quantize_stream(jobs, pipeline: Pipeline | None = None):
                     yield done[0], pipe.result(done[1])
                 yield job.key, None
                 continue
+            pipe = pipe or _pipeline(role)
             buf = pipe.input(job.shape, job.dtype)
             job.fill(buf)  # the host's part, while the GPU has the previous weight
-            slot = pipe.submit(buf, job.plan)
+            given = job.choose(buf) if job.plan.given else None
+            if job.plan.given and given is None:  # refused: the caller's path says why
+                if prev is not None:
+                    done, prev = prev, None
+                    yield done[0], pipe.result(done[1])
+                yield job.key, None
+                continue
+            slot = pipe.submit(buf, job.plan, given)
             done, prev = prev, (job.key, slot)
             if done is not None:
                 yield done[0], pipe.result(done[1])
@@ -221,7 +242,8 @@ def quantize_stream(jobs, pipeline: Pipeline | None = None):
             done, prev = prev, None
             yield done[0], pipe.result(done[1])
     finally:
-        pipe.drain()
+        if pipe is not None:
+            pipe.drain()
 
 
 def plan_weight(shape, dtype, scheme, device, method: str):
@@ -244,7 +266,8 @@ def plan_weight(shape, dtype, scheme, device, method: str):
     g = fused.group_of(shape, scheme)
     code, symmetric, eps, sdt = fused.pass_args(shape, dtype, scheme.code.name, scheme.symmetric,
                                                 scheme.scale_dtype, scheme.strategy, g, fused.scheme_rule(scheme))
-    return weight_pass.plan(shape, _dtype_name(dtype), code, symmetric, eps, sdt, g, scheme.strategy == "tensor")
+    return weight_pass.plan(shape, _dtype_name(dtype), code, symmetric, eps, sdt, g, scheme.strategy == "tensor",
+                            fused.scales_given(scheme, method))
 
 
 def weight_outputs(r: Result, scheme, module: str, shape) -> tuple:
@@ -270,6 +293,8 @@ def shard_weights(ckpt, chosen: dict, device, method: str):
     >>> for name, r in shard_weights(ckpt, chosen, device, "minmax"):   # doctest: +SKIP
     ...     print(name, r is not None and r.counts)
     """
+    from . import fused
+
     def jobs():
         for name in ckpt.names:
             shape, dtype = ckpt.spec(name)
@@ -277,9 +302,10 @@ def shard_weights(ckpt, chosen: dict, device, method: str):
             plan = None
             if scheme is not None and ckpt.format == "safetensors":
                 plan = plan_weight(shape, dtype, scheme, device, method)
-            yield Job(name, shape, dtype, lambda buf, name=name: ckpt.load(name, out=buf), plan)
+            yield Job(name, shape, dtype, lambda buf, name=name: ckpt.load(name, out=buf), plan,
+                      lambda buf, scheme=scheme: fused.chosen_for(buf, scheme, method, fused.scheme_rule(scheme), device))
 
-    return quantize_stream(jobs(), _pipeline("stream"))
+    return quantize_stream(jobs(), role="stream")
 
 
 _PIPELINES = {}
@@ -298,10 +324,11 @@ def _pipeline(role: str = "rows") -> Pipeline:
     return _PIPELINES[key]
 
 
-def quantize_rows(x, code, symmetric, eps, scale_dtype, g, tensor, out):
+def quantize_rows(x, code, symmetric, eps, scale_dtype, g, tensor, out, given=None):
     """:func:`gpuq.backends.host.weight_pass.quantize_rows` on the GPU: the same arguments (``x``
-    and ``out`` host arrays), the same results (codes and scales bit for bit; the figures' sums
-    in the kernel's order), or None where a scale falls out of the scale dtype.
+    and ``out`` host arrays; ``packing`` "words"; ``given`` the scales and zps chosen already),
+    the same results (codes and scales bit for bit; the figures' sums in the kernel's order),
+    or None where a scale falls out of the scale dtype.
 
     >>> from gpuq._codetypes import code_type                # doctest: +SKIP
     >>> out = np.empty((1, 1), np.uint32)                     # doctest: +SKIP
@@ -311,9 +338,10 @@ def quantize_rows(x, code, symmetric, eps, scale_dtype, g, tensor, out):
     """
     from ..backends.cuda import weight_pass
 
-    p = weight_pass.plan(x.shape, _dtype_name(x.dtype), code, symmetric, eps, scale_dtype, g, tensor)
+    p = weight_pass.plan(x.shape, _dtype_name(x.dtype), code, symmetric, eps, scale_dtype, g, tensor,
+                         given is not None)
     pipe = _pipeline()
-    r = pipe.result(pipe.submit(np.ascontiguousarray(x), p))
+    r = pipe.result(pipe.submit(np.ascontiguousarray(x), p, given))
     if r.failed:
         return None
     out.reshape(-1).view(np.uint8)[...] = r.codes.reshape(-1).view(np.uint8)

@@ -50,6 +50,7 @@ class Plan(NamedTuple):
     tensor: bool
     warp: bool
     blocks: int
+    given: bool = False  # the scales (and zps) are the caller's: uploaded, read as they are
 
     @property
     def out_shape(self) -> tuple:
@@ -65,10 +66,12 @@ class Plan(NamedTuple):
         return 1 if self.tensor else self.rows * (self.n // self.g)
 
 
-def plan(shape, dtype: str, code, symmetric, eps, scale_dtype: str, g: int, tensor: bool) -> Plan:
+def plan(shape, dtype: str, code, symmetric, eps, scale_dtype: str, g: int, tensor: bool, given: bool = False) -> Plan:
     """The launch of a C-order ``shape`` = ``[rows, n]`` weight stored as ``dtype`` (a name) in
     ``code`` (a ``gpuq._codetypes`` row: int4/int8, or fp8), ``symmetric``/``eps``/``scale_dtype``
-    as ``gpuq._qoptions.validate`` gives them, groups of ``g`` (``n`` per channel or tensor).
+    as ``gpuq._qoptions.validate`` gives them, groups of ``g`` (``n`` per channel or tensor);
+    ``given``: the scales (and zero points) are the caller's (the MSE search's, MX's e8m0 ones:
+    any scale dtype), which the kernel reads as they are.
 
     >>> from gpuq._codetypes import code_type
     >>> p = plan((4, 256), "bfloat16", code_type("int4"), 2, 1e-38, "bfloat16", 128, False)
@@ -91,15 +94,15 @@ def plan(shape, dtype: str, code, symmetric, eps, scale_dtype: str, g: int, tens
     per_block = THREADS // 32 if warp else 1
     blocks = max(1, min(-(-teams // per_block), MAX_BLOCKS))
     return Plan(dtype, rows, n, g, kind, cbits, int(code.qmin), int(code.qmax), int(symmetric), float(eps),
-                SCALE_FMT[scale_dtype], bool(tensor), warp, blocks)
+                0 if given else SCALE_FMT[scale_dtype], bool(tensor), warp, blocks, bool(given))
 
 
 def enqueue(x, p: Plan, out, scales, zps, sums, counts, flag, keys) -> None:
     """Launch ``p`` on CuPy's current stream: device ``x`` (the stored bits, C order), ``out``
     (:attr:`Plan.out_shape` bytes or more), ``scales`` (float32, :attr:`Plan.slots`), ``zps``
-    (int32, or None: symmetric), ``sums`` (float64, 3 a block), ``counts`` (int64, 3 a block),
-    ``flag`` (int32, one, zeroed here), ``keys`` (uint32, two: the per-tensor range). Nothing
-    is synchronised."""
+    (int32, or None: symmetric; both read, not written, under :attr:`Plan.given`), ``sums``
+    (float64, 3 a block), ``counts`` (int64, 3 a block), ``flag`` (int32, one, zeroed here),
+    ``keys`` (uint32, two: the per-tensor range). Nothing is synchronised."""
     from .compiler import get_function
 
     import cupy
@@ -107,7 +110,7 @@ def enqueue(x, p: Plan, out, scales, zps, sums, counts, flag, keys) -> None:
     stream = cupy.cuda.get_current_stream()
     group = weight_pass_group(p.dtype)
     flag[...] = 0
-    if p.tensor:
+    if p.tensor and not p.given:
         keys[0:1] = KEY_POS_INF
         keys[1:2] = KEY_NEG_INF
         fn = get_function(SOURCE, group, weight_range_name(p.dtype))
@@ -116,7 +119,8 @@ def enqueue(x, p: Plan, out, scales, zps, sums, counts, flag, keys) -> None:
     fn = get_function(SOURCE, group, weight_pass_name(p.dtype, p.kind, p.warp, p.tensor))
     fn((p.blocks,), (THREADS,),
        (x, np.int64(p.rows), np.int64(p.n), np.int64(p.g), np.int32(p.cbits), np.int32(p.qmin),
-        np.int32(p.qmax), np.int32(p.symmetric), np.float32(p.eps), np.int32(p.fmt), keys[0:1], keys[1:2],
+        np.int32(p.qmax), np.int32(p.symmetric), np.float32(p.eps), np.int32(p.fmt), np.int32(p.given),
+        keys[0:1], keys[1:2],
         out, scales, _NULL if zps is None else zps, sums, counts, flag), stream=stream)
 
 
