@@ -301,6 +301,29 @@ def test_the_checkpoint_bench_runs_the_gpu_pass(tmp_path):
     assert ck.command(folder, "out", "int4", "cuda")[-3:] == ["--device", "cuda", "-q"]
 
 
+def test_the_checkpoint_bench_dry_runs_on_cuda(tmp_path, monkeypatch):
+    """``bench/checkpoint.py --device cuda`` end to end at a tiny scale: the command (a subprocess
+    that gets this session's CuPy through PYTHONPATH) and the in-memory pass run, the figures
+    name the CuPy they ran on, and a stand-in run states no target."""
+    import json
+    import os
+
+    from bench import checkpoint as ck
+    from cudasim import install
+
+    if _SIM:
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join([install.FAKE_DIR, os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "figures.json"
+    assert ck.main(["--scale", "64", "--layers", "1", "--device", "cuda", "--top", "0", "--no-warmup",
+                    "--scheme", "fp8", "--dir", str(tmp_path / "model"), "--tmp", str(tmp_path),
+                    "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["device"] == "cuda" and got["cuda"] == ("stand-in" if _SIM else "gpu")
+    row = got["schemes"]["fp8"]
+    assert row["input_gb_s"] > 0 and row["in_memory_s"] > 0
+    assert ("target_met" in row) == (not _SIM)
+
+
 @pytest.mark.parametrize("flags", [["--dtype", "int4"], ["--dtype", "int8", "--asymmetric"],
                                    ["--dtype", "float8_e4m3fn"]], ids=["int4", "int8-asym", "fp8"])
 def test_the_command_on_cuda_writes_the_cpu_bytes(tmp_path, capsys, flags):

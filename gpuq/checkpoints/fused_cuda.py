@@ -2,15 +2,18 @@
 
 The GPU counterpart of :mod:`gpuq.checkpoints.fused`: the kernel
 (:mod:`gpuq.backends.cuda.weight_pass`, ``kernels/weight_pass.cu``) reads the stored bits,
-chooses the scales, writes the codes in the format's final layout and reduces the report's
-figures in one launch; the codes and scales are the host pass's, bit for bit.
+chooses the scales (or takes given ones: the MSE search's, MX's e8m0), writes the codes in the
+format's final layout and reduces the report's figures in one launch; the codes and scales are
+the host pass's, bit for bit.
 
 :class:`Pipeline` is the run loop's machinery: two slots, each with its own CUDA stream, a
 pinned (page-locked) host buffer the tensor is read into, pinned buffers the results come back
 to, and the device buffers, all reused from weight to weight. :func:`quantize_stream` runs a
 sequence of weights through it so that the file read of one weight overlaps the upload, the
 kernel and the download of the one before (on the other slot's stream), and the upload of one
-overlaps the download of the other. :func:`quantize_rows` is the one-weight call behind
+overlaps the download of the other. :func:`shard_weights` is the command's shard loop on it
+(the weights read from the file straight into the pinned buffers, the other tensors handed back
+in their turn). :func:`quantize_rows` is the one-weight call behind
 :func:`gpuq.checkpoints.fused.quantize_weight` (the same interface as the host pass's).
 
 Without a GPU the tests run this module on the CPU execution of the kernels (tests/cudasim),
