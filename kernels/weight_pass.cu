@@ -32,6 +32,7 @@
 //   gpuq::weight_pass<gpuq_bf16, 0, true, false>   int words, warp teams, per group/channel
 //   gpuq::weight_pass<__half, 1, false, true>      fp8 e4m3fn, block teams, per tensor
 //   gpuq::weight_range<float>                      the per-tensor range, before the pass
+//   gpuq::weight_blocks<gpuq_bf16, 1>               fine-grained fp8: 128 x 128 block scales
 #include "qparams.cu"
 #include "formats.cu"
 
@@ -64,6 +65,19 @@ struct Figures {
         else ++pos;
     }
 };
+
+// Element i's fp8 byte (op: the contract's saturating cast at the scale) into out[i], and its
+// figures: the dequantized value as gpuq.dequantize forms it (fp8(q) * s, float32).
+template <typename T, int FMT>
+__device__ __forceinline__ void fp8_element(const T* __restrict__ x, long long i, const QuantizeFp8Op<T, FMT, float>& op,
+                                            float scale, unsigned char* __restrict__ out, Figures& fig) {
+    bool finite;
+    const float v = load_finite(x, i, finite);
+    const unsigned char b = op(x[i]);
+    out[i] = b;
+    if (finite) fig.add(v, mul_rn(fp8_to_f32<FMT>(b), scale));
+    else fig.count(v);
+}
 
 // The finite range (0 included) of x[base, base + len) over a team.
 template <typename T, bool WARP>
@@ -199,17 +213,53 @@ weight_pass(const T* __restrict__ x, long long rows, long long n, long long g, i
                 if (j < words * per && lane % per == 0) w[j / per] = word;
             }
         } else {
-            constexpr int FMT = KIND - 1;
-            QuantizeFp8Op<T, FMT, float> op{{{nullptr, nullptr, 0.0f, 0}, {}}, true};
+            QuantizeFp8Op<T, KIND - 1, float> op{{{nullptr, nullptr, 0.0f, 0}, {}}, true};
             op.assign(qp.scale, 0);
-            for (long long j = lane; j < len; j += lanes) {
-                bool finite;
-                const float v = load_finite(x, base + j, finite);
-                const unsigned char b = op(x[base + j]);
-                out[base + j] = b;
-                if (finite) fig.add(v, mul_rn(fp8_to_f32<FMT>(b), qp.scale));
-                else fig.count(v);
+            for (long long j = lane; j < len; j += lanes) fp8_element<T, KIND - 1>(x, base + j, op, qp.scale, out, fig);
+        }
+    }
+    flush_figures(fig, sums, counts);
+}
+
+// Fine-grained fp8 (KIND 1 / 2: e4m3fn / e5m2): one scale a br x bc block of the C-order
+// [rows, n] weight (ragged at the bottom and right edges), in the [ceil(rows / br),
+// ceil(n / bc)] grid, flat. A thread block takes one block at a time (blocks in turn, grid-
+// stride: the trip count is the thread block's, so every thread reaches the reduction): the
+// finite range (0 included) of its elements, finalize_one (symmetric), then every element's
+// fp8 byte and figures as weight_pass forms them. flag: bit 2 where a scale falls out of the
+// scale dtype. blockDim.x is 256.
+template <typename T, int KIND>
+__global__ void __launch_bounds__(256)
+weight_blocks(const T* __restrict__ x, long long rows, long long n, long long br, long long bc, int qmin,
+              int qmax, int symmetric, float eps, int scale_fmt, unsigned char* __restrict__ out,
+              float* __restrict__ scales, double* __restrict__ sums, long long* __restrict__ counts,
+              int* __restrict__ flag) {
+    const long long cols = (n + bc - 1) / bc, pieces = (rows + br - 1) / br * cols;
+    Figures fig;
+    for (long long p = blockIdx.x; p < pieces; p += gridDim.x) {
+        const long long bi = p / cols, r0 = bi * br, c0 = (p - bi * cols) * bc;
+        const long long w = min(bc, n - c0), len = min(br, rows - r0) * w;
+        float lo = 0.0f, hi = 0.0f;
+        for (long long e = threadIdx.x; e < len; e += blockDim.x) {
+            const long long i = e / w;
+            bool finite;
+            const float v = load_finite(x, (r0 + i) * n + c0 + (e - i * w), finite);
+            if (finite) {
+                lo = min_keep(lo, v);
+                hi = max_keep(hi, v);
             }
+        }
+        team_minmax<false>(lo, hi);
+        const QParams qp = finalize_one(lo, hi, qmin, qmax, symmetric, eps, scale_fmt);
+        if (threadIdx.x == 0) {
+            scales[p] = qp.scale;
+            if (qp.range) atomicOr(flag, 2);
+        }
+        QuantizeFp8Op<T, KIND - 1, float> op{{{nullptr, nullptr, 0.0f, 0}, {}}, true};
+        op.assign(qp.scale, 0);
+        for (long long e = threadIdx.x; e < len; e += blockDim.x) {
+            const long long i = e / w;
+            fp8_element<T, KIND - 1>(x, (r0 + i) * n + c0 + (e - i * w), op, qp.scale, out, fig);
         }
     }
     flush_figures(fig, sums, counts);

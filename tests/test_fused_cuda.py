@@ -108,6 +108,8 @@ def test_every_instantiation_is_the_host_pass(case, dtype):
 def test_the_cases_reach_every_instantiation():
     reached = {registry.weight_pass_name(f, *c) for f in registry.WEIGHT_DTYPES for c in CASES}
     reached |= {registry.weight_range_name(f) for f in registry.WEIGHT_DTYPES}
+    reached |= {registry.weight_blocks_name(fused_cuda._dtype_name(c[0]), 1 + registry.FP8_FMT[c[1]])
+                for c in BLOCK_CASES}
     assert reached == set(registry.SOURCES["weight_pass.cu"]())
     for (kind, warp, tensor), (code, _, _, g, _, (rows, n)) in CASES.items():  # each case is its kernel's
         p = cuda_pass.plan((rows, n), "float32", code_type(code), 1, EPS, "float32", g or n, tensor)
@@ -199,14 +201,16 @@ def test_the_command_path_falls_back_where_a_scale_cannot_be_held(monkeypatch):
     assert str(fast.value) == str(slow.value)
 
 
-def test_float64_weights_and_block_scales_keep_the_multi_pass_path():
+def test_float64_weights_and_searched_block_scales_keep_the_multi_pass_path():
     from gpuq.checkpoints.formats.fp8_blocks import FP8_BLOCK, FP8_BLOCKS
     from gpuq.checkpoints.serving.formats import WeightScheme, fp8_code
 
     assert not fused.covers(np.zeros((2, 128)), SCHEMES["int4-g128-sym-bf16"], _cuda_device(), "minmax")
     block = WeightScheme(fp8_code(), "block", True, "float32", FP8_BLOCKS, block=FP8_BLOCK)
-    assert not fused.covers(np.zeros((2, 128), np.float32), block, _cuda_device(), "minmax")
-    assert fused.covers(np.zeros((2, 128), np.float32), block, HostDevice(), "minmax")
+    for device in (_cuda_device(), HostDevice()):  # min/max block scales: the block kernel; the search's: not
+        assert fused.covers(np.zeros((2, 128), np.float32), block, device, "minmax")
+        assert not fused.covers(np.zeros((2, 128), np.float32), block, device, "mse")
+    assert not fused.covers(np.zeros((2, 128)), block, _cuda_device(), "minmax")
 
 
 # --- the run loop: two streams, pinned buffers -----------------------------------------------------
@@ -570,3 +574,75 @@ def test_given_scales_give_the_host_pass_codes_and_figures(case):
         import cupy
 
         assert registry.weight_range_name("bfloat16") not in [r.name for r in cupy._sim.launches[-2:]]
+
+
+# --- fine-grained fp8: one scale a 128 x 128 block (weight_blocks) --------------------------------
+
+BLOCK_CASES = [  # (dtype, fp8 code, scale dtype, shape, block): ragged edges, one block, blocks of a row
+    (BF16, "float8_e4m3fn", "float32", (300, 200), (128, 128)),
+    (np.dtype(np.float16), "float8_e4m3fn", "bfloat16", (129, 257), (128, 128)),
+    (np.dtype(np.float32), "float8_e5m2", "float32", (17, 1025), (128, 128)),
+    (np.dtype(np.float32), "float8_e4m3fn", "bfloat16", (5, 77), (2, 16)),
+    (BF16, "float8_e5m2", "bfloat16", (1, 1), (128, 128)),
+    (np.dtype(np.float16), "float8_e5m2", "float32", (130, 131), (64, 32)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(BLOCK_CASES)))
+def test_block_scales_are_the_host_block_pass(case):
+    dtype, code_name, sdt, shape, block = BLOCK_CASES[case]
+    x = weight(shape, dtype, seed=30 + case, special=shape[0] >= 3)
+    code = code_type(code_name)
+    o_host, o_gpu = np.full(shape, 0xAB, np.uint8), np.full(shape, 0xCD, np.uint8)
+    want = host_pass.quantize_blocks(x, code, 1, EPS, sdt, block, o_host)
+    before = x.tobytes()
+    got = fused_cuda.quantize_blocks(x, code, 1, EPS, sdt, block, o_gpu)
+    assert x.tobytes() == before
+    assert want is not None and got is not None
+    assert o_host.tobytes() == o_gpu.tobytes()
+    assert want[0].shape == got[0].shape and want[0].tobytes() == got[0].tobytes()
+    assert want[2] == got[2]
+    (ws, we, wm), (gs, ge, gm) = want[1], got[1]
+    assert gm == wm or (np.isnan(gm) and np.isnan(wm))
+    assert gs == pytest.approx(ws, rel=1e-12, abs=0.0) and ge == pytest.approx(we, rel=1e-12, abs=0.0)
+    if _SIM:
+        import cupy
+
+        kind = 1 + registry.FP8_FMT[code_name]
+        assert registry.weight_blocks_name(fused_cuda._dtype_name(dtype), kind) in [r.name for r in cupy._sim.launches]
+
+
+def test_block_scales_with_blocks_taken_in_turn_and_refused(monkeypatch):
+    """A grid of two thread blocks takes 6 blocks in turn; a scale float16 cannot hold is refused."""
+    monkeypatch.setattr(cuda_pass, "MAX_BLOCKS", 2)
+    x = weight((300, 200), np.dtype(np.float32), seed=40)
+    code = code_type("float8_e4m3fn")
+    o_host, o_gpu = np.zeros((300, 200), np.uint8), np.zeros((300, 200), np.uint8)
+    want = host_pass.quantize_blocks(x, code, 1, EPS, "float32", (128, 128), o_host)
+    got = fused_cuda.quantize_blocks(x, code, 1, EPS, "float32", (128, 128), o_gpu)
+    assert o_host.tobytes() == o_gpu.tobytes() and want[0].tobytes() == got[0].tobytes() and want[2] == got[2]
+    big = np.full((4, 4), 1e30, np.float32)
+    assert host_pass.quantize_blocks(big, code, 1, EPS, "float16", (2, 2), np.zeros((4, 4), np.uint8)) is None
+    assert fused_cuda.quantize_blocks(big, code, 1, EPS, "float16", (2, 2), np.zeros((4, 4), np.uint8)) is None
+
+
+def test_the_fp8_blocks_command_on_cuda_writes_the_cpu_bytes(tmp_path, capsys):
+    """``--format fp8-blocks --device cuda``: the block kernel in the shard loop's stream, the
+    cpu's bytes and rows."""
+    from report_rows import assert_same_rows
+
+    model = _mixed_model(tmp_path)
+    sv, got = _serving(), {}
+    import json
+
+    for device in ("cpu", "cuda"):
+        assert sv.gpuq_main("quantize", model, "-o", tmp_path / device, "--format", "fp8-blocks", "--device", device,
+                            "-q", "--json", "--nonfinite", "allow") == 0
+        got[device] = json.loads(capsys.readouterr().out)
+    for name in sorted(p.name for p in (tmp_path / "cpu").iterdir()):
+        assert (tmp_path / "cpu" / name).read_bytes() == (tmp_path / "cuda" / name).read_bytes(), name
+    assert_same_rows(got["cuda"]["tensors"], got["cpu"]["tensors"])
+    if _SIM:
+        import cupy
+
+        assert any(r.name.startswith("gpuq::weight_blocks<") for r in cupy._sim.launches)

@@ -29,8 +29,8 @@ On a CUDA device, compressed-tensors' int 4/8-bit words and fp8 bytes with per-t
 per-channel or per-group scales go through the GPU's pass (:mod:`gpuq.checkpoints.fused_cuda`,
 the hook in :func:`covers` and :func:`_run`): min/max scales chosen in the kernel, or the
 given ones of ``--calibrate mse`` and ``mxfp8-quantized`` (``choose_qparams`` on the GPU, as
-the multi-pass path calls it there); the other cases (block scales, MXFP4/NVFP4, fp4/fp6)
-keep the multi-pass path there.
+the multi-pass path calls it there); so do fine-grained fp8's block scales (``--calibrate
+minmax``, a block kernel). The other cases (MXFP4/NVFP4, fp4/fp6) keep the multi-pass path there.
 
 :class:`Buffers` holds the read and write buffers a run reuses from weight to weight.
 """
@@ -108,7 +108,7 @@ def covers(x, scheme, device, method: str) -> bool:
     if device.name == "cuda":  # the GPU's pass (gpuq.checkpoints.fused_cuda): its own conditions, then the layout's
         from .fused_cuda import device_covers
 
-        if not device_covers(x, scheme, method) or scheme.strategy == "block":
+        if not device_covers(x, scheme, method):
             return False
     elif device.name != "cpu" or method not in ("minmax", "mse") or choice.kernels() is None:
         return False
@@ -156,7 +156,7 @@ def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None, me
     """
     buffers = buffers or Buffers()
     if scheme.strategy == "block":
-        return _blocks(x, scheme, module, buffers)
+        return _blocks(x, scheme, module, buffers, device)
     if scale_rule is None:
         scale_rule = scheme_rule(scheme)
     g = group_of(x.shape, scheme)
@@ -208,16 +208,29 @@ def encode(scheme, module, shape, out, scales, zps) -> dict:
     return scheme.layout.encode_words(module, shape, scheme, out.view(np.int32), scales, zps)
 
 
-def _blocks(x, scheme, module, buffers):
-    """:func:`quantize_weight` of fp8 block scales (fine-grained fp8)."""
+def block_args(shape, x_dtype, scheme) -> tuple:
+    """``(code, symmetric, eps, scale_dtype)`` of the fp8 block pass over a weight of ``shape``
+    and ``x_dtype`` in ``scheme``, as ``gpuq._qoptions.validate`` gives them (it reads no data)."""
     from .._qoptions import validate
-    from ..backends.host import weight_pass
 
-    stand_in = np.broadcast_to(np.zeros((), x.dtype), x.shape)  # validate reads no data
+    stand_in = np.broadcast_to(np.zeros((), x_dtype), shape)
     _, _, _, code, symmetric, eps, sdt, _ = validate(stand_in, None, None, tuple(scheme.block), scheme.code.name,
                                                      True, None, scheme.scale_dtype, "minmax")
+    return code, symmetric, eps, sdt
+
+
+def _blocks(x, scheme, module, buffers, device=None):
+    """:func:`quantize_weight` of fp8 block scales (fine-grained fp8); a CUDA ``device`` takes
+    the GPU's block kernel (:func:`gpuq.checkpoints.fused_cuda.quantize_blocks`, the same results)."""
+    from ..backends.host import weight_pass
+
+    code, symmetric, eps, sdt = block_args(x.shape, x.dtype, scheme)
     out = buffers.array("codes", x.shape, np.uint8)
-    done = weight_pass.quantize_blocks(x, code, symmetric, eps, sdt, tuple(scheme.block), out)
+    if getattr(device, "name", "cpu") == "cuda":
+        from .fused_cuda import quantize_blocks
+    else:
+        quantize_blocks = weight_pass.quantize_blocks
+    done = quantize_blocks(x, code, symmetric, eps, sdt, tuple(scheme.block), out)
     if done is None:
         return None
     scales, (signal, error, max_err), counts = done

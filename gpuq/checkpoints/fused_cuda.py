@@ -175,6 +175,8 @@ class Pipeline:
         codes = slot.host["out"][:nout].view(p.out_dtype).reshape(p.out_shape)
         par = slot.host["params"]
         scales = _view(par, np.float32, p.slots)
+        if p.block is not None:  # the block grid, as the host's block pass gives it
+            scales = scales.reshape(-(-p.rows // p.block[0]), -1)
         zps = None if p.symmetric and p.qmin < 0 else par[4 * p.slots:8 * p.slots].view(np.int32)
         fig = slot.host["figures"]
         m = weight_pass.MAX_BLOCKS
@@ -266,6 +268,9 @@ def plan_weight(shape, dtype, scheme, device, method: str):
     stand_in = np.empty(shape, dtype)  # covers reads the shape, dtype and order only (pages never touched)
     if not fused.covers(stand_in, scheme, device, method):
         return None
+    if scheme.strategy == "block":
+        code, symmetric, eps, sdt = fused.block_args(shape, dtype, scheme)
+        return weight_pass.plan_blocks(shape, _dtype_name(dtype), code, symmetric, eps, sdt, tuple(scheme.block))
     g = fused.group_of(shape, scheme)
     code, symmetric, eps, sdt = fused.pass_args(shape, dtype, scheme.code.name, scheme.symmetric,
                                                 scheme.scale_dtype, scheme.strategy, g, fused.scheme_rule(scheme))
@@ -349,3 +354,26 @@ def quantize_rows(x, code, symmetric, eps, scale_dtype, g, tensor, out, given=No
         return None
     out.reshape(-1).view(np.uint8)[...] = r.codes.reshape(-1).view(np.uint8)
     return r.scales.copy(), None if r.zps is None else r.zps.copy(), r.figures, r.counts
+
+
+def quantize_blocks(x, code, symmetric, eps, scale_dtype, block, out):
+    """:func:`gpuq.backends.host.weight_pass.quantize_blocks` on the GPU (fine-grained fp8: one
+    scale a ``block``): the same arguments (``x`` and ``out`` host arrays) and results (codes
+    and the scale grid bit for bit; the figures' sums in the kernel's order), or None where a
+    scale falls out of the scale dtype.
+
+    >>> from gpuq._codetypes import code_type                # doctest: +SKIP
+    >>> out = np.empty((1, 3), np.uint8)                      # doctest: +SKIP
+    >>> quantize_blocks(np.float32([[448.0, -1.0, 3.0]]), code_type("float8_e4m3fn"), True,
+    ...                 np.float32(1e-38), "float32", (2, 2), out)[0].tolist()   # doctest: +SKIP
+    [[1.0, 0.0066964286379516125]]
+    """
+    from ..backends.cuda import weight_pass
+
+    p = weight_pass.plan_blocks(x.shape, _dtype_name(x.dtype), code, symmetric, eps, scale_dtype, block)
+    pipe = _pipeline()
+    r = pipe.result(pipe.submit(np.ascontiguousarray(x), p))
+    if r.failed:
+        return None
+    out.reshape(-1)[...] = r.codes.reshape(-1)
+    return r.scales.copy(), r.figures, r.counts

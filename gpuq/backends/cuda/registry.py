@@ -365,18 +365,28 @@ def weight_range_name(dtype) -> str:
     return f"gpuq::weight_range<{_c(dtype)}>"
 
 
+def weight_blocks_name(dtype, kind: int) -> str:
+    """The name expression of one fine-grained fp8 (block scales) kernel, ``kind`` 1 + ``FP8_FMT``.
+
+    >>> weight_blocks_name("float16", 1)
+    'gpuq::weight_blocks<__half, 1>'
+    """
+    return f"gpuq::weight_blocks<{_c(dtype)}, {kind}>"
+
+
 @functools.cache
 def weight_pass_group(dtype) -> tuple:
-    """The names compiled together for one stored dtype: kind x team x per-tensor, the range."""
+    """The names compiled together for one stored dtype: kind x team x per-tensor, the range,
+    the fp8 block kernels."""
     names = [weight_pass_name(dtype, k, w, t) for k in WEIGHT_KINDS for w in (True, False) for t in (False, True)]
-    return tuple(names + [weight_range_name(dtype)])
+    return tuple(names + [weight_range_name(dtype)] + [weight_blocks_name(dtype, k) for k in WEIGHT_KINDS[1:]])
 
 
 def weight_pass_names() -> list:
     """Every name expression of ``weight_pass.cu``.
 
     >>> len(weight_pass_names())
-    39
+    45
     """
     return [n for f in WEIGHT_DTYPES for n in weight_pass_group(f)]
 

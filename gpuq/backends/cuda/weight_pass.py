@@ -20,7 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .qparams import KEY_NEG_INF, KEY_POS_INF, SCALE_FMT
-from .registry import FP8_FMT, weight_pass_group, weight_pass_name, weight_range_name
+from .registry import FP8_FMT, weight_blocks_name, weight_pass_group, weight_pass_name, weight_range_name
 
 SOURCE = "weight_pass.cu"
 THREADS = 256
@@ -51,6 +51,7 @@ class Plan(NamedTuple):
     warp: bool
     blocks: int
     given: bool = False  # the scales (and zps) are the caller's: uploaded, read as they are
+    block: tuple | None = None  # fine-grained fp8: (rows, columns) of a scale's block
 
     @property
     def out_shape(self) -> tuple:
@@ -63,6 +64,8 @@ class Plan(NamedTuple):
 
     @property
     def slots(self) -> int:
+        if self.block is not None:
+            return -(-self.rows // self.block[0]) * -(-self.n // self.block[1])
         return 1 if self.tensor else self.rows * (self.n // self.g)
 
 
@@ -97,6 +100,28 @@ def plan(shape, dtype: str, code, symmetric, eps, scale_dtype: str, g: int, tens
                 0 if given else SCALE_FMT[scale_dtype], bool(tensor), warp, blocks, bool(given))
 
 
+def plan_blocks(shape, dtype: str, code, symmetric, eps, scale_dtype: str, block) -> Plan:
+    """The launch of fine-grained fp8: a C-order ``[rows, n]`` weight in fp8 ``code`` with one
+    scale a ``block`` = ``(rows, columns)`` block (ragged at the edges; a size <= 0 or over the
+    weight's takes the whole dimension, as the host pass does), the rest as :func:`plan`.
+
+    >>> from gpuq._codetypes import code_type
+    >>> p = plan_blocks((300, 200), "bfloat16", code_type("float8_e4m3fn"), 1, 1e-38, "float32", (128, 128))
+    >>> p.kind, p.block, p.slots, p.blocks, p.out_shape
+    (1, (128, 128), 6, 6, (300, 200))
+    """
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)} for the weight pass, got {dtype!r}")
+    if code.codec != "float8":
+        raise ValueError(f"code must be fp8 for block scales in the weight pass, got {code.name!r}")
+    rows, n = (int(d) for d in shape)
+    br, bc = (min(int(b), d) if b > 0 else d for b, d in zip(block, (rows, n)))
+    pieces = -(-rows // max(br, 1)) * -(-n // max(bc, 1))
+    return Plan(dtype, rows, n, n, 1 + FP8_FMT["float8_" + code.fp8], 8, int(code.qmin), int(code.qmax),
+                int(symmetric), float(eps), SCALE_FMT[scale_dtype], False, False,
+                max(1, min(pieces, MAX_BLOCKS)), False, (br, bc))
+
+
 def enqueue(x, p: Plan, out, scales, zps, sums, counts, flag, keys) -> None:
     """Launch ``p`` on CuPy's current stream: device ``x`` (the stored bits, C order), ``out``
     (:attr:`Plan.out_shape` bytes or more), ``scales`` (float32, :attr:`Plan.slots`), ``zps``
@@ -110,6 +135,13 @@ def enqueue(x, p: Plan, out, scales, zps, sums, counts, flag, keys) -> None:
     stream = cupy.cuda.get_current_stream()
     group = weight_pass_group(p.dtype)
     flag[...] = 0
+    if p.block is not None:
+        fn = get_function(SOURCE, group, weight_blocks_name(p.dtype, p.kind))
+        fn((p.blocks,), (THREADS,),
+           (x, np.int64(p.rows), np.int64(p.n), np.int64(p.block[0]), np.int64(p.block[1]), np.int32(p.qmin),
+            np.int32(p.qmax), np.int32(p.symmetric), np.float32(p.eps), np.int32(p.fmt), out, scales, sums,
+            counts, flag), stream=stream)
+        return
     if p.tensor and not p.given:
         keys[0:1] = KEY_POS_INF
         keys[1:2] = KEY_NEG_INF
