@@ -447,8 +447,8 @@ def test_the_shard_loop_streams_every_kind_of_tensor_as_the_cpu_writes_it(tmp_pa
 
 def test_the_shard_loop_reads_the_next_weight_before_it_waits_for_the_gpu(tmp_path, capsys, monkeypatch):
     """Each GPU weight is read straight into pinned memory, and the read of the next one comes
-    before the wait for the one before it; the kept tensors and the float64 weight are read
-    after the GPU's weight before them is done (the rows keep the file's order)."""
+    before the wait for the one before it; the kept tensors and the float64 weight are handled
+    in their turn (the rows keep the file's order) while the GPU has the weight after them."""
     from gpuq.checkpoints import files
 
     model = _mixed_model(tmp_path)
@@ -482,19 +482,24 @@ def test_the_shard_loop_reads_the_next_weight_before_it_waits_for_the_gpu(tmp_pa
     gpu = [e for e in reads if e[2]]
     assert len(gpu) == 13 and all(e[3] in (True, None) for e in gpu)  # 14 Linear weights, one float64
     assert not any(e[2] for e in reads if "down_proj" in e[1] and ".1." in e[1])
-    # The log the overlap gives: each GPU weight's wait comes after the read of the GPU weight
-    # that follows it, and before the read of a host tensor that follows it.
+    # The log the overlap gives: each tensor is handed back (a GPU weight's wait, a host tensor's
+    # read) once the next one is read and queued, so the GPU's work on a weight overlaps the read
+    # of the next and the host's work on the tensor before it.
     seq = [("G" if e[2] else "H") if e[0] == "read" else "W" for e in log if e[0] == "wait" or e in reads]
-    want, pending = [], False
-    for kind in (c for c in seq if c != "W"):
-        if kind == "G":
-            want += ["G", "W"] if pending else ["G"]
-            pending = True
-        else:
-            want += ["W", "H"] if pending else ["H"]
-            pending = False
-    want += ["W"] if pending else []
-    assert "".join(seq) == "".join(want) and "GGW" in "".join(seq)
+    kind_of = {e[1]: "G" if e[2] else "H" for e in reads}
+    with files.Checkpoint(str(model / "model-00001-of-00002.safetensors")) as a, \
+            files.Checkpoint(str(model / "model-00002-of-00002.safetensors")) as b:
+        order = [[kind_of[n] for n in a.names], [kind_of[n] for n in b.names]]  # each shard is a stream
+    want = []
+    for kinds in order:
+        prev = None
+        for kind in kinds:
+            want += ["G"] if kind == "G" else []
+            if prev is not None:
+                want.append("W" if prev == "G" else "H")
+            prev = kind
+        want.append("W" if prev == "G" else "H")
+    assert "".join(seq) == "".join(want) and "GHGW" in "".join(seq) and "GWGW" in "".join(seq)
 
 
 def test_a_weight_the_gpu_refuses_midway_gives_the_cpu_error_and_frees_the_stream(tmp_path, capsys, monkeypatch):

@@ -216,8 +216,10 @@ def test_covers_only_its_cases():
     assert not fused.covers(x, WeightScheme(int_code(4), "group", True, "bfloat16", PACK, group_size=4),
                             host, "minmax")  # a group that starts inside a word
     gpu = type("Gpu", (), {"name": "cuda"})()
-    # a GPU: the GPU's pass (gpuq.checkpoints.fused_cuda, tests/test_fused_cuda.py), minmax only
-    assert fused.covers(x, s, gpu, "minmax") and not fused.covers(x, s, gpu, "mse")
+    # a GPU: the GPU's pass (gpuq.checkpoints.fused_cuda, tests/test_fused_cuda.py): min/max, or the
+    # search's scales given to it; not float64 weights
+    assert fused.covers(x, s, gpu, "minmax") and fused.covers(x, s, gpu, "mse")
+    assert not fused.covers(x.astype(np.float64), s, gpu, "minmax")
     previous = gpuq.set_host_kernels("numpy")
     try:
         assert not fused.covers(x, s, host, "minmax")

@@ -209,43 +209,34 @@ class Job(NamedTuple):
 
 
 def quantize_stream(jobs, pipeline: Pipeline | None = None, role: str = "rows"):
-    """``(key, Result)`` for each :class:`Job`, in order (``(key, None)`` for a job without a
-    plan, once the weight before it is done: the caller handles it then). The read (``fill``)
-    of each weight runs while the GPU works on the one before; a result is valid until the
-    next one is asked for. A stream closed early (an error in the caller's loop) waits for
-    the weight in flight. ``pipeline``: the device's for ``role`` (:func:`_pipeline`) by
-    default, taken at the first weight with a plan (a stream of none needs no GPU).
+    """``(key, Result)`` for each :class:`Job`, in order; ``(key, None)`` for a job without a
+    plan (or whose ``choose`` refused): the caller's. Each job is handed back once the next
+    one is read and queued, so the read (``fill``) of each weight, and the caller's work on the
+    job before it, run while the GPU works; a result is valid until the next one is asked for.
+    A stream closed early (an error in the caller's loop) waits for the weights in flight.
+    ``pipeline``: the device's for ``role`` (:func:`_pipeline`) by default, taken at the first
+    weight with a plan (a stream of none needs no GPU).
 
     >>> for key, r in quantize_stream(jobs):                 # doctest: +SKIP
     ...     write(key, r.codes, r.scales)
     """
-    pipe = pipeline
-    prev = None
+    pipe, prev = pipeline, None
     try:
         for job in jobs:
-            if job.plan is None:  # not the GPU's: the weight before it first, in order
-                if prev is not None:
-                    done, prev = prev, None
-                    yield done[0], pipe.result(done[1])
-                yield job.key, None
-                continue
-            pipe = pipe or _pipeline(role)
-            buf = pipe.input(job.shape, job.dtype)
-            job.fill(buf)  # the host's part, while the GPU has the previous weight
-            given = job.choose(buf) if job.plan.given else None
-            if job.plan.given and given is None:  # refused: the caller's path says why
-                if prev is not None:
-                    done, prev = prev, None
-                    yield done[0], pipe.result(done[1])
-                yield job.key, None
-                continue
-            slot = pipe.submit(buf, job.plan, given)
+            slot = None
+            if job.plan is not None:
+                pipe = pipe or _pipeline(role)
+                buf = pipe.input(job.shape, job.dtype)
+                job.fill(buf)  # the host's part, while the GPU has the previous weight
+                given = job.choose(buf) if job.plan.given else None
+                if not job.plan.given or given is not None:  # else refused: the caller's path says why
+                    slot = pipe.submit(buf, job.plan, given)
             done, prev = prev, (job.key, slot)
             if done is not None:
-                yield done[0], pipe.result(done[1])
+                yield done[0], None if done[1] is None else pipe.result(done[1])
         if prev is not None:
             done, prev = prev, None
-            yield done[0], pipe.result(done[1])
+            yield done[0], None if done[1] is None else pipe.result(done[1])
     finally:
         if pipe is not None:
             pipe.drain()

@@ -230,7 +230,8 @@ def _quantize_shard(model, shard, path, entries, chosen, kept, device, nonfinite
     the weights the GPU's pass takes stream through it (:func:`gpuq.checkpoints.fused_cuda.shard_weights`:
     read into pinned buffers, one weight's read overlapping the GPU's work on the one before,
     the outputs written from pinned buffers); every other tensor takes the host's path in its
-    turn, and so does a weight the pass refuses (:func:`quantize_weight`, from the bytes read)."""
+    turn (while the GPU has the weight after it), and so does a weight the pass refuses
+    (:func:`quantize_weight`, from the bytes read)."""
     rows = []
     buffers = Buffers()  # the read and code buffers, reused from weight to weight
     with Checkpoint(model.shard_path(shard)) as ckpt, \
