@@ -42,7 +42,7 @@ import numpy as np
 from .._dtypes import is_bfloat16
 
 _SCALE_DTYPES = ("bfloat16", "float16", "float32")
-_E8M0 = "float8_e8m0fnu"
+_E8M0, _E4M3 = "float8_e8m0fnu", "float8_e4m3fn"  # MX's and NVFP4's scale dtypes
 
 
 class Buffers:
@@ -115,9 +115,10 @@ def covers(x, scheme, device, method: str) -> bool:
     if not (is_bfloat16(x.dtype) or x.dtype in (np.float16, np.float32)):
         return False
     code, one_pass = scheme.code, getattr(scheme.layout, "one_pass", None)  # the layout says what it takes
-    if one_pass == "mx-bytes":  # MXFP8: choose_qparams' e8m0 scales, then the pass
-        return (method == "minmax" and scheme.strategy == "group" and scheme.scale_dtype == _E8M0
-                and code.codec == "float8" and code.bits == 8 and x.shape[1] % scheme.group_size == 0)
+    if one_pass == "micro":  # fp4/fp6/fp8 under MX or NVFP4 scales, chosen in the host's pass
+        return (device.name == "cpu" and method == "minmax" and scheme.scale_dtype in (_E8M0, _E4M3)
+                and code.codec == "float8" and code.bits in (4, 6, 8) and x.shape[1] % scheme.group_size == 0
+                and (scheme.scale_dtype == _E8M0 or code.takes_global_scale))
     if scheme.scale_dtype not in _SCALE_DTYPES:
         return False
     if scheme.strategy == "block":
@@ -133,7 +134,8 @@ def covers(x, scheme, device, method: str) -> bool:
     return one_pass == "bytes" and code.codec == "float8" and scheme.symmetric
 
 
-def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None, method="minmax", device=None):
+def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None, method="minmax", device=None,
+                    global_scale=None):
     """``(tensors, stats, counts)`` of weight ``x`` as the multi-pass path gives them (the same
     bytes; the sums of ``stats`` in another order), in one pass; None where that pass refuses
     a group's parameters (a scale the scale dtype cannot hold: the multi-pass path then says
@@ -142,7 +144,8 @@ def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None, me
     :class:`Buffers` for the codes (a fresh array without); ``method`` ``"mse"``: the scales are
     the MSE search's (:func:`gpuq.choose_qparams`, as the multi-pass path calls it), the codes
     and figures the pass's; ``device`` the run's (a CUDA one takes the GPU's pass,
-    :mod:`gpuq.checkpoints.fused_cuda`).
+    :mod:`gpuq.checkpoints.fused_cuda`); ``global_scale`` NVFP4's (a merged layer's shared one,
+    ``serving.quantize.shared_global_scales``; None: the weight's own, :func:`gpuq.global_scale`).
 
     >>> from gpuq.checkpoints.formats.compressed_tensors import PACK
     >>> from gpuq.checkpoints.serving.formats import WeightScheme, int_code
@@ -157,12 +160,14 @@ def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None, me
     buffers = buffers or Buffers()
     if scheme.strategy == "block":
         return _blocks(x, scheme, module, buffers)
+    if getattr(scheme.layout, "one_pass", None) == "micro":
+        return _micro(x, scheme, module, buffers, global_scale)
     if scale_rule is None:  # the command's rule name ("narrow" is the API's default, None)
         scale_rule = api_kwargs("float32", getattr(scheme, "scale_rule", None)).get("scale_rule")
     n = x.shape[1]
     g = scheme.group_size if scheme.strategy == "group" else n
     given = None
-    if method == "mse" or scheme.scale_dtype == _E8M0:  # the search's, or MX, scales: the library's call
+    if method == "mse":  # the search's scales: the library's call
         given = _chosen(x, x, scheme.code.name, scheme.symmetric, scheme.scale_dtype, scale_rule,
                         scheme.api_kwargs(), method)
         if given is None:
@@ -196,6 +201,36 @@ def _blocks(x, scheme, module, buffers):
     stats = _figures(signal, error, max_err, counts, x.size)
     codes = out.view(scheme.code.host_array_dtype())
     return scheme.layout.encode(module, x.shape, scheme, codes, scales, None), stats, counts
+
+
+def _micro(x, scheme, module, buffers, global_scale):
+    """:func:`quantize_weight` of fp4/fp6/fp8 codes under MX or NVFP4 scales (compressed-tensors'
+    microscaling layouts): the scales chosen in the pass, the codes in their stored bytes."""
+    from ..backends.host import weight_pass
+    from .._mx import DEFAULT_RULE
+
+    rows, n = x.shape
+    code, two_level = scheme.code, {}
+    if scheme.scale_dtype == _E4M3:  # NVFP4: the tensor's global scale first (a reduction)
+        if global_scale is None:
+            global_scale = _global_scale(x)
+        two_level["global_scale"] = global_scale
+    out = buffers.array("codes", (rows, n * code.bits // 8), np.uint8)
+    sbytes, (signal, error, max_err), counts = weight_pass.quantize_micro(
+        x, code, scheme.group_size, out, mx_rule=scheme.scale_rule or DEFAULT_RULE,
+        global_scale=two_level.get("global_scale"))
+    stats = _figures(signal, error, max_err, counts, x.size)
+    return scheme.layout.encode_bytes(module, x.shape, scheme, out, sbytes, **two_level), stats, counts
+
+
+def _global_scale(x) -> np.float32:
+    """:func:`gpuq.global_scale` of ``x``'s finite values, from the pass's own reduction."""
+    import gpuq
+
+    from ..backends.host import weight_pass
+
+    lo, hi = weight_pass.weight_range(x)
+    return gpuq.global_scale(amax=max(hi, -lo, np.float32(0)), float_dtype=x.dtype)
 
 
 def _figures(signal, error, max_err, counts, size) -> dict:

@@ -283,7 +283,8 @@ def quantize_weight(x, scheme: WeightScheme, device, name, nonfinite="warn", war
     import gpuq
 
     if fused.covers(x, scheme, device, method):
-        done = fused.quantize_weight(x, scheme, module_of(name), buffers=buffers, method=method, device=device)
+        done = fused.quantize_weight(x, scheme, module_of(name), buffers=buffers, method=method, device=device,
+                                     global_scale=global_scale)
         if done is not None:
             _check_nonfinite(done[2], name, nonfinite, warn)
             return done
