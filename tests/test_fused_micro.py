@@ -205,6 +205,20 @@ def test_covers_only_its_cases():
     assert not fused.covers(x, SCHEMES["nvfp4"], gpu, "minmax")  # the multi-pass path on a GPU
 
 
+def with_and_without(monkeypatch, spied, run):
+    """``[run("one"), run("multi")]``, the first with the one pass, the second with it turned
+    off, and the names of the runs that called ``fused.<spied>``."""
+    results, calls = [], []
+    real = getattr(fused, spied)
+    for name, fused_on in (("one", True), ("multi", False)):
+        with monkeypatch.context() as m:
+            m.setattr(fused, spied, lambda *a, **k: calls.append(name) or real(*a, **k))
+            if not fused_on:
+                m.setattr(fused, "covers", lambda *a: False)
+            results.append(run(name))
+    return results, calls
+
+
 @pytest.mark.parametrize("preset,dtype", [("NVFP4A16", "bfloat16"), ("NVFP4A16", "float16"),
                                           ("MXFP4A16", "bfloat16"), ("MXFP6A16", "float32"),
                                           ("MXFP8A16", "bfloat16")])
@@ -220,20 +234,50 @@ def test_the_command_writes_the_same_folder(tmp_path, capsys, monkeypatch, prese
     from _serving import gpuq_main, make_model, tree
 
     make_model(tmp_path / "m", dtype=dtype, inter=256, extra=False)
-    reports, calls = [], []
-    real = fused.quantize_weight
-    for name, fused_on in (("one", True), ("multi", False)):
-        with monkeypatch.context() as m:
-            m.setattr(fused, "quantize_weight", lambda *a, **k: calls.append(name) or real(*a, **k))
-            if not fused_on:
-                m.setattr(fused, "covers", lambda *a: False)
-            assert gpuq_main("quantize", tmp_path / "m", "-o", tmp_path / name, "--format", "compressed-tensors",
-                             "--preset", preset, "--device", "cpu", "-q", "--json") == 0
-        reports.append(json.loads(capsys.readouterr().out))
+    def run(name):
+        assert gpuq_main("quantize", tmp_path / "m", "-o", tmp_path / name, "--format", "compressed-tensors",
+                         "--preset", preset, "--device", "cpu", "-q", "--json") == 0
+        return json.loads(capsys.readouterr().out)
+
+    reports, calls = with_and_without(monkeypatch, "quantize_weight", run)
     assert calls == ["one"] * 7  # every Linear weight took the one pass, then none did
     assert tree(tmp_path / "one") == tree(tmp_path / "multi")
     one, multi = ({r["name"]: r for r in rep["tensors"]} for rep in reports)
     for n, r in one.items():
         if r["quantized"]:
             assert r["max_abs_error"] == multi[n]["max_abs_error"]
+            assert round(r["sqnr_db"], 2) == round(multi[n]["sqnr_db"], 2)
+
+
+@pytest.mark.parametrize("rule", ["even", "rceil"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_gpt_oss_experts_take_the_one_pass(tmp_path, monkeypatch, dtype, rule):
+    """``--format gpt-oss-mxfp4``: each expert's ``[out, in]`` weight (3-D ``[E, in, out]``
+    tensors) through the pass, NaN/Inf and an all-zero group included: the same folder and
+    report as the multi-pass path."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "serving"))
+    from _serving import tree
+    from test_gpt_oss import make_gpt_oss
+
+    from gpuq.checkpoints.files import Checkpoint, write_checkpoint
+
+    make_gpt_oss(tmp_path / "m", experts=2, hidden=64, inter=32, layers=1, dtype=dtype)
+    path = str(tmp_path / "m" / "model.safetensors")
+    with Checkpoint(path) as ckpt:
+        t = {n: ckpt.load(n) for n in ckpt.names}
+    up = t["model.layers.0.mlp.experts.gate_up_proj"]
+    up[1, 3, 7], up[0, 5, 1], up[0, 9, 2], up[1, :32, 4] = np.nan, np.inf, -np.inf, 0
+    write_checkpoint(path, "safetensors", t, None, {"format": "pt"})
+    reports, calls = with_and_without(monkeypatch, "micro_bytes", lambda name: gpuq.checkpoints.quantize(
+        tmp_path / "m", tmp_path / name, format="gpt-oss-mxfp4", scale_rule=rule, device="cpu", nonfinite="allow"))
+    assert calls == ["one"] * 4  # 2 expert tensors of 2 experts, then none
+    assert tree(tmp_path / "one") == tree(tmp_path / "multi")
+    one, multi = ({r["name"]: r for r in rep["tensors"]} for rep in reports)
+    assert one["model.layers.0.mlp.experts.gate_up_proj"]["nonfinite"] == {"nan": 1, "posinf": 1, "neginf": 1}
+    for n, r in one.items():
+        if r["quantized"]:
+            assert r["nonfinite"] == multi[n]["nonfinite"] and r["max_abs_error"] == multi[n]["max_abs_error"]
             assert round(r["sqnr_db"], 2) == round(multi[n]["sqnr_db"], 2)

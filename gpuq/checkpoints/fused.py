@@ -16,14 +16,19 @@ same pass through :func:`covers_file` and :func:`quantize_file_tensor`: int8/uin
 int4/uint4 nibbles (ONNX's order, rows of an even length), fp8 bytes, per tensor, per channel
 (axis 0 of a matrix, the multi-axis scheme of a rank-3+ tensor: one scale a row of its last
 dimension) or in groups along the last dimension that divide it, float32 scales (the
-narrow and the full-range rule). Everything else (block scales, MX/NVFP4 scales, fp4/fp6,
-float64 weights, a GPU, NumPy-only hosts) keeps the multi-pass path.
+narrow and the full-range rule). Everything else in gpuq's files (block scales, MX/NVFP4
+scales, fp4/fp6, float64 weights, a GPU, NumPy-only hosts) keeps the multi-pass path.
+
+compressed-tensors' microscaling layouts (``nvfp4-pack-quantized``, ``mxfp4-pack-quantized``,
+``mxfp6-pack-quantized``, ``mxfp8-quantized``: the layouts whose ``one_pass`` is ``"micro"``)
+take :func:`gpuq.backends.host.weight_pass.quantize_micro` on the host: each group's e8m0 (MX,
+by the scheme's rule) or e4m3 (NVFP4) scale chosen in the pass from its ``max |x|``, NVFP4's
+under the weight's global scale (a reduction over it first) or the merged layer's shared one,
+the codes in their stored bytes. gpt-oss MXFP4 keeps the multi-pass path.
 
 ``--calibrate mse`` (not with block scales): the search chooses the scales as the multi-pass
 path does (:func:`gpuq.choose_qparams`, today's code), then the pass writes the codes and
-sums the figures with them. compressed-tensors' ``mxfp8-quantized`` takes the same road:
-``choose_qparams``' e8m0 scales (a reduction over the weight), then the pass's fp8 bytes and
-figures. MXFP4/MXFP6/NVFP4 and gpt-oss MXFP4 keep the multi-pass path.
+sums the figures with them.
 
 On a CUDA device, compressed-tensors' int 4/8-bit words and fp8 bytes with per-tensor,
 per-channel or per-group scales (``--calibrate minmax``) go through the GPU's pass
@@ -206,21 +211,37 @@ def _blocks(x, scheme, module, buffers):
 def _micro(x, scheme, module, buffers, global_scale):
     """:func:`quantize_weight` of fp4/fp6/fp8 codes under MX or NVFP4 scales (compressed-tensors'
     microscaling layouts): the scales chosen in the pass, the codes in their stored bytes."""
+    two_level = {}
+    if scheme.scale_dtype == _E4M3:  # NVFP4: the tensor's global scale first (a reduction)
+        two_level["global_scale"] = _global_scale(x) if global_scale is None else global_scale
+    codes, sbytes, stats, counts = micro_bytes(x, scheme, buffers, **two_level)
+    return scheme.layout.encode_bytes(module, x.shape, scheme, codes, sbytes, **two_level), stats, counts
+
+
+def micro_bytes(x, scheme, buffers=None, global_scale=None):
+    """``(codes, scale_bytes, stats, counts)`` of a ``[out, in]`` weight ``x`` in fp4/fp6/fp8 codes
+    under MX scales (by ``scheme.scale_rule``) or NVFP4's (``global_scale`` given), as the
+    multi-pass path forms them, in one pass (:func:`gpuq.backends.host.weight_pass.quantize_micro`;
+    the caller checks :func:`covers` first): the codes' bytes (uint8 ``[out, in * bits / 8]``, fp4
+    two a byte with input ``2j`` in the low nibble, fp6 four in three bytes; in ``buffers``' memory
+    where given, valid until its next weight), the scales' bytes (uint8 ``[out, in / group]``:
+    e8m0, or NVFP4's e4m3), the report's figures and the NaN/Inf counts.
+
+    >>> from gpuq._codetypes import CODE_TYPES
+    >>> from gpuq.checkpoints.serving.formats import WeightScheme
+    >>> s = WeightScheme(CODE_TYPES["float4_e2m1fn"], "group", True, _E8M0, None, group_size=32)
+    >>> codes, sb, stats, counts = micro_bytes(np.float32([[3.0, -1.0] + [0.0] * 30]), s)
+    >>> codes[0, 0], sb.tolist(), stats["error"]   # 3 = 6 * 2**-1: codes 7 (6.0) and 12 (-2.0)
+    (np.uint8(199), [[126]], 0.0)
+    """
     from ..backends.host import weight_pass
     from .._mx import DEFAULT_RULE
 
     rows, n = x.shape
-    code, two_level = scheme.code, {}
-    if scheme.scale_dtype == _E4M3:  # NVFP4: the tensor's global scale first (a reduction)
-        if global_scale is None:
-            global_scale = _global_scale(x)
-        two_level["global_scale"] = global_scale
-    out = buffers.array("codes", (rows, n * code.bits // 8), np.uint8)
+    out = (buffers or Buffers()).array("codes", (rows, n * scheme.code.bits // 8), np.uint8)
     sbytes, (signal, error, max_err), counts = weight_pass.quantize_micro(
-        x, code, scheme.group_size, out, mx_rule=scheme.scale_rule or DEFAULT_RULE,
-        global_scale=two_level.get("global_scale"))
-    stats = _figures(signal, error, max_err, counts, x.size)
-    return scheme.layout.encode_bytes(module, x.shape, scheme, out, sbytes, **two_level), stats, counts
+        x, scheme.code, scheme.group_size, out, mx_rule=scheme.scale_rule or DEFAULT_RULE, global_scale=global_scale)
+    return out, sbytes, _figures(signal, error, max_err, counts, x.size), counts
 
 
 def _global_scale(x) -> np.float32:
