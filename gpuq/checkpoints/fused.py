@@ -248,10 +248,24 @@ def _global_scale(x) -> np.float32:
     """:func:`gpuq.global_scale` of ``x``'s finite values, from the pass's own reduction."""
     import gpuq
 
-    from ..backends.host import weight_pass
+    return gpuq.global_scale(amax=finite_amax(x), float_dtype=x.dtype)
 
+
+def finite_amax(x):
+    """``max |x|`` (float32) over the finite values of a 2-D weight ``x`` by the compiled
+    reduction (order keys of the stored bits, no float32 copy); None where it does not serve
+    (NumPy-only hosts, other dtypes or layouts: the caller reduces it itself).
+
+    >>> finite_amax(np.float32([[1.0, np.nan], [-2.0, np.inf]]))
+    np.float32(2.0)
+    """
+    from ..backends.host import choice, weight_pass
+
+    if (choice.kernels() is None or not isinstance(x, np.ndarray) or x.ndim != 2 or not x.size
+            or not x.flags.c_contiguous or not (is_bfloat16(x.dtype) or x.dtype in (np.float16, np.float32))):
+        return None
     lo, hi = weight_pass.weight_range(x)
-    return gpuq.global_scale(amax=max(hi, -lo, np.float32(0)), float_dtype=x.dtype)
+    return max(hi, -lo, np.float32(0))
 
 
 def _figures(signal, error, max_err, counts, size) -> dict:
