@@ -120,6 +120,24 @@ def test_nvfp4_float16_global_scale_past_float16(monkeypatch):
     assert_same(multi_pass(x, SCHEMES["nvfp4"], monkeypatch), got)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_finite_amax_is_numpys(dtype):
+    """The merged layers' shared global scale reads ``max |x|`` of the finite values through
+    ``fused.finite_amax``: NumPy's on the float32 values; 0 where none is finite."""
+    for shape in [(1, 16), (7, 96), (17, 80)]:
+        x = micro_weight(shape, dtype, seed=10)
+        x32 = x.astype(np.float32)
+        got = fused.finite_amax(x)
+        assert got.dtype == np.float32 and got == np.abs(x32[np.isfinite(x32)]).max()
+    assert fused.finite_amax(np.full((2, 16), np.nan, dtype)) == 0
+    assert fused.finite_amax(np.zeros((4, 6), dtype)[:, ::2]) is None  # not C-order: the caller's NumPy
+    previous = gpuq.set_host_kernels("numpy")
+    try:
+        assert fused.finite_amax(np.ones((2, 16), dtype)) is None
+    finally:
+        gpuq.set_host_kernels(previous)
+
+
 def test_reused_buffers_hold_nothing_of_the_last_weight(monkeypatch):
     buffers = fused.Buffers()
     buffers.array("codes", (1 << 14,), np.uint8)[:] = 0xFF

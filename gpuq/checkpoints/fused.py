@@ -264,8 +264,7 @@ def finite_amax(x):
     if (choice.kernels() is None or not isinstance(x, np.ndarray) or x.ndim != 2 or not x.size
             or not x.flags.c_contiguous or not (is_bfloat16(x.dtype) or x.dtype in (np.float16, np.float32))):
         return None
-    lo, hi = weight_pass.weight_range(x)
-    return max(hi, -lo, np.float32(0))
+    return weight_pass.weight_amax(x)
 
 
 def _figures(signal, error, max_err, counts, size) -> dict:

@@ -34,7 +34,7 @@ from numba.extending import overload
 from ..._dtypes import dtype_name, is_bfloat16
 from . import formats, threads
 from .affine import float16_table
-from .loops import JIT, finalize_one, float_of_key, fp8_of, fp8_one, load, quantize_one, round_scale, run_keys
+from .loops import JIT, e2m1_of, finalize_one, float_of_key, fp8_of, fp8_one, load, quantize_one, round_scale, run_keys
 from .qparams import KEY_INT, SCALE_FORMATS, key_constants
 
 _FMAX = np.float32(np.finfo(np.float32).max)
@@ -81,12 +81,26 @@ def _pack_fields(sq, g, ob):
         ob[g // 2] = sq[g - 1]
 
 
+def _float_code(v, s, f):
+    """The float code of ``v / s``: ``loops.fp8_of`` with the constants ``f``, or, where ``f`` is
+    None, fp4's ``loops.e2m1_of`` (the same bits; the loop over it vectorizes, as the API's fp4
+    kernels use it)."""
+
+
+@overload(_float_code, inline="always")
+def _float_code_impl(v, s, f):
+    if isinstance(f, types.NoneType):
+        return lambda v, s, f: e2m1_of(v, s)
+    return lambda v, s, f: fp8_of(v, s, f)
+
+
 @njit(inline="always")
 def _fp8_segment(xs, os, s, f, table, values, w, sa, sd):
-    """fp8 codes ``os`` of the ``w`` elements of ``xs`` at scale ``s``, and each element's value
-    and round-trip error in float64 (``sa``, ``sd``) for the figures."""
+    """fp8 codes ``os`` of the ``w`` elements of ``xs`` at scale ``s`` (fp4's where ``f`` is
+    None: :func:`_float_code`), and each element's value and round-trip error in float64
+    (``sa``, ``sd``) for the figures."""
     for j in range(w):  # the codes apart: a table lookup in the loop stops it vectorizing
-        os[j] = fp8_of(load(xs, j, table), s, f)
+        os[j] = _float_code(load(xs, j, table), s, f)
     for j in range(w):
         a = np.float64(load(xs, j, table))
         sa[j] = a
@@ -618,6 +632,8 @@ def quantize_micro(x, code, g, out, *, mx_rule=None, global_scale=None):
     rows, n = x.shape
     flat, table, bits, (shift, mag, inf) = _views(x)
     f, values = formats.fp8_consts(code.fp8, True), formats.fp8_table(code.fp8, np.float32)
+    if code.bits == 4:
+        f = None  # fp4: loops.e2m1_of, the same bits as fp8_of with these constants, faster
     mx = nv = None
     if global_scale is None:
         mx = mx_rule_table(code.name, mx_rule)
@@ -641,17 +657,33 @@ def quantize_micro(x, code, g, out, *, mx_rule=None, global_scale=None):
     return sbytes, _totals(accs), _counts(cnts)
 
 
-def weight_range(x) -> tuple:
-    """``(lo, hi)`` (float32) of a C-order 2-D weight ``x`` (bfloat16, float16 or float32) for a
-    per-tensor parameter: :func:`tensor_range` (the finite values' range, with 0 in it, where
-    there is a NaN or +-Inf).
+@njit(**JIT)
+def amax_rows(x, table, bits, n, shift, mag, inf):
+    """``max |x|`` (float32) of the finite values of a flat weight, row by row of ``n``: the
+    largest magnitude bits (an integer max, which vectorizes), or, where a row holds a NaN or
+    +/-Inf, that row's finite range (0 where nothing is finite)."""
+    amax = np.float32(0)
+    for r in range(x.size // n):
+        bs = bits[r * n:(r + 1) * n]
+        top = _magnitude(bs, mag)
+        if top >= inf:
+            lo, hi, _, _, _ = _finite_range(x, table, r * n, n)
+            a = max(hi, -lo)
+        else:
+            a = np.float32(float_of_key(top, bits, shift, mag, table))
+        amax = max(amax, a)
+    return amax
 
-    >>> weight_range(np.float32([[1.0, np.nan], [-2.0, 0.5]]))
-    (np.float32(-2.0), np.float32(1.0))
+
+def weight_amax(x) -> np.float32:
+    """``max |x|`` (float32) of the finite values of a C-order 2-D weight ``x`` (bfloat16,
+    float16 or float32): :func:`amax_rows`.
+
+    >>> weight_amax(np.float32([[1.0, np.nan], [-2.0, 0.5]]))
+    np.float32(2.0)
     """
     flat, table, bits, (shift, mag, inf) = _views(x)
-    lo, hi = tensor_range(flat, table, bits, x.shape[1], shift, mag, inf)
-    return np.float32(lo), np.float32(hi)
+    return np.float32(amax_rows(flat, table, bits, x.shape[1], shift, mag, inf))
 
 
 def _views(x):
