@@ -24,7 +24,8 @@ compressed-tensors' microscaling layouts (``nvfp4-pack-quantized``, ``mxfp4-pack
 take :func:`gpuq.backends.host.weight_pass.quantize_micro` on the host: each group's e8m0 (MX,
 by the scheme's rule) or e4m3 (NVFP4) scale chosen in the pass from its ``max |x|``, NVFP4's
 under the weight's global scale (a reduction over it first) or the merged layer's shared one,
-the codes in their stored bytes. gpt-oss MXFP4 keeps the multi-pass path.
+the codes in their stored bytes. gpt-oss's MXFP4 experts take the same pass one expert at a
+time (:func:`micro_bytes`, from ``gpuq.checkpoints.formats.gpt_oss``).
 
 ``--calibrate mse`` (not with block scales): the search chooses the scales as the multi-pass
 path does (:func:`gpuq.choose_qparams`, today's code), then the pass writes the codes and

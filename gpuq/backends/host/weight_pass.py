@@ -18,6 +18,11 @@ float16 as uint16 bits through the widening table, float32 as it is):
    ``serving.packing``) or written as fp8 bytes, and the group's sums of x^2 and of the
    error^2 and its max abs error added to the call's figures.
 
+:func:`micro_rows` does the same for float codes under scales chosen per group by a rule (MX's
+e8m0 and NVFP4's e4m3 scales: compressed-tensors' microscaling layouts, gpt-oss's experts): the
+group's ``max |x|`` by its magnitude bits, the rule's scale byte, the codes packed in their stored
+bytes (fp4 two a byte, fp6 four in three), the figures.
+
 The per-element arithmetic is the loops' own functions (no fastmath); only the float64 sums
 reassociate (:func:`_energy`: 4-wide partial sums), so the report's SQNR may differ from the
 old ``einsum`` in its last digits, never a code or a scale.
@@ -527,7 +532,8 @@ def _group_scale_impl(amax, mx, nv):
 def micro_rows(x, table, bits, r0, r1, n, g, shift, mag, inf, f, values, cbits, out, sbytes, mx, nv,
                acc, cnt, sq, sa, sd):
     """Rows ``r0:r1`` of a C-order ``[rows, n]`` weight in float codes (fp4, fp6 or fp8: ``f``
-    = ``formats.fp8_consts``, ``values`` = ``formats.fp8_table``, ``cbits`` the code's width)
+    = ``formats.fp8_consts``, None for fp4's ``loops.e2m1_of``; ``values`` = ``formats.fp8_table``;
+    ``cbits`` the code's width)
     with one scale a group of ``g`` along a row, chosen in the pass from the group's ``max |x|``
     (its finite values: 0 for a group of NaN/Inf only), in one pass:
 

@@ -14,7 +14,8 @@ Writing: each expert's ``[out, in]`` weight gets e8m0 scales per 32 inputs by th
 ``scale_rule`` (the array API's default, ``even``: compressed-tensors' MXFP4 rule; README compares
 the rules) and e2m1 codes by round-half-to-even, one expert at a time (its ``[out, in]`` copy, its
 codes and scales are the run's memory beside the kept tensors; on the host with the compiled
-loops the scales, codes and report's figures come from one pass, :func:`gpuq.checkpoints.fused.micro_bytes`). transformers' own MXFP4 quantizer
+loops the scales, codes and report's figures come from one pass,
+:func:`gpuq.checkpoints.fused.micro_bytes`). transformers' own MXFP4 quantizer
 (triton_kernels' ``downcast_to_mxfp``) rounds ties away from zero under ``rceil``: its bytes are
 not a goal. Reading (``gpuq dequantize``): the dense bf16 folder transformers loads as a plain
 ``GptOssForCausalLM``, each expert tensor ``[E, in, out]`` bit for bit
