@@ -5,7 +5,7 @@ Run from the repository root (no GPU needed)::
     python bench/checkpoint.py                    # ~2.95 GB bf16 Llama folder (hidden 4096, 6 layers)
     python bench/checkpoint.py --scale 16         # a small folder for a quick run
     python bench/checkpoint.py --scheme int4      # one scheme only (see SCHEMES: int4, fp8,
-                                                  # fp8-blocks, nvfp4, mxfp4, gpuq-int4, gpuq-fp8)
+                                                  # fp8-blocks, nvfp4, mxfp4, mxfp6, mxfp8, gpuq-int4, gpuq-fp8)
     python bench/checkpoint.py --json out.json    # the figures as JSON too
     python bench/checkpoint.py --device cuda      # on a GPU: the command's --device cuda, the GPU pass
 
@@ -83,6 +83,8 @@ SCHEMES = {
                    "scale_dtype": "float32"},
     "nvfp4": {"argv": ["--format", "compressed-tensors", "--preset", "NVFP4A16"], "qparams": None},
     "mxfp4": {"argv": ["--format", "compressed-tensors", "--preset", "MXFP4A16"], "qparams": None},
+    "mxfp6": {"argv": ["--format", "compressed-tensors", "--preset", "MXFP6A16"], "qparams": None},
+    "mxfp8": {"argv": ["--format", "compressed-tensors", "--preset", "MXFP8A16"], "qparams": None},
     "gpuq-int4": {"argv": ["--dtype", "int4", "--symmetric"], "file": True,
                   "qparams": {"axis": 1, "group_size": 128, "dtype": "int4", "symmetric": True,
                               "scale_rule": "full"}, "scale_dtype": "float32"},

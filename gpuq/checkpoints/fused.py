@@ -16,14 +16,20 @@ same pass through :func:`covers_file` and :func:`quantize_file_tensor`: int8/uin
 int4/uint4 nibbles (ONNX's order, rows of an even length), fp8 bytes, per tensor, per channel
 (axis 0 of a matrix, the multi-axis scheme of a rank-3+ tensor: one scale a row of its last
 dimension) or in groups along the last dimension that divide it, float32 scales (the
-narrow and the full-range rule). Everything else (block scales, MX/NVFP4 scales, fp4/fp6,
-float64 weights, a GPU, NumPy-only hosts) keeps the multi-pass path.
+narrow and the full-range rule). Everything else in gpuq's files (block scales, MX/NVFP4
+scales, fp4/fp6, float64 weights, a GPU, NumPy-only hosts) keeps the multi-pass path.
+
+compressed-tensors' microscaling layouts (``nvfp4-pack-quantized``, ``mxfp4-pack-quantized``,
+``mxfp6-pack-quantized``, ``mxfp8-quantized``: the layouts whose ``one_pass`` is ``"micro"``)
+take :func:`gpuq.backends.host.weight_pass.quantize_micro` on the host: each group's e8m0 (MX,
+by the scheme's rule) or e4m3 (NVFP4) scale chosen in the pass from its ``max |x|``, NVFP4's
+under the weight's global scale (a reduction over it first) or the merged layer's shared one,
+the codes in their stored bytes. gpt-oss's MXFP4 experts take the same pass one expert at a
+time (:func:`micro_bytes`, from ``gpuq.checkpoints.formats.gpt_oss``).
 
 ``--calibrate mse`` (not with block scales): the search chooses the scales as the multi-pass
 path does (:func:`gpuq.choose_qparams`, today's code), then the pass writes the codes and
-sums the figures with them. compressed-tensors' ``mxfp8-quantized`` takes the same road:
-``choose_qparams``' e8m0 scales (a reduction over the weight), then the pass's fp8 bytes and
-figures. MXFP4/MXFP6/NVFP4 and gpt-oss MXFP4 keep the multi-pass path.
+sums the figures with them.
 
 On a CUDA device, compressed-tensors' int 4/8-bit words and fp8 bytes with per-tensor,
 per-channel or per-group scales go through the GPU's pass (:mod:`gpuq.checkpoints.fused_cuda`,
@@ -44,7 +50,7 @@ import numpy as np
 from .._dtypes import is_bfloat16
 
 _SCALE_DTYPES = ("bfloat16", "float16", "float32")
-_E8M0 = "float8_e8m0fnu"
+_E8M0, _E4M3 = "float8_e8m0fnu", "float8_e4m3fn"  # MX's and NVFP4's scale dtypes
 
 
 class Buffers:
@@ -117,9 +123,13 @@ def covers(x, scheme, device, method: str) -> bool:
     if not (is_bfloat16(x.dtype) or x.dtype in (np.float16, np.float32)):
         return False
     code, one_pass = scheme.code, getattr(scheme.layout, "one_pass", None)  # the layout says what it takes
-    if one_pass == "mx-bytes":  # MXFP8: choose_qparams' e8m0 scales, then the pass
+    if one_pass == "micro" and device.name == "cuda":  # MXFP8 only: choose_qparams' e8m0 scales, then the GPU's pass
         return (method == "minmax" and scheme.strategy == "group" and scheme.scale_dtype == _E8M0
                 and code.codec == "float8" and code.bits == 8 and x.shape[1] % scheme.group_size == 0)
+    if one_pass == "micro":  # fp4/fp6/fp8 under MX or NVFP4 scales, chosen in the host's pass
+        return (method == "minmax" and scheme.scale_dtype in (_E8M0, _E4M3)
+                and code.codec == "float8" and code.bits in (4, 6, 8) and x.shape[1] % scheme.group_size == 0
+                and (scheme.scale_dtype == _E8M0 or code.takes_global_scale))
     if scheme.scale_dtype not in _SCALE_DTYPES:
         return False
     if scheme.strategy == "block":
@@ -135,7 +145,8 @@ def covers(x, scheme, device, method: str) -> bool:
     return one_pass == "bytes" and code.codec == "float8" and scheme.symmetric
 
 
-def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None, method="minmax", device=None):
+def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None, method="minmax", device=None,
+                    global_scale=None):
     """``(tensors, stats, counts)`` of weight ``x`` as the multi-pass path gives them (the same
     bytes; the sums of ``stats`` in another order), in one pass; None where that pass refuses
     a group's parameters (a scale the scale dtype cannot hold: the multi-pass path then says
@@ -144,7 +155,8 @@ def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None, me
     :class:`Buffers` for the codes (a fresh array without); ``method`` ``"mse"``: the scales are
     the MSE search's (:func:`gpuq.choose_qparams`, as the multi-pass path calls it), the codes
     and figures the pass's; ``device`` the run's (a CUDA one takes the GPU's pass,
-    :mod:`gpuq.checkpoints.fused_cuda`).
+    :mod:`gpuq.checkpoints.fused_cuda`); ``global_scale`` NVFP4's (a merged layer's shared one,
+    ``serving.quantize.shared_global_scales``; None: the weight's own, :func:`gpuq.global_scale`).
 
     >>> from gpuq.checkpoints.formats.compressed_tensors import PACK
     >>> from gpuq.checkpoints.serving.formats import WeightScheme, int_code
@@ -157,11 +169,13 @@ def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None, me
     buffers = buffers or Buffers()
     if scheme.strategy == "block":
         return _blocks(x, scheme, module, buffers, device)
+    if getattr(scheme.layout, "one_pass", None) == "micro" and getattr(device, "name", "cpu") != "cuda":
+        return _micro(x, scheme, module, buffers, global_scale)
     if scale_rule is None:
         scale_rule = scheme_rule(scheme)
     g = group_of(x.shape, scheme)
     given = None
-    if scales_given(scheme, method):
+    if scales_given(scheme, method):  # on a GPU, MXFP8's e8m0 scales come from choose_qparams
         given = chosen_for(x, scheme, method, scale_rule, device)
         if given is None:
             return None
@@ -237,6 +251,65 @@ def _blocks(x, scheme, module, buffers, device=None):
     stats = _figures(signal, error, max_err, counts, x.size)
     codes = out.view(scheme.code.host_array_dtype())
     return scheme.layout.encode(module, x.shape, scheme, codes, scales, None), stats, counts
+
+
+def _micro(x, scheme, module, buffers, global_scale):
+    """:func:`quantize_weight` of fp4/fp6/fp8 codes under MX or NVFP4 scales (compressed-tensors'
+    microscaling layouts): the scales chosen in the pass, the codes in their stored bytes."""
+    two_level = {}
+    if scheme.scale_dtype == _E4M3:  # NVFP4: the tensor's global scale first (a reduction)
+        two_level["global_scale"] = _global_scale(x) if global_scale is None else global_scale
+    codes, sbytes, stats, counts = micro_bytes(x, scheme, buffers, **two_level)
+    return scheme.layout.encode_bytes(module, x.shape, scheme, codes, sbytes, **two_level), stats, counts
+
+
+def micro_bytes(x, scheme, buffers=None, global_scale=None):
+    """``(codes, scale_bytes, stats, counts)`` of a ``[out, in]`` weight ``x`` in fp4/fp6/fp8 codes
+    under MX scales (by ``scheme.scale_rule``) or NVFP4's (``global_scale`` given), as the
+    multi-pass path forms them, in one pass (:func:`gpuq.backends.host.weight_pass.quantize_micro`;
+    the caller checks :func:`covers` first): the codes' bytes (uint8 ``[out, in * bits / 8]``, fp4
+    two a byte with input ``2j`` in the low nibble, fp6 four in three bytes; in ``buffers``' memory
+    where given, valid until its next weight), the scales' bytes (uint8 ``[out, in / group]``:
+    e8m0, or NVFP4's e4m3), the report's figures and the NaN/Inf counts.
+
+    >>> from gpuq._codetypes import CODE_TYPES
+    >>> from gpuq.checkpoints.serving.formats import WeightScheme
+    >>> s = WeightScheme(CODE_TYPES["float4_e2m1fn"], "group", True, _E8M0, None, group_size=32)
+    >>> codes, sb, stats, counts = micro_bytes(np.float32([[3.0, -1.0] + [0.0] * 30]), s)
+    >>> codes[0, 0], sb.tolist(), stats["error"]   # 3 = 6 * 2**-1: codes 7 (6.0) and 12 (-2.0)
+    (np.uint8(199), [[126]], 0.0)
+    """
+    from ..backends.host import weight_pass
+    from .._mx import DEFAULT_RULE
+
+    rows, n = x.shape
+    out = (buffers or Buffers()).array("codes", (rows, n * scheme.code.bits // 8), np.uint8)
+    sbytes, (signal, error, max_err), counts = weight_pass.quantize_micro(
+        x, scheme.code, scheme.group_size, out, mx_rule=scheme.scale_rule or DEFAULT_RULE, global_scale=global_scale)
+    return out, sbytes, _figures(signal, error, max_err, counts, x.size), counts
+
+
+def _global_scale(x) -> np.float32:
+    """:func:`gpuq.global_scale` of ``x``'s finite values, from the pass's own reduction."""
+    import gpuq
+
+    return gpuq.global_scale(amax=finite_amax(x), float_dtype=x.dtype)
+
+
+def finite_amax(x):
+    """``max |x|`` (float32) over the finite values of a 2-D weight ``x`` by the compiled
+    reduction (order keys of the stored bits, no float32 copy); None where it does not serve
+    (NumPy-only hosts, other dtypes or layouts: the caller reduces it itself).
+
+    >>> finite_amax(np.float32([[1.0, np.nan], [-2.0, np.inf]]))
+    np.float32(2.0)
+    """
+    from ..backends.host import choice, weight_pass
+
+    if (choice.kernels() is None or not isinstance(x, np.ndarray) or x.ndim != 2 or not x.size
+            or not x.flags.c_contiguous or not (is_bfloat16(x.dtype) or x.dtype in (np.float16, np.float32))):
+        return None
+    return weight_pass.weight_amax(x)
 
 
 def _figures(signal, error, max_err, counts, size) -> dict:

@@ -18,6 +18,11 @@ float16 as uint16 bits through the widening table, float32 as it is):
    ``serving.packing``) or written as fp8 bytes, and the group's sums of x^2 and of the
    error^2 and its max abs error added to the call's figures.
 
+:func:`micro_rows` does the same for float codes under scales chosen per group by a rule (MX's
+e8m0 and NVFP4's e4m3 scales: compressed-tensors' microscaling layouts, gpt-oss's experts): the
+group's ``max |x|`` by its magnitude bits, the rule's scale byte, the codes packed in their stored
+bytes (fp4 two a byte, fp6 four in three), the figures.
+
 The per-element arithmetic is the loops' own functions (no fastmath); only the float64 sums
 reassociate (:func:`_energy`: 4-wide partial sums), so the report's SQNR may differ from the
 old ``einsum`` in its last digits, never a code or a scale.
@@ -25,13 +30,16 @@ old ``einsum`` in its last digits, never a code or a scale.
 
 from __future__ import annotations
 
-import numpy as np
-from numba import njit
+import functools
 
-from ..._dtypes import is_bfloat16
+import numpy as np
+from numba import njit, types
+from numba.extending import overload
+
+from ..._dtypes import dtype_name, is_bfloat16
 from . import formats, threads
 from .affine import float16_table
-from .loops import JIT, finalize_one, float_of_key, fp8_of, load, quantize_one, run_keys
+from .loops import JIT, e2m1_of, finalize_one, float_of_key, fp8_of, fp8_one, load, quantize_one, round_scale, run_keys
 from .qparams import KEY_INT, SCALE_FORMATS, key_constants
 
 _FMAX = np.float32(np.finfo(np.float32).max)
@@ -78,12 +86,26 @@ def _pack_fields(sq, g, ob):
         ob[g // 2] = sq[g - 1]
 
 
+def _float_code(v, s, f):
+    """The float code of ``v / s``: ``loops.fp8_of`` with the constants ``f``, or, where ``f`` is
+    None, fp4's ``loops.e2m1_of`` (the same bits; the loop over it vectorizes, as the API's fp4
+    kernels use it)."""
+
+
+@overload(_float_code, inline="always")
+def _float_code_impl(v, s, f):
+    if isinstance(f, types.NoneType):
+        return lambda v, s, f: e2m1_of(v, s)
+    return lambda v, s, f: fp8_of(v, s, f)
+
+
 @njit(inline="always")
 def _fp8_segment(xs, os, s, f, table, values, w, sa, sd):
-    """fp8 codes ``os`` of the ``w`` elements of ``xs`` at scale ``s``, and each element's value
-    and round-trip error in float64 (``sa``, ``sd``) for the figures."""
+    """fp8 codes ``os`` of the ``w`` elements of ``xs`` at scale ``s`` (fp4's where ``f`` is
+    None: :func:`_float_code`), and each element's value and round-trip error in float64
+    (``sa``, ``sd``) for the figures."""
     for j in range(w):  # the codes apart: a table lookup in the loop stops it vectorizing
-        os[j] = fp8_of(load(xs, j, table), s, f)
+        os[j] = _float_code(load(xs, j, table), s, f)
     for j in range(w):
         a = np.float64(load(xs, j, table))
         sa[j] = a
@@ -463,3 +485,220 @@ def _float16_table():
     if not _TABLE:
         _TABLE.append(float16_table())
     return _TABLE[0]
+
+
+# --- fp4/fp6/fp8 codes under MX or NVFP4 scales (compressed-tensors' microscaling layouts) --------
+
+@njit(inline="always")
+def _pack_fp6(sq, g, ob):
+    """6-bit fields ``sq[:g]`` (``g`` a multiple of 4) into bytes ``ob``, four in three:
+    ``c0 | c1 << 6 | c2 << 12 | c3 << 18`` little-endian (``ct_microscaling.pack_fp6``)."""
+    for j in range(g // 4):
+        w = (np.uint32(sq[4 * j] & 0x3F) | (np.uint32(sq[4 * j + 1] & 0x3F) << np.uint32(6))
+             | (np.uint32(sq[4 * j + 2] & 0x3F) << np.uint32(12)) | (np.uint32(sq[4 * j + 3] & 0x3F) << np.uint32(18)))
+        ob[3 * j] = np.uint8(w & np.uint32(0xFF))
+        ob[3 * j + 1] = np.uint8((w >> np.uint32(8)) & np.uint32(0xFF))
+        ob[3 * j + 2] = np.uint8(w >> np.uint32(16))
+
+
+def _group_scale(amax, mx, nv):
+    """``(byte, scale)`` of a group of finite ``max |x|`` ``amax`` (float32): MX's where ``mx``
+    is given, NVFP4's where ``nv`` is (:func:`micro_rows`); the other is None, and the choice
+    is made when the loop compiles."""
+
+
+@overload(_group_scale, inline="always")
+def _group_scale_impl(amax, mx, nv):
+    if isinstance(nv, types.NoneType):
+        def mx_scale(amax, mx, nv):
+            first, step, values = mx
+            a = np.float32(amax).view(np.uint32)
+            e = a >> np.uint32(23)
+            b = np.uint8(first[e] + np.uint8(a >= step[e]))
+            return b, values[b]
+        return mx_scale
+
+    def nvfp4_scale(amax, mx, nv):
+        gs, qmax, fmt, e4m3, e4m3_values, zero_byte, zero_scale = nv
+        b = fp8_one(min(gs * round_scale(amax / qmax, fmt), np.float32(448)), e4m3)
+        sb = e4m3_values[b]
+        if sb == np.float32(0):
+            b, sb = zero_byte, zero_scale
+        return b, np.float32(sb / gs)
+    return nvfp4_scale
+
+
+@njit(**JIT)
+def micro_rows(x, table, bits, r0, r1, n, g, shift, mag, inf, f, values, cbits, out, sbytes, mx, nv,
+               acc, cnt, sq, sa, sd):
+    """Rows ``r0:r1`` of a C-order ``[rows, n]`` weight in float codes (fp4, fp6 or fp8: ``f``
+    = ``formats.fp8_consts``, None for fp4's ``loops.e2m1_of``; ``values`` = ``formats.fp8_table``;
+    ``cbits`` the code's width)
+    with one scale a group of ``g`` along a row, chosen in the pass from the group's ``max |x|``
+    (its finite values: 0 for a group of NaN/Inf only), in one pass:
+
+    * ``mx`` ``(first, step, values)`` (:func:`mx_rule_table`): OCP MX's e8m0 scale, the byte
+      ``first[e] + (bits >= step[e])`` of amax's float32 bits (``e`` their exponent field),
+      the scale ``values[byte]``;
+    * ``nv`` ``(gs, qmax, fmt, e4m3, e4m3_values, zero_byte, zero_scale)``: NVFP4's block scale
+      under the global scale ``gs`` (``gpuq._nvfp4``): ``e4m3(min(gs * D(amax / qmax), 448))``
+      (``D`` the weight's dtype, scale format ``fmt``: ``loops.round_scale``; the e4m3 byte by
+      ``loops.fp8_one``), ``zero_scale`` (byte ``zero_byte``) where that is 0; the codes are
+      taken at ``float32(s_b / gs)``.
+
+    One of ``mx``, ``nv`` is None. The group's scale byte goes to ``sbytes`` (one a group), its
+    codes to ``out`` (``n * cbits / 8`` bytes a row: fp8 bytes, fp4 two a byte with the first in
+    the low nibble, fp6 four in three bytes), and its figures to ``acc``/``cnt`` as in
+    :func:`weight_rows` (the dequantized value ``values[q] * s`` in float32). ``sq`` (uint8),
+    ``sa``/``sd`` (float64) are scratch of ``g`` elements.
+    """
+    groups = n // g
+    rb = n * cbits // 8
+    for r in range(r0, r1):
+        for gi in range(groups):
+            base = r * n + gi * g
+            xs, bs = x[base:base + g], bits[base:base + g]
+            top = _magnitude(bs, mag)
+            bad = top >= inf
+            if bad:  # the finite values' max |x| (0 where there is none)
+                lo, hi, _, _, _ = _finite_range(xs, table, 0, g)
+                amax = abs(max(hi, -lo))
+            else:
+                amax = np.float32(float_of_key(top, bits, shift, mag, table))
+            b, s = _group_scale(amax, mx, nv)
+            sbytes[r * groups + gi] = b
+            ob = out[r * rb + gi * g * cbits // 8:]
+            _fp8_segment(xs, ob if cbits == 8 else sq, s, f, table, values, g, sa, sd)
+            if cbits == 4:
+                _pack_fields(sq, g, ob)
+            elif cbits == 6:
+                _pack_fp6(sq, g, ob)
+            if bad:  # rare: leave the non-finite elements out of the figures, and count them
+                _drop_nonfinite(xs, table, g, sa, sd, cnt)
+            _energy(sa, sd, g, acc)
+
+
+@functools.cache
+def mx_rule_table(code: str, rule: str) -> tuple:
+    """OCP MX's rule (:func:`gpuq._mx.mx_exponents`, the one statement of it) as the pass reads
+    it: ``(first, step, values)``, where the e8m0 byte of a finite ``amax >= 0`` with float32
+    bits ``a`` is ``first[a >> 23] + (a >= step[a >> 23])`` and its scale ``values[byte]``.
+
+    Every rule's ``k`` rises with amax and takes at most two values within one binade (``k``
+    follows amax's exponent, or ``log2`` of amax over a constant), so each exponent field has a
+    first byte and the first bits where the second begins, found here by bisection on
+    ``mx_exponents`` itself (checked: the ends of each binade differ by 0 or 1).
+
+    >>> first, step, values = mx_rule_table("float4_e2m1fn", "even")
+    >>> a = np.float32(1.75).view(np.uint32)   # 1.75 = 1.75 * 2**0, even rounds up: 2**-1
+    >>> b = first[a >> 23] + (a >= step[a >> 23]); int(b), float(values[b])
+    (126, 0.5)
+    """
+    from ... import _mx
+
+    def byte(b):
+        return _mx.mx_exponents(b.view(np.float32), code, rule) + 127
+
+    field = np.arange(255, dtype=np.uint32) << np.uint32(23)  # the finite exponent fields
+    lo, hi = byte(field), byte(field | np.uint32(0x7FFFFF))
+    if not ((hi - lo >= 0) & (hi - lo <= 1)).all():
+        raise AssertionError(f"gpuq internal error: the MX rule {rule!r} is not monotonic in two steps a binade")
+    a, b = np.zeros(255, np.uint32), np.full(255, 0x7FFFFF, np.uint32)
+    while (a < b).any():  # the first mantissa whose byte is hi's (b's byte is hi's throughout)
+        mid = (a + b) // 2
+        up = byte(field | mid) == hi
+        b, a = np.where(up, mid, b), np.where(up, a, mid + 1)
+    step = np.where(hi > lo, field | b, np.uint32(0xFFFFFFFF)).astype(np.uint32)
+    first = np.append(lo, 0).astype(np.uint8)  # field 255 (Inf/NaN) is never read: amax is finite
+    values = _mx.e8m0_scales(np.arange(256, dtype=np.uint8))
+    return first, np.append(step, np.uint32(0xFFFFFFFF)), values
+
+
+def quantize_micro(x, code, g, out, *, mx_rule=None, global_scale=None):
+    """One pass over a C-order 2-D weight ``x`` (bfloat16, float16 or float32) in the float
+    codes ``code`` (fp4, fp6 or fp8: a ``gpuq._codetypes`` row) with one scale a group of ``g``
+    along a row, chosen in the pass (:func:`micro_rows`): OCP MX's e8m0 scales by ``mx_rule``
+    (``gpuq._mx.RULES``), or NVFP4's e4m3 block scales under ``global_scale``
+    (:func:`gpuq.global_scale`'s float32, fp4 only). The codes go to ``out`` (uint8
+    ``[rows, n * bits / 8]``: fp8 bytes, fp4 two a byte with the first in the low nibble, fp6
+    four in three little-endian bytes, compressed-tensors' layouts); rows are shared among the
+    host threads. NaN and +-Inf are left out of the scales (their group's ``max |x|`` is its
+    finite values') and of the figures, and counted.
+
+    Returns ``(scale_bytes, (signal, error, max_abs_error), counts)``: the scales' stored bytes
+    (uint8 ``[rows, n / g]``: e8m0's biased exponents, or the e4m3 bytes of NVFP4's ``s_b``).
+
+    >>> from gpuq._codetypes import code_type
+    >>> out = np.empty((1, 16), np.uint8)
+    >>> sb, figures, counts = quantize_micro(np.float32([[6.0, -0.5] + [0.0] * 30]), code_type("float4_e2m1fn"),
+    ...                                      32, out, mx_rule="even")
+    >>> sb.tolist(), out[0, 0], figures
+    ([[127]], np.uint8(151), (36.25, 0.0, 0.0))
+    """
+    rows, n = x.shape
+    flat, table, bits, (shift, mag, inf) = _views(x)
+    f, values = formats.fp8_consts(code.fp8, True), formats.fp8_table(code.fp8, np.float32)
+    if code.bits == 4:
+        f = None  # fp4: loops.e2m1_of, the same bits as fp8_of with these constants, faster
+    mx = nv = None
+    if global_scale is None:
+        mx = mx_rule_table(code.name, mx_rule)
+    else:  # NVFP4 (gpuq._nvfp4): s_b rounded to e4m3 from gs * D(amax / 6); 0 -> 0.125
+        zero = np.empty(1, np.uint8)
+        formats.fp8_bits(np.float32([0.125]), "e4m3fn", True, zero)
+        nv = (np.float32(global_scale), np.float32(code.qmax), SCALE_FORMATS[dtype_name(x.dtype)],
+              formats.fp8_consts("e4m3fn", True), formats.fp8_table("e4m3fn", np.float32), zero[0],
+              np.float32(0.125))
+    sbytes = np.empty((rows, n // g), np.uint8)
+    chunks = _chunks(rows, n, threads.get_num_threads())
+    accs = [np.zeros(3) for _ in chunks]
+    cnts = [np.zeros(3, np.int64) for _ in chunks]
+
+    def run(i):
+        r0, r1 = chunks[i]
+        micro_rows(flat, table, bits, r0, r1, n, g, shift, mag, inf, f, values, code.bits, out.reshape(-1),
+                   sbytes.reshape(-1), mx, nv, accs[i], cnts[i], np.empty(g, np.uint8), np.empty(g), np.empty(g))
+
+    _run_chunks(run, len(chunks))
+    return sbytes, _totals(accs), _counts(cnts)
+
+
+@njit(**JIT)
+def amax_rows(x, table, bits, n, shift, mag, inf):
+    """``max |x|`` (float32) of the finite values of a flat weight, row by row of ``n``: the
+    largest magnitude bits (an integer max, which vectorizes), or, where a row holds a NaN or
+    +/-Inf, that row's finite range (0 where nothing is finite)."""
+    amax = np.float32(0)
+    for r in range(x.size // n):
+        bs = bits[r * n:(r + 1) * n]
+        top = _magnitude(bs, mag)
+        if top >= inf:
+            lo, hi, _, _, _ = _finite_range(x, table, r * n, n)
+            a = max(hi, -lo)
+        else:
+            a = np.float32(float_of_key(top, bits, shift, mag, table))
+        amax = max(amax, a)
+    return amax
+
+
+def weight_amax(x) -> np.float32:
+    """``max |x|`` (float32) of the finite values of a C-order 2-D weight ``x`` (bfloat16,
+    float16 or float32): :func:`amax_rows`.
+
+    >>> weight_amax(np.float32([[1.0, np.nan], [-2.0, 0.5]]))
+    np.float32(2.0)
+    """
+    flat, table, bits, (shift, mag, inf) = _views(x)
+    return np.float32(amax_rows(flat, table, bits, x.shape[1], shift, mag, inf))
+
+
+def _views(x):
+    """``(flat, table, bits, (shift, mag, inf))`` of a C-order weight as the loops read it: its
+    flat elements (float16 as uint16 bits with the widening ``table``, bfloat16 as int16
+    bits), their signed-integer view and its order-key constants (``qparams.key_constants``)."""
+    flat, table = x.reshape(-1), None
+    if x.dtype == np.float16:
+        flat, table = flat.view(np.uint16), _float16_table()
+    elif is_bfloat16(x.dtype):
+        flat = flat.view(np.int16)  # bfloat16 bits, widened by a shift in the loop
+    return flat, table, x.reshape(-1).view(KEY_INT[x.dtype.itemsize]), key_constants(x.dtype)

@@ -111,6 +111,8 @@ class _Micro(Layout):
     #: stored codes per input element (a packed layout holds fewer bytes than elements)
     bytes_per = (1, 1)
     global_scale = False
+    #: gpuq.checkpoints.fused: the scales, the codes' stored bytes and the figures in one pass
+    one_pass = "micro"
 
     def params(self, scheme):
         return ("weight_packed", "weight_scale")
@@ -152,6 +154,12 @@ class _Micro(Layout):
         return {f"{module}.{self.params(scheme)[0]}": self.store(codes),
                 f"{module}.weight_scale": gpuq.e8m0_bytes(np.asarray(scales, np.float32)).reshape(
                     shape[0], -1)}
+
+    def encode_bytes(self, module, shape, scheme, codes, scale_bytes, **_) -> dict:
+        """:meth:`encode`'s tensors from the codes' stored bytes (uint8 ``[out, stored_cols]``)
+        and the scales' (uint8 ``[out, in / group]``): gpuq.checkpoints.fused's one pass."""
+        return {f"{module}.{self.params(scheme)[0]}": codes.view(self.stored_dtype()),
+                f"{module}.weight_scale": scale_bytes.view(self.scale_numpy())}
 
     def decode(self, module, scheme, load) -> tuple:
         name = f"{module}.{self.params(scheme)[0]}"
@@ -202,8 +210,6 @@ class MXFP8Quantized(_Micro):
     """``mxfp8-quantized``: e4m3 codes in ``M.weight``, e8m0 scales per 32."""
 
     name, code_name = "mxfp8-quantized", "float8_e4m3fn"
-    #: gpuq.checkpoints.fused: the fp8 bytes and figures in one pass, under choose_qparams' MX scales
-    one_pass = "mx-bytes"
 
     def params(self, scheme):
         return ("weight", "weight_scale")
@@ -239,6 +245,10 @@ class NVFP4Packed(MXFP4Packed):
         return {f"{module}.weight_packed": pack_fp4(codes),
                 f"{module}.weight_scale": np.asarray(scales, np.float32).reshape(shape[0], -1).astype(
                     self.scale_numpy()),
+                f"{module}.weight_global_scale": np.float32([global_scale])}
+
+    def encode_bytes(self, module, shape, scheme, codes, scale_bytes, *, global_scale) -> dict:
+        return {**super().encode_bytes(module, shape, scheme, codes, scale_bytes),
                 f"{module}.weight_global_scale": np.float32([global_scale])}
 
     def scales(self, module, load, grid):

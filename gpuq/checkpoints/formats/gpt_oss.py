@@ -12,8 +12,10 @@ the published checkpoints leave in bf16. transformers loads such a folder as ``G
 
 Writing: each expert's ``[out, in]`` weight gets e8m0 scales per 32 inputs by the MX rule
 ``scale_rule`` (the array API's default, ``even``: compressed-tensors' MXFP4 rule; README compares
-the rules) and e2m1 codes by round-half-to-even, one expert at a time (its float32 copy, its codes
-and scales are the run's memory beside the kept tensors). transformers' own MXFP4 quantizer
+the rules) and e2m1 codes by round-half-to-even, one expert at a time (its ``[out, in]`` copy, its
+codes and scales are the run's memory beside the kept tensors; on the host with the compiled
+loops the scales, codes and report's figures come from one pass,
+:func:`gpuq.checkpoints.fused.micro_bytes`). transformers' own MXFP4 quantizer
 (triton_kernels' ``downcast_to_mxfp``) rounds ties away from zero under ``rceil``: its bytes are
 not a goal. Reading (``gpuq dequantize``): the dense bf16 folder transformers loads as a plain
 ``GptOssForCausalLM``, each expert tensor ``[E, in, out]`` bit for bit
@@ -62,6 +64,8 @@ class Experts(Layout):
     the dense tensor's own name)."""
 
     name = "gpt-oss mxfp4"
+    #: gpuq.checkpoints.fused: each expert's scales, codes (the blocks' bytes) and figures in one pass
+    one_pass = "micro"
 
     def params(self, scheme):
         return (_BLOCKS, _SCALES)
@@ -306,39 +310,34 @@ def quantize(opts, *, warn, progress) -> dict:
 
 def _quantize_experts(ckpt, n, w, rule, device, nonfinite, warn) -> dict:
     """Quantize the expert tensor ``n`` one expert at a time into ``w``; its report row."""
-    import gpuq
+    import dataclasses
 
-    from ..convert import count_nonfinite, error_stats, finite_part, sqnr_db
+    from .. import fused
+    from ..convert import count_nonfinite, sqnr_db
     from ..report import nonfinite_text
 
     shape, dtype = ckpt.spec(n)
     e_count, n_in, n_out = shape
     counts = {"nan": 0, "posinf": 0, "neginf": 0}
     signal = error = max_err = 0.0
-    kw = dict(axis=1, group_size=GROUP)
+    scheme, buffers = dataclasses.replace(SCHEME, scale_rule=rule), fused.Buffers()
     for e in range(e_count):
         x = np.ascontiguousarray(ckpt.load_rows(n, e, e + 1)[0].T)  # the expert's [out, in] weight
-        bad = count_nonfinite(x)
+        # On the host with the compiled loops: scales, codes and figures in one pass (the same bytes)
+        done = fused.micro_bytes(x, scheme, buffers) if fused.covers(x, scheme, device, "minmax") else None
+        bad = count_nonfinite(x) if done is None else done[3]
         if sum(bad.values()):
             if nonfinite == "error":
                 raise CliError(f"tensor {n!r} has {nonfinite_text(bad)} (expert {e}); --nonfinite warn or "
                                f"allow quantizes it with scales from its finite values")
             for k, v in bad.items():
                 counts[k] += v
-        xd = device.put(x)
-        pd = device.put(finite_part(x)) if sum(bad.values()) else xd
-        try:
-            scales, _ = gpuq.choose_qparams(pd, dtype=FP4, scale_dtype=E8M0, scale_rule=rule, **kw)
-            q = gpuq.quantize(xd, scales, dtype=FP4, **kw)
-        except (ValueError, TypeError) as exc:
-            raise CliError(f"tensor {n!r}, expert {e}: {' '.join(str(exc).split())}") from exc
-        stats = error_stats(x, q, scales, None, {**kw, "dtype": FP4}, get=device.get,
-                            finite_only=bool(sum(bad.values())))
+        # packed e2m1 codes (input 2j in the low nibble, 2j + 1 in the high one), e8m0 bytes
+        packed, scale_bytes, stats = done[:3] if done is not None else _multi_pass(x, n, e, rule, device, bad)
         signal, error = signal + stats["signal"], error + stats["error"]
         max_err = max(max_err, stats["max_abs_error"])
-        packed = np.asarray(device.get(q.data))  # packed e2m1 codes: input 2j low nibble, 2j + 1 high
         w.write_rows(n + _BLOCKS, packed.reshape(1, n_out, n_in // GROUP, BLOCK_BYTES), e)
-        w.write_rows(n + _SCALES, gpuq.e8m0_bytes(np.asarray(device.get(scales))).reshape(1, n_out, -1), e)
+        w.write_rows(n + _SCALES, scale_bytes.reshape(1, n_out, -1), e)
     if sum(counts.values()) and nonfinite == "warn" and warn is not None:
         warn(f"tensor {n!r} has {nonfinite_text(counts)}: quantized with scales from its finite values; "
              f"--nonfinite error refuses it, allow keeps quiet")
@@ -349,6 +348,25 @@ def _quantize_experts(ckpt, n, w, rule, device, nonfinite, warn) -> dict:
             "scheme_text": f"{FP4} g={GROUP} e8m0 {rule}", "bytes_before": ckpt.nbytes(n), "bytes_after": after,
             "sqnr_db": sqnr_db(signal, error), "max_abs_error": max_err, "nonfinite": counts,
             "_signal": signal, "_error": error}
+
+
+def _multi_pass(x, n, e, rule, device, bad) -> tuple:
+    """``(packed codes, e8m0 bytes, stats)`` of expert ``e``'s ``[out, in]`` weight ``x`` by the
+    array API (a GPU, NumPy-only hosts): scales from the finite values (``bad``: its counts)."""
+    import gpuq
+
+    from ..convert import error_stats, finite_part
+
+    kw = dict(axis=1, group_size=GROUP)
+    xd = device.put(x)
+    pd = device.put(finite_part(x)) if sum(bad.values()) else xd
+    try:
+        scales, _ = gpuq.choose_qparams(pd, dtype=FP4, scale_dtype=E8M0, scale_rule=rule, **kw)
+        q = gpuq.quantize(xd, scales, dtype=FP4, **kw)
+    except (ValueError, TypeError) as exc:
+        raise CliError(f"tensor {n!r}, expert {e}: {' '.join(str(exc).split())}") from exc
+    stats = error_stats(x, q, scales, None, {**kw, "dtype": FP4}, get=device.get, finite_only=bool(sum(bad.values())))
+    return np.asarray(device.get(q.data)), gpuq.e8m0_bytes(np.asarray(device.get(scales))), stats
 
 
 def dequantize(opts, *, warn, progress) -> dict:

@@ -213,6 +213,9 @@ def _finite_amax(model, name, block=1 << 22) -> np.float32:
     """``max |x|`` over the finite values of tensor ``name``, as float32."""
     with Checkpoint(model.shard_path(model.weight_map[name])) as ckpt:
         x = ckpt.load(name)
+        amax = fused.finite_amax(x)  # the compiled reduction where it serves
+        if amax is not None:
+            return amax
         rows = max(1, block // max(1, x.size // max(1, x.shape[0])))
         amax = np.float32(0)
         for r0 in range(0, x.shape[0], rows):
@@ -305,7 +308,8 @@ def quantize_weight(x, scheme: WeightScheme, device, name, nonfinite="warn", war
     import gpuq
 
     if fused.covers(x, scheme, device, method):
-        done = fused.quantize_weight(x, scheme, module_of(name), buffers=buffers, method=method, device=device)
+        done = fused.quantize_weight(x, scheme, module_of(name), buffers=buffers, method=method, device=device,
+                                     global_scale=global_scale)
         if done is not None:
             _check_nonfinite(done[2], name, nonfinite, warn)
             return done
