@@ -226,21 +226,21 @@ def _finite_amax(model, name, block=1 << 22) -> np.float32:
 def _quantize_shard(model, shard, path, entries, chosen, kept, device, nonfinite, warn, present, bar,
                     method, shared) -> list:
     rows = []
-    buffers = Buffers()  # the read and code buffers, reused from weight to weight
+    buffers = Buffers()  # the code buffers, reused from weight to weight (the input is mapped)
     with Checkpoint(model.shard_path(shard)) as ckpt, \
             checkpoint_writer(path, "safetensors", entries, None, model.extra[shard]) as w:
         for name in ckpt.names:
             shape, dtype = model.specs[name]
             row = {"name": name, "shape": list(shape), "dtype": dtype.name, "bytes_before": ckpt.nbytes(name)}
             if name not in chosen:
-                w.write(name, ckpt.load(name))
+                w.copy_from(name, ckpt)  # file to file in the kernel where it can
                 router = kept.get(name) == ROUTER  # its own row in the table: no vLLM rule applies
                 rows.append({**row, "quantized": False, "scheme": None, "bytes_after": row["bytes_before"],
                              "sqnr_db": None, "max_abs_error": None, "nonfinite": None,
                              "vllm": "-" if router else None, **({"reason": ROUTER} if router else {})})
             else:
                 scheme = chosen[name]
-                tensors, stats, counts = quantize_weight(buffers.load(ckpt, name), scheme, device, name, nonfinite,
+                tensors, stats, counts = quantize_weight(ckpt.mapped(name), scheme, device, name, nonfinite,
                                                          warn, method, shared.get(name), buffers=buffers)
                 for n, t in tensors.items():
                     w.write(n, t)
