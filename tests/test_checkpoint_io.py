@@ -1,7 +1,6 @@
 """The checkpoint files' fast paths (issue 40's speed target): a tensor read through a memory map
-(``Checkpoint.mapped``), a kept tensor copied file to file in the kernel (``copy_from``), and one
-weight's tensors written on a background thread (``write_batch``). Each must give the bytes the
-plain path gives (``load``, ``write``), and a failure must still be one CliError with no OUT left.
+(``Checkpoint.mapped``) and a kept tensor copied file to file in the kernel (``copy_from``). Each
+must give the bytes the plain path gives (``load``, ``write``), and refuse what it cannot do.
 """
 
 import errno
@@ -13,7 +12,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from gpuq.checkpoints.files import Checkpoint, CliError, checkpoint_writer
+from gpuq.checkpoints.files import Checkpoint, checkpoint_writer
 
 # Odd sizes and every itemsize the pass reads, plus an empty tensor and one past a page boundary.
 TENSORS = {
@@ -73,18 +72,12 @@ def _written(path, fill):
     return path.read_bytes()
 
 
-def test_copy_from_and_write_batch_give_the_bytes_of_write(src, tmp_path):
+def test_copy_from_gives_the_bytes_of_write(src, tmp_path):
     plain = _written(tmp_path / "plain.safetensors",
                      lambda w, ckpt: [w.write(n, ckpt.load(n)) for n in TENSORS])
     copied = _written(tmp_path / "copied.safetensors", lambda w, ckpt: [w.copy_from(n, ckpt) for n in TENSORS])
-
-    def batches(w, ckpt):
-        w.write_batch({n: ckpt.load(n) for n in list(TENSORS)[:2]})
-        w.write_batch({n: ckpt.load(n) for n in list(TENSORS)[2:]})
-
-    batched = _written(tmp_path / "batched.safetensors", batches)
-    assert plain == copied == batched
-    with Checkpoint(str(tmp_path / "batched.safetensors")) as out:
+    assert plain == copied
+    with Checkpoint(str(tmp_path / "copied.safetensors")) as out:
         assert all(out.load(n).tobytes() == t.tobytes() for n, t in TENSORS.items())
 
 
@@ -105,41 +98,3 @@ def test_copy_from_refuses_another_shape(src, tmp_path):
         with checkpoint_writer(str(tmp_path / "o.safetensors"), "safetensors", entries) as w:
             w.copy_from("a.bf16", ckpt)
     assert not (tmp_path / "o.safetensors").exists()
-
-
-@pytest.mark.parametrize("where", ["next batch", "end of the block"])
-def test_write_batch_error_is_one_cli_error_and_no_file(src, tmp_path, monkeypatch, where):
-    """A write that fails on the writer's thread surfaces as the usual CliError, at the next
-    batch or at the end of the block, and OUT is not left behind."""
-    real = os.pwrite
-
-    def full(fd, data, offset):
-        if len(data) == TENSORS["c.f32"].nbytes:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real(fd, data, offset)
-
-    monkeypatch.setattr(os, "pwrite", full)
-    entries = {n: (t.shape, t.dtype) for n, t in TENSORS.items()}
-    out = tmp_path / "o.safetensors"
-    with pytest.raises(CliError, match="No space left on device"):
-        with checkpoint_writer(str(out), "safetensors", entries) as w:
-            w.write_batch({"c.f32": TENSORS["c.f32"]})
-            rest = {n: t for n, t in TENSORS.items() if n != "c.f32"}
-            if where == "next batch":
-                w.write_batch(rest)
-                pytest.fail("the batch after a failed one went on")
-            for n, t in rest.items():
-                w.write(n, t)
-    assert sorted(os.listdir(tmp_path)) == ["in.safetensors"]
-
-
-def test_write_batch_checks_before_writing(tmp_path):
-    entries = {"w": ((2,), np.dtype(np.int8))}
-    with pytest.raises(RuntimeError, match="declared"):
-        with checkpoint_writer(str(tmp_path / "o.safetensors"), "safetensors", entries) as w:
-            w.write_batch({"w": np.zeros(3, np.int8)})
-    with pytest.raises(RuntimeError, match="written twice"):
-        with checkpoint_writer(str(tmp_path / "o.safetensors"), "safetensors", entries) as w:
-            w.write_batch({"w": np.zeros(2, np.int8)})
-            w.write_batch({"w": np.zeros(2, np.int8)})
-    assert os.listdir(tmp_path) == []

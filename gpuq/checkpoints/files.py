@@ -628,7 +628,6 @@ def checkpoint_writer(path: str, fmt: str, entries: dict, meta: dict | None = No
         try:
             writer.guard(writer.start)
             yield writer
-            writer.guard(writer.drain)
             missing = [n for n in entries if n not in writer.written]
             if missing:
                 raise RuntimeError(f"tensors declared but never written: {missing[:5]}")
@@ -670,23 +669,6 @@ class _Writer:
 
     def write(self, name: str, arr) -> None:
         """Write tensor ``name`` (declared up front; once)."""
-        arr = self._checked(name, arr)
-        self.guard(self._write, name, arr)
-        self.written.add(name)
-
-    def write_batch(self, tensors: dict) -> None:
-        """Write every tensor of ``tensors`` (name -> array, each declared, once). A .safetensors
-        OUT writes them on a background thread while the caller goes on (the writes of one
-        weight beside the next one's pass): the arrays must stay as they are until the next
-        ``write_batch``, which first waits for this one, or the end of the ``with`` block. A
-        write error is raised by the next call, or at the end of the block."""
-        for name, arr in tensors.items():
-            self.write(name, arr)
-
-    def drain(self) -> None:
-        """Wait for the writes :meth:`write_batch` left running (none here)."""
-
-    def _checked(self, name, arr):
         arr = np.asarray(arr)
         if name not in self.entries or name in self.written or name in self._rows:
             raise RuntimeError(f"tensor {name!r} was not declared, or is written twice")
@@ -694,7 +676,8 @@ class _Writer:
         if arr.shape != shape or arr.dtype != dtype:
             raise RuntimeError(f"tensor {name!r}: declared {dtype} {shape}, got "
                                f"{arr.dtype} {arr.shape}")
-        return arr
+        self.guard(self._write, name, arr)
+        self.written.add(name)
 
     def write_rows(self, name: str, arr, start: int) -> None:
         """Write rows ``[start, start + len(arr))`` of tensor ``name`` (its first dimension; a
@@ -802,22 +785,6 @@ class _SafetensorsWriter(_Writer):
     def _write(self, name, arr):
         _pwrite_all(self.fd, _bytes_of(arr), self.data_start + self.offsets[name])
 
-    def write_batch(self, tensors):
-        self.guard(self.drain)
-        batch = [(name, self._checked(name, arr)) for name, arr in tensors.items()]
-        for name, _ in batch:
-            self.written.add(name)  # each name once: drain() raises if a write of the batch fails
-        if self._thread is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            self._thread = ThreadPoolExecutor(1, thread_name_prefix="gpuq-writer")
-        self._pending = self._thread.submit(lambda: [self._write(name, arr) for name, arr in batch])
-
-    def drain(self):
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.result()  # its OSError, to guard(): one CliError line
-
     def copy_from(self, name, ckpt, src=None):
         src = name if src is None else src
         span = ckpt.file_span(src)
@@ -831,12 +798,7 @@ class _SafetensorsWriter(_Writer):
         else:  # this kernel or file system copies no ranges between these files: through memory
             super().copy_from(name, ckpt, src)
 
-    _thread = _pending = None
-
     def close(self):
-        if self._thread is not None:  # on an error path too: no write may outlive the descriptor
-            self._thread.shutdown(wait=True)
-            self._thread = self._pending = None
         if getattr(self, "fd", None) is not None:
             os.close(self.fd)
             self.fd = None

@@ -226,9 +226,7 @@ def _finite_amax(model, name, block=1 << 22) -> np.float32:
 def _quantize_shard(model, shard, path, entries, chosen, kept, device, nonfinite, warn, present, bar,
                     method, shared) -> list:
     rows = []
-    # Two code buffers, taken in turn: one weight's codes are written (write_batch, on the
-    # writer's thread) while the next weight's pass fills the other. The input is mapped.
-    buffers, k = (Buffers(), Buffers()), 0
+    buffers = Buffers()  # the code buffers, reused from weight to weight (the input is mapped)
     with Checkpoint(model.shard_path(shard)) as ckpt, \
             checkpoint_writer(path, "safetensors", entries, None, model.extra[shard]) as w:
         for name in ckpt.names:
@@ -243,9 +241,9 @@ def _quantize_shard(model, shard, path, entries, chosen, kept, device, nonfinite
             else:
                 scheme = chosen[name]
                 tensors, stats, counts = quantize_weight(ckpt.mapped(name), scheme, device, name, nonfinite,
-                                                         warn, method, shared.get(name), buffers=buffers[k % 2])
-                w.write_batch(tensors)
-                k += 1
+                                                         warn, method, shared.get(name), buffers=buffers)
+                for n, t in tensors.items():
+                    w.write(n, t)
                 rows.append({**row, "quantized": True, "scheme": _scheme_json(scheme),
                              "scheme_text": scheme.describe(),
                              "bytes_after": int(sum(t.nbytes for t in tensors.values())),
