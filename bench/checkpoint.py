@@ -218,13 +218,14 @@ def warm_copy(src: str, tmp: str, warm_first: bool = True) -> float:
     return t
 
 
-def timed_runs(argv: list, src: str, out: str, tmp: str, reps: int) -> tuple:
+def timed_runs(argv: list, src: str, out: str, tmp: str, reps: int, copy_s: float) -> tuple:
     """``reps`` runs of ``argv``, each after a warm copy of ``src`` (so the two see the same
-    load on a shared machine): ``(the median run's figures with "runs" (every wall time), the
-    copies' seconds)``; the peak RSS is the largest of the runs'."""
+    load on a shared machine; the first run's is ``copy_s``, timed already): ``(the median run's
+    figures with "runs" (every wall time), the copies' seconds)``; the CPU time is the runs'
+    median, the peak RSS the largest."""
     runs, copies = [], []
-    for _ in range(reps):
-        copies.append(warm_copy(src, tmp, warm_first=False))  # warm already: the run's first copy
+    for i in range(reps):
+        copies.append(warm_copy(src, tmp, warm_first=False) if i else copy_s)  # the file is warm
         m = run_measured(argv)
         if m["rc"] != 0:
             raise RuntimeError(f"the command failed ({m['rc']}): {m['stderr'][-2000:]}")
@@ -387,12 +388,12 @@ def run(args) -> dict:
                 warm = make_folder(os.path.join(tmp, "warmup"), 32, 1)
                 subprocess.run(command(warm, out, scheme, args.device), check=True, capture_output=True)
                 remove_output(out)
-            m, copies = timed_runs(command(folder, out, scheme, args.device), src, out, tmp, args.reps)
+            m, copies = timed_runs(command(folder, out, scheme, args.device), src, out, tmp, args.reps, copy_s)
             mem_s = in_memory(folder, scheme, args.device)
             table = profile(folder, out, scheme, tmp, args.top, args.device) if args.top > 0 else ""
             remove_output(out)
-            copy_s = statistics.median(copies)
-            row = {"wall_s": m["wall_s"], "cpu_s": m["cpu_s"], "ratio_to_copy": m["wall_s"] / copy_s,
+            copy_med = statistics.median(copies)
+            row = {"wall_s": m["wall_s"], "cpu_s": m["cpu_s"], "ratio_to_copy": m["wall_s"] / copy_med,
                    "runs": m["runs"], "copies_s": copies,
                    "input_gb_s": size / m["wall_s"] / 1e9,
                    "peak_rss_mib": m["peak_rss_mib"], "in_memory_s": mem_s,
@@ -406,7 +407,7 @@ def run(args) -> dict:
                       f"{', '.join(f'{r:.2f}' for r in m['runs'])} s, copy {', '.join(f'{c:.2f}' for c in copies)} s; "
                       f"medians below")
             print(f"command wall: {m['wall_s']:.2f} s (CPU {m['cpu_s']:.2f} s) = {row['ratio_to_copy']:.1f}x the warm "
-                  f"copy ({copy_s:.2f} s); "
+                  f"copy ({copy_med:.2f} s); "
                   f"{row['input_gb_s']:.2f} GB/s of input; peak RSS {m['peak_rss_mib']:.0f} MiB; "
                   f"{'the GPU pass' if args.device == 'cuda' else 'gpuq.quantize'} in memory {mem}")
             if table:
