@@ -51,6 +51,7 @@ import json
 import os
 import pstats
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -73,10 +74,12 @@ FULL = {"hidden": 4096, "intermediate": 11008, "vocab": 32000}
 #: gpuq's own format, which takes the folder's ``model.safetensors`` and writes one file.
 SCHEMES = {
     "int4": {"argv": ["--format", "compressed-tensors", "--dtype", "int4", "--group-size", "128"],
+             "llmc": "W4A16",  # llm-compressor's preset of the same scheme (--llmcompressor)
              # the command's symmetric int4 default: the full-range rule (max|x| / 7.5)
              "qparams": {"axis": 1, "group_size": 128, "dtype": "int4", "symmetric": True,
                          "scale_rule": "full"}},
     "fp8": {"argv": ["--format", "compressed-tensors", "--dtype", "float8_e4m3fn"],
+            "llmc": "FP8_DYNAMIC",  # weights: fp8 e4m3 per channel (the activations are dynamic)
             "qparams": {"axis": 0, "dtype": "float8_e4m3fn"}},
     "fp8-blocks": {"argv": ["--format", "fp8-blocks"],
                    "qparams": {"axis": None, "block_size": (128, 128), "dtype": "float8_e4m3fn"},
@@ -180,7 +183,9 @@ def _tree_rss(pid: int) -> int:
 
 
 def run_measured(argv: list, env: dict | None = None) -> dict:
-    """Run ``argv``; its wall time, the peak RSS of its process tree and its exit status."""
+    """Run ``argv``; its wall time, its CPU time (user + system, its descendants' included: less
+    sensitive to a shared machine's load than the wall time), the peak RSS of its process tree
+    and its exit status."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err)
@@ -189,30 +194,51 @@ def run_measured(argv: list, env: dict | None = None) -> dict:
         # ru_maxrss is no use here: a child started by vfork inherits this process's own
         # high-water mark (the in-memory step's gigabytes) until its exec.
         while True:
-            pid, status, _ = os.wait4(proc.pid, os.WNOHANG)
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
             peak = max(peak, _tree_rss(proc.pid))
             time.sleep(0.01)
         wall = time.perf_counter() - t0
+        cpu = usage.ru_utime + usage.ru_stime
         proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
-        return {"wall_s": wall, "peak_rss_mib": peak / MIB, "rc": proc.returncode,
+        return {"wall_s": wall, "cpu_s": cpu, "peak_rss_mib": peak / MIB, "rc": proc.returncode,
                 "stdout": out.read().decode(errors="replace"),
                 "stderr": err.read().decode(errors="replace")}
 
 
-def warm_copy(src: str, tmp: str) -> float:
-    """Seconds of a copy of ``src`` with the page cache warm (a first copy warms it)."""
+def warm_copy(src: str, tmp: str, warm_first: bool = True) -> float:
+    """Seconds of a copy of ``src`` with the page cache warm (a first, untimed copy warms it
+    unless ``warm_first`` is False)."""
     dst = os.path.join(tmp, "copy.safetensors")
-    shutil.copyfile(src, dst)
-    os.remove(dst)
+    if warm_first:
+        shutil.copyfile(src, dst)
+        os.remove(dst)
     t0 = time.perf_counter()
     shutil.copyfile(src, dst)
     t = time.perf_counter() - t0
     os.remove(dst)
     return t
+
+
+def timed_runs(argv: list, src: str, out: str, tmp: str, reps: int, copy_s: float) -> tuple:
+    """``reps`` runs of ``argv``, each after a warm copy of ``src`` (so the two see the same
+    load on a shared machine; the first run's is ``copy_s``, timed already): ``(the median run's
+    figures with "runs" (every wall time), the copies' seconds)``; the CPU time is the runs'
+    median, the peak RSS the largest."""
+    runs, copies = [], []
+    for i in range(reps):
+        copies.append(warm_copy(src, tmp, warm_first=False) if i else copy_s)  # the file is warm
+        m = run_measured(argv)
+        if m["rc"] != 0:
+            raise RuntimeError(f"the command failed ({m['rc']}): {m['stderr'][-2000:]}")
+        remove_output(out)
+        runs.append(m)
+    median = sorted(runs, key=lambda r: r["wall_s"])[(reps - 1) // 2]
+    return {**median, "cpu_s": statistics.median(r["cpu_s"] for r in runs),
+            "peak_rss_mib": max(r["peak_rss_mib"] for r in runs), "runs": [r["wall_s"] for r in runs]}, copies
 
 
 def command(folder: str, out: str, scheme: str, device: str = "cpu") -> list:
@@ -223,6 +249,41 @@ def command(folder: str, out: str, scheme: str, device: str = "cpu") -> list:
         src, dst = os.path.join(folder, "model.safetensors"), out + ".safetensors"
     return [sys.executable, "-m", "gpuq", "quantize", src, "-o", dst, *SCHEMES[scheme]["argv"],
             "--device", device, "-q"]
+
+
+#: llm-compressor's data-free path as its own script, run by the side environment's interpreter
+#: (``--llmcompressor PYTHON``): IN OUT PRESET. Embeddings and lm_head stay in float, as gpuq's
+#: serving formats keep them; it prints the call's own time (imports excluded) on stderr.
+LLMC_SCRIPT = """
+import sys, time
+from llmcompressor import model_free_ptq
+t0 = time.perf_counter()
+model_free_ptq(sys.argv[1], sys.argv[2], scheme=sys.argv[3], ignore=["lm_head", "re:.*embed_tokens"], device="cpu")
+print(f"model_free_ptq_s {time.perf_counter() - t0:.3f}", file=sys.stderr)
+"""
+
+
+def llmc_command(python: str, folder: str, out: str, scheme: str) -> list:
+    """llm-compressor's ``model_free_ptq`` on ``folder`` into ``out`` with ``scheme``'s preset,
+    run by ``python`` (an environment of its own: llm-compressor is no dependency of gpuq)."""
+    return [python, "-c", LLMC_SCRIPT, folder, out, SCHEMES[scheme]["llmc"]]
+
+
+def compare_llmc(python: str, folder: str, out: str, scheme: str, runs: int) -> dict:
+    """gpuq's command and llm-compressor's, alternated ``runs`` times each (so both see the same
+    load): their wall times, CPU times, peak RSS, and the time inside ``model_free_ptq``."""
+    rows = {"gpuq": [], "llmcompressor": []}
+    for _ in range(runs):
+        for who, argv in (("gpuq", command(folder, out, scheme)), ("llmcompressor", llmc_command(python, folder, out,
+                                                                                                scheme))):
+            m = run_measured(argv)
+            remove_output(out)
+            if m["rc"] != 0:
+                raise RuntimeError(f"{who} {scheme} failed ({m['rc']}): {m['stderr'][-2000:]}")
+            inside = [float(line.split()[1]) for line in m["stderr"].splitlines() if line.startswith("model_free_ptq_s ")]
+            rows[who].append({"wall_s": m["wall_s"], "cpu_s": m["cpu_s"], "peak_rss_mib": m["peak_rss_mib"],
+                              "call_s": inside[0] if inside else None, "load": os.getloadavg()[0]})
+    return rows
 
 
 def remove_output(out: str) -> None:
@@ -349,14 +410,13 @@ def run(args) -> dict:
                 warm = make_folder(os.path.join(tmp, "warmup"), 32, 1)
                 subprocess.run(command(warm, out, scheme, args.device), check=True, capture_output=True)
                 remove_output(out)
-            m = run_measured(command(folder, out, scheme, args.device))
-            if m["rc"] != 0:
-                raise RuntimeError(f"{scheme}: the command failed ({m['rc']}): {m['stderr'][-2000:]}")
-            remove_output(out)
+            m, copies = timed_runs(command(folder, out, scheme, args.device), src, out, tmp, args.reps, copy_s)
             mem_s = in_memory(folder, scheme, args.device)
             table = profile(folder, out, scheme, tmp, args.top, args.device) if args.top > 0 else ""
             remove_output(out)
-            row = {"wall_s": m["wall_s"], "ratio_to_copy": m["wall_s"] / copy_s,
+            copy_med = statistics.median(copies)
+            row = {"wall_s": m["wall_s"], "cpu_s": m["cpu_s"], "ratio_to_copy": m["wall_s"] / copy_med,
+                   "runs": m["runs"], "copies_s": copies,
                    "input_gb_s": size / m["wall_s"] / 1e9,
                    "peak_rss_mib": m["peak_rss_mib"], "in_memory_s": mem_s,
                    "load_before": list(load), "profile": table}
@@ -364,7 +424,12 @@ def run(args) -> dict:
             print(f"\n== {scheme} ({' '.join(SCHEMES[scheme]['argv'])}), load {load[0]:.2f} {load[1]:.2f} "
                   f"{load[2]:.2f}")
             mem = "n/a" if mem_s is None else f"{mem_s:.2f} s"
-            print(f"command wall: {m['wall_s']:.2f} s = {row['ratio_to_copy']:.1f}x the warm copy; "
+            if args.reps > 1:
+                print(f"{args.reps} runs alternated with a warm copy: command "
+                      f"{', '.join(f'{r:.2f}' for r in m['runs'])} s, copy {', '.join(f'{c:.2f}' for c in copies)} s; "
+                      f"medians below")
+            print(f"command wall: {m['wall_s']:.2f} s (CPU {m['cpu_s']:.2f} s) = {row['ratio_to_copy']:.1f}x the warm "
+                  f"copy ({copy_med:.2f} s); "
                   f"{row['input_gb_s']:.2f} GB/s of input; peak RSS {m['peak_rss_mib']:.0f} MiB; "
                   f"{'the GPU pass' if args.device == 'cuda' else 'gpuq.quantize'} in memory {mem}")
             if result.get("cuda") == "gpu":
@@ -373,6 +438,12 @@ def run(args) -> dict:
                       f"{'met' if row['target_met'] else 'not met'}")
             if table:
                 print(f"profile (cumulative, top {args.top}):\n{table}")
+            if args.llmcompressor and SCHEMES[scheme].get("llmc") and args.device == "cpu":
+                row["llmcompressor"] = cmp = compare_llmc(args.llmcompressor, folder, out, scheme, args.llmc_runs)
+                for who, runs in cmp.items():
+                    print(f"{who:>13}: " + "; ".join(
+                        f"wall {r['wall_s']:.2f} s, CPU {r['cpu_s']:.2f} s, RSS {r['peak_rss_mib']:.0f} MiB"
+                        + (f", in the call {r['call_s']:.2f} s" if r["call_s"] is not None else "") for r in runs))
     return result
 
 
@@ -384,6 +455,8 @@ def main(argv=None) -> int:
     p.add_argument("--scheme", action="append", choices=sorted(SCHEMES),
                    help="repeatable; default: int4 and fp8")
     p.add_argument("--top", type=int, default=25, help="profile rows (0: no profile run)")
+    p.add_argument("--reps", type=int, default=1,
+                   help="runs of the command, each after a warm copy; the figures are the medians")
     p.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="skip the untimed first run of each scheme on a tiny folder")
     p.add_argument("--dir", help="the model folder (made there if missing or different)")
@@ -391,6 +464,10 @@ def main(argv=None) -> int:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="the command's --device (cuda: on a GPU, the one-pass weight kernel)")
     p.add_argument("--json", help="write the figures to this file too")
+    p.add_argument("--llmcompressor", metavar="PYTHON",
+                   help="an interpreter with llm-compressor installed (a side environment): time its "
+                        "model_free_ptq beside the command, alternated (int4: W4A16, fp8: FP8_DYNAMIC)")
+    p.add_argument("--llmc-runs", type=int, default=2, help="runs of each tool in that comparison")
     args = p.parse_args(argv)
     args.scheme = args.scheme or ["int4", "fp8"]
     result = run(args)

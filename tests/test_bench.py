@@ -330,3 +330,35 @@ def test_checkpoint_bench_commands_of_each_format(tmp_path):
     (tmp_path / "out").mkdir()
     ck.remove_output(str(tmp_path / "out"))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_checkpoint_bench_reps_and_llmcompressor(tmp_path, monkeypatch):
+    """``--reps`` alternates copies and runs (medians), and ``--llmcompressor`` runs the side
+    interpreter's ``model_free_ptq`` alternated with the command: here a stand-in package that
+    copies the folder, so the plumbing (its argv, the time it prints, the rows) is what is tested."""
+    from bench import checkpoint as ck
+
+    fake = tmp_path / "fake" / "llmcompressor"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        "import json, shutil, sys\n"
+        "def model_free_ptq(src, dst, scheme, ignore, device):\n"
+        "    shutil.copytree(src, dst)\n"
+        "    print(json.dumps([scheme, ignore, device]))\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "fake"), ck.REPO]))
+    folder, out_json = tmp_path / "model", tmp_path / "figures.json"
+    assert ck.main(["--scale", "64", "--layers", "1", "--scheme", "int4", "--top", "0", "--no-warmup",
+                    "--reps", "3", "--dir", str(folder), "--tmp", str(tmp_path), "--json", str(out_json),
+                    "--llmcompressor", sys.executable, "--llmc-runs", "2"]) == 0
+    with open(out_json) as f:
+        row = json.load(f)["schemes"]["int4"]
+    assert len(row["runs"]) == len(row["copies_s"]) == 3 and row["wall_s"] == sorted(row["runs"])[1]
+    assert row["ratio_to_copy"] == pytest.approx(row["wall_s"] / sorted(row["copies_s"])[1])
+    assert 0 < row["cpu_s"]
+    cmp = row["llmcompressor"]
+    assert [len(cmp["gpuq"]), len(cmp["llmcompressor"])] == [2, 2]
+    assert all(r["call_s"] is not None and 0 <= r["call_s"] < r["wall_s"] for r in cmp["llmcompressor"])
+    assert all(r["call_s"] is None and r["cpu_s"] > 0 for r in cmp["gpuq"])
+    argv = ck.llmc_command("PY", "/m", "/o", "fp8")
+    assert argv[0] == "PY" and argv[-3:] == ["/m", "/o", "FP8_DYNAMIC"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fake", "figures.json", "model"]

@@ -375,6 +375,45 @@ class Checkpoint:
                            f"{_one_line(exc)}") from exc
         return arr
 
+    def mapped(self, name: str) -> np.ndarray:
+        """Tensor ``name`` as a read-only array over the file's own pages: a memory map of its
+        bytes alone, with no copy into the process, unmapped when the array (and every view of
+        it) is dropped, so it holds one tensor's memory as :meth:`load`'s array does. Where no
+        map can be made (an .npz or .npy, an empty tensor, a file system without memory maps)
+        it is :meth:`load`'s fresh array.
+
+        A warm file is read with no copy at all, where :meth:`load` copies every byte once. A
+        file truncated by another process while it is mapped makes the process fail (SIGBUS),
+        as any reader that maps it (the safetensors library) would.
+
+        >>> import tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "a.safetensors")
+        >>> write_checkpoint(path, "safetensors", {"w": np.arange(6, dtype=np.int8).reshape(2, 3)}, None)
+        >>> w = Checkpoint(path).mapped("w")
+        >>> w.tolist(), w.flags.writeable
+        ([[0, 1, 2], [3, 4, 5]], False)
+        """
+        e = self._entries[name]
+        if self.format != "safetensors" or not e.nbytes:
+            return self.load(name)
+        import mmap
+
+        start = e.offset - e.offset % mmap.ALLOCATIONGRANULARITY
+        try:
+            m = mmap.mmap(self._fh.fileno(), e.offset + e.nbytes - start, access=mmap.ACCESS_READ, offset=start)
+        except (OSError, ValueError):  # no memory maps here: read it
+            return self.load(name)
+        # The array holds the map; the map closes (munmap) when the last view of it goes.
+        return np.frombuffer(m, e.dtype, math.prod(e.shape), e.offset - start).reshape(e.shape)
+
+    def file_span(self, name: str):
+        """``(fd, offset, nbytes)`` of tensor ``name``'s bytes in the open file, where they lie
+        there as they are stored (.safetensors); None otherwise (.npz, .npy)."""
+        e = self._entries[name]
+        if self.format != "safetensors":
+            return None
+        return self._fh.fileno(), e.offset, e.nbytes
+
     def load_rows(self, name: str, start: int, stop: int) -> np.ndarray:
         """Rows ``[start, stop)`` of a tensor along its first dimension, as a fresh array: only
         their bytes are read (.safetensors and C-ordered .npy; the others load the tensor and
@@ -661,6 +700,18 @@ class _Writer:
         if sum(b - a for a, b in done) == shape[0]:
             self.written.add(name)
 
+    def copy_from(self, name: str, ckpt: "Checkpoint", src: str | None = None) -> None:
+        """Write tensor ``name`` as tensor ``src`` (default ``name``) of the open checkpoint
+        ``ckpt``, which has the declared shape and dtype: bit for bit what ``write(name,
+        ckpt.load(src))`` writes. A .safetensors OUT copies the bytes file to file in the
+        kernel (``copy_file_range``) where IN is a .safetensors file too, with no copy through
+        the process's memory."""
+        src = name if src is None else src
+        if ckpt.spec(src) != self.entries.get(name):
+            raise RuntimeError(f"tensor {name!r}: declared {self.entries.get(name)}, the source is "
+                               f"{ckpt.spec(src)}")
+        self.write(name, ckpt.load(src))
+
     def start(self):
         pass
 
@@ -733,6 +784,19 @@ class _SafetensorsWriter(_Writer):
 
     def _write(self, name, arr):
         _pwrite_all(self.fd, _bytes_of(arr), self.data_start + self.offsets[name])
+
+    def copy_from(self, name, ckpt, src=None):
+        src = name if src is None else src
+        span = ckpt.file_span(src)
+        if span is None or not hasattr(os, "copy_file_range") or name in self.written or \
+                ckpt.spec(src) != self.entries.get(name):
+            super().copy_from(name, ckpt, src)
+            return
+        fd, offset, nbytes = span
+        if self.guard(_copy_range, fd, offset, self.fd, self.data_start + self.offsets[name], nbytes):
+            self.written.add(name)
+        else:  # this kernel or file system copies no ranges between these files: through memory
+            super().copy_from(name, ckpt, src)
 
     def close(self):
         if getattr(self, "fd", None) is not None:
@@ -811,6 +875,25 @@ def _pwrite_all(fd, data, offset):
             os.lseek(fd, offset, os.SEEK_SET)
             n = os.write(fd, chunk)
         view, offset = view[n:], offset + n
+
+
+def _copy_range(src_fd, src_offset, dst_fd, dst_offset, nbytes) -> bool:
+    """Copy ``nbytes`` from ``src_fd`` at ``src_offset`` to ``dst_fd`` at ``dst_offset`` in the
+    kernel; False (nothing copied) where it cannot copy between these two files."""
+    done = 0
+    while done < nbytes:
+        try:
+            n = os.copy_file_range(src_fd, dst_fd, min(nbytes - done, 1 << 30), src_offset + done,
+                                   dst_offset + done)
+        except OSError as exc:
+            if done == 0 and exc.errno in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP,
+                                           errno.EBADF):
+                return False
+            raise
+        if n == 0:  # IN is shorter than its header said: it changed under us
+            raise OSError(errno.EIO, f"the input ends {nbytes - done} bytes early")
+        done += n
+    return True
 
 
 def _preallocate(fd, size):

@@ -236,7 +236,7 @@ def _quantize_shard(model, shard, path, entries, chosen, kept, device, nonfinite
     turn (while the GPU has the weight after it), and so does a weight the pass refuses
     (:func:`quantize_weight`, from the bytes read)."""
     rows = []
-    buffers = Buffers()  # the read and code buffers, reused from weight to weight
+    buffers = Buffers()  # the code buffers, reused from weight to weight (the input is mapped)
     with Checkpoint(model.shard_path(shard)) as ckpt, \
             checkpoint_writer(path, "safetensors", entries, None, model.extra[shard]) as w, \
             contextlib.closing(_shard_stream(ckpt, chosen, device, method)) as stream:
@@ -244,7 +244,7 @@ def _quantize_shard(model, shard, path, entries, chosen, kept, device, nonfinite
             shape, dtype = model.specs[name]
             row = {"name": name, "shape": list(shape), "dtype": dtype.name, "bytes_before": ckpt.nbytes(name)}
             if name not in chosen:
-                w.write(name, ckpt.load(name))
+                w.copy_from(name, ckpt)  # file to file in the kernel where it can
                 router = kept.get(name) == ROUTER  # its own row in the table: no vLLM rule applies
                 rows.append({**row, "quantized": False, "scheme": None, "bytes_after": row["bytes_before"],
                              "sqnr_db": None, "max_abs_error": None, "nonfinite": None,
@@ -256,7 +256,7 @@ def _quantize_shard(model, shard, path, entries, chosen, kept, device, nonfinite
                 tensors, stats, counts = fused_cuda.weight_outputs(done, scheme, module_of(name), shape)
                 _check_nonfinite(counts, name, nonfinite, warn)
             else:
-                x = done.x if done is not None else buffers.load(ckpt, name)
+                x = done.x if done is not None else ckpt.mapped(name)
                 tensors, stats, counts = quantize_weight(x, scheme, device, name, nonfinite, warn, method,
                                                          shared.get(name), buffers=buffers)
             for n, t in tensors.items():
