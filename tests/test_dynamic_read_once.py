@@ -56,7 +56,7 @@ def _same(cp, host, dev):
     ((3, 1025), dict(axis=0), "dynamic_quantize_segments"),
     ((2, 40), dict(axis=1, group_size=20), "dynamic_quantize_segments"),     # groups off the units
     ((5, 1), dict(axis=0), "dynamic_quantize_segments"),                     # one-element rows
-    ((2, 16400), dict(axis=0), "dynamic_quantize_segments"),                 # above 16384 (registers)
+    ((2, 16400), dict(axis=0), "dynamic_quantize_staged"),                   # above 16384: shared memory
 ])
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
 def test_kernel_choice_and_bits(cp, shape, kw, kernel, dtype):
