@@ -146,7 +146,7 @@ def test_the_headline_benchmark_runs_on_cpu_torch(tmp_path):
     assert gpu_headline.main(["--device", "cpu", "--rows", "8", "--cols", "256", "--reps", "1", "--rounds", "1",
                               "--check-rows", "4", "--no-compile", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
-    assert len(rows) == 11 and all(r["bits"] == "ok" and "gpuq_ms" in r for r in rows), rows
+    assert len(rows) == 12 and all(r["bits"] == "ok" and "gpuq_ms" in r for r in rows), rows
 
 
 @pytest.mark.skipif(CUDA_MODE != "sim", reason="the dry run is for the CPU execution of the kernels")
@@ -237,3 +237,23 @@ def test_fastdivmod_conformance_dry_runs_and_reports_a_wrong_multiplier(monkeypa
     monkeypatch.setattr(launch, "fast_divisor", lambda d: real(d) - (1 << 31))  # mult - 1
     n, (d, j) = conf.run_fastdivmod(cupy, divisors)
     assert n > 0 and d & (d - 1) and 0 <= j < 9 + 75 + 16
+
+
+@pytest.mark.skipif(CUDA_MODE != "sim", reason="the dry run is for the CPU execution of the kernels")
+def test_issue38_step_dry_runs(tmp_path):
+    # bench/gpu_issue38.py --sim (what bench/gpu_session.sh issue38 runs after gpu_check.sh on a
+    # GPU): the conformance part on the CPU execution, the headline part on CPU torch over the
+    # cases issue 38 changed, ncu skipped without the tool; every part's file and the log written.
+    out = tmp_path / "issue38"
+    proc = _run([sys.executable, "bench/gpu_issue38.py", "--out", str(out), "--sim"],
+                env={"PATH": "/usr/bin:/bin"}, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    log = (out / "issue38.log").read_text()
+    assert "part conformance: rc 0" in log and "part headline: rc 0" in log, log
+    assert "part ncu: skipped (no ncu on PATH)" in log
+    conformance = (out / "conformance38.txt").read_text()
+    assert "MISMATCHES" not in conformance and "FastDivmod" in conformance and "helpers:" in conformance
+    rows = json.loads((out / "headline38.json").read_text())["rows"]
+    names = [r["case"] for r in rows]
+    assert "dynamic f32->s8 per-row x2 long unchecked" in names and "f32->fp8e4m3 block128x128" in names
+    assert "f32->s8 per-tensor" not in names and all(r["bits"] == "ok" for r in rows), rows
