@@ -369,14 +369,17 @@ def source() -> str:
     return registry.source_text("formats.cu") + _KERNEL.replace("{DIVISION_SCALES}", "{" + scales + "}")
 
 
-def run_division(cp, log2_s: int, log2_x: int = 0) -> dict:
+def run_division(cp, log2_s: int, log2_x: int = 0, s_offset: int = 0) -> dict:
     """{form: (mismatches, first mismatching (s, x) significand pair or None)} of the division over
-    every 2**log2_s-th s significand and every 2**log2_x-th x significand in [1, 2)."""
+    every 2**log2_s-th s significand from ``s_offset`` and every 2**log2_x-th x significand in
+    [1, 2)."""
     import numpy as np
     from gpuq.backends.cuda import registry
 
     if not (0 <= log2_s <= 23 and 0 <= log2_x <= 23):
         raise ValueError(f"log2 strides must be in [0, 23], got {log2_s}, {log2_x}")
+    if not 0 <= s_offset < 1 << log2_s:
+        raise ValueError(f"s_offset must be in [0, 2**{log2_s}), got {s_offset}")
     kernel = cp.RawModule(code=source(), options=registry.OPTIONS).get_function("gpuq_division_pairs")
     bad = cp.zeros(2, np.uint64)
     first = cp.full(2, 2**64 - 1, np.uint64)
@@ -384,8 +387,8 @@ def run_division(cp, log2_s: int, log2_x: int = 0) -> dict:
     blocks_x = min(((1 << (23 - log2_x)) + 255) // 256, 64)
     for start in range(0, n_s, 65535):  # grid.y holds at most 65535 scales a launch
         ny = min(65535, n_s - start)
-        kernel((blocks_x, ny), (256,), (np.uint32(start * s_step), np.uint32(s_step), np.uint32(1 << log2_x),
-                                        bad, first))
+        kernel((blocks_x, ny), (256,), (np.uint32(start * s_step + s_offset), np.uint32(s_step),
+                                        np.uint32(1 << log2_x), bad, first))
     cp.cuda.Device().synchronize()
     bad, first = cp.asnumpy(bad), cp.asnumpy(first)
     return {f: (int(b), (int(p) >> 23, int(p) & 0x7FFFFF) if b else None)
@@ -418,6 +421,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--log2-count", type=int, default=32, choices=range(33), metavar="K",
                     help="check 2**K bit patterns spread over the 32-bit range (default 32: all)")
+    ap.add_argument("--division-s-offset", type=int, default=0, metavar="J",
+                    help="the division's s significands J, J + 2**K, ... (the issue-38 step takes the "
+                         "quarter after gpu_check.sh's: 1)")
     ap.add_argument("--division-log2-s", type=int, default=2, choices=range(24), metavar="K",
                     help="the division's significand pairs: every 2**K-th s significand (default 2: a quarter)")
     ap.add_argument("--sim", action="store_true", help="run on tests/cudasim's CPU execution (no GPU)")
@@ -462,9 +468,10 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     # The CPU execution runs one x in 2**12 (a dry run); the GPU every x.
     log2_x = 12 if args.sim else 0
-    division = run_division(cp, args.division_log2_s, log2_x)
+    division = run_division(cp, args.division_log2_s, log2_x, args.division_s_offset)
     pairs = (1 << (23 - args.division_log2_s)) * (1 << (23 - log2_x))
-    print(f"division: {pairs} significand pairs (every 2**{args.division_log2_s}-th s, every "
+    print(f"division: {pairs} significand pairs (every 2**{args.division_log2_s}-th s from "
+          f"{args.division_s_offset}, every "
           f"2**{log2_x}-th x), {time.perf_counter() - t0:.1f}s")
     for form, (n, p) in division.items():
         print(f"  {form}: {'ok' if n == 0 else f'{n} MISMATCHES, first (s, x) significands 0x{p[0]:06x}, 0x{p[1]:06x}'}")
