@@ -10,6 +10,7 @@
 #   check.log  preflight.txt  compile.json  conformance.txt  tests.txt  torch_checks.txt  bench.json
 #   sanitize.txt
 # On a machine without a GPU it stops after the preflight, within seconds: "no GPU: <why>", exit 1.
+# Issue 38's step follows in the same window, as its own call (<= 3 min): bash bench/gpu_session.sh issue38
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-build/gpu_check}

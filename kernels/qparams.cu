@@ -37,6 +37,7 @@
 //   gpuq::minmax_segments<float, true>
 //   gpuq::dynamic_quantize_segments<__half, signed char, false>
 //   gpuq::dynamic_quantize_units<float, signed char, 256, 4>
+//   gpuq::dynamic_quantize_staged<gpuq_bf16, unsigned char>
 //   gpuq::minmax_columns<gpuq_bf16>
 //   gpuq::qparams_tiles<float>
 #include "contract.cuh"

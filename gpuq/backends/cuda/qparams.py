@@ -411,15 +411,15 @@ def _staged_function(name, device_id):
     """The staged kernel ``name`` with its MaxDynamicSharedMemorySize raised, once per device,
     to :func:`staged_limit` (above 48 KB a launch needs it: cudaFuncSetAttribute)."""
     fn = _function(name)
-    if fn not in _raised:
-        limit = staged_limit(device_id)
+    limit = staged_limit(device_id)
+    if (fn, limit) not in _raised:
         if limit > DEFAULT_DYNAMIC_SHARED:
             fn.max_dynamic_shared_size_bytes = limit
-        _raised.add(fn)
+        _raised.add((fn, limit))
     return fn
 
 
-_raised = set()  # the staged kernels (one loaded function each per device) whose limit is raised
+_raised = set()  # (loaded staged kernel, the limit it was raised to)
 
 
 def quantize_dynamic(x, scheme, qdtype, symmetric, eps, scale_dtype="float32", check=True):
