@@ -417,6 +417,28 @@ def run(cp, count: int, chunk: int = 1 << 28) -> dict:
     return {f: (int(b), int(p) if b else None) for f, b, p in zip(FORMS, bad, first)}
 
 
+def _ports(cp, cc, count: int, sim: bool) -> bool:
+    """The helpers' device port and FastDivmod, printed; whether one failed."""
+    failed = False
+    t0 = time.perf_counter()
+    helpers = run_helpers(cp, count)
+    print(f"helpers: the hardware against the device port of tests/cudasim's helpers, {count} patterns, "
+          f"{time.perf_counter() - t0:.1f}s")
+    for form, (n, p) in helpers.items():
+        if form in HELPER_FORMS[5:8] and int(cc) < 89:
+            print(f"  {form}: not on sm_{cc}")
+            continue
+        print(f"  {form}: {'ok' if n == 0 else f'{n} MISMATCHES, first 0x{p:08x}'}")
+        failed |= n != 0 and "report only" not in form
+    t0 = time.perf_counter()
+    # The CPU execution takes the divisors below 2**10 and 20 above (a dry run).
+    divisors = fastdivmod_divisors(20, 1 << 10) if sim else fastdivmod_divisors()
+    n, where = run_fastdivmod(cp, divisors)
+    print(f"FastDivmod: {len(divisors)} divisors on their dividend grids, {time.perf_counter() - t0:.1f}s: "
+          + ("ok" if n == 0 else f"{n} MISMATCHES, first d={where[0]} dividend #{where[1]}"))
+    return failed or n != 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--log2-count", type=int, default=32, choices=range(33), metavar="K",
@@ -426,6 +448,9 @@ def main(argv=None) -> int:
                          "quarter after gpu_check.sh's: 1)")
     ap.add_argument("--division-log2-s", type=int, default=2, choices=range(24), metavar="K",
                     help="the division's significand pairs: every 2**K-th s significand (default 2: a quarter)")
+    ap.add_argument("--skip-ports", action="store_true",
+                    help="leave out the helpers' device port and FastDivmod (gpu_check.sh's step: issue 38's "
+                         "step, bench/gpu_issue38.py, runs them)")
     ap.add_argument("--sim", action="store_true", help="run on tests/cudasim's CPU execution (no GPU)")
     args = ap.parse_args(argv)
     if args.sim:
@@ -448,23 +473,8 @@ def main(argv=None) -> int:
             continue
         print(f"  {form}: {'ok' if n == 0 else f'{n} MISMATCHES, first 0x{p:08x}'}")
         failed |= n != 0
-    t0 = time.perf_counter()
-    helpers = run_helpers(cp, count)
-    print(f"helpers: the hardware against the device port of tests/cudasim's helpers, {count} patterns, "
-          f"{time.perf_counter() - t0:.1f}s")
-    for form, (n, p) in helpers.items():
-        if form in HELPER_FORMS[5:8] and int(cc) < 89:
-            print(f"  {form}: not on sm_{cc}")
-            continue
-        print(f"  {form}: {'ok' if n == 0 else f'{n} MISMATCHES, first 0x{p:08x}'}")
-        failed |= n != 0 and "report only" not in form
-    t0 = time.perf_counter()
-    # The CPU execution takes the divisors below 2**10 and 20 above (a dry run).
-    divisors = fastdivmod_divisors(20, 1 << 10) if args.sim else fastdivmod_divisors()
-    n, where = run_fastdivmod(cp, divisors)
-    print(f"FastDivmod: {len(divisors)} divisors on their dividend grids, {time.perf_counter() - t0:.1f}s: "
-          + ("ok" if n == 0 else f"{n} MISMATCHES, first d={where[0]} dividend #{where[1]}"))
-    failed |= n != 0
+    if not args.skip_ports:
+        failed |= _ports(cp, cc, count, args.sim)
     t0 = time.perf_counter()
     # The CPU execution runs one x in 2**12 (a dry run); the GPU every x.
     log2_x = 12 if args.sim else 0
