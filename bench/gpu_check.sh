@@ -10,6 +10,7 @@
 #   check.log  preflight.txt  compile.json  conformance.txt  tests.txt  torch_checks.txt  bench.json
 #   sanitize.txt
 # On a machine without a GPU it stops after the preflight, within seconds: "no GPU: <why>", exit 1.
+# Issue 38's step follows in the same window, as its own call (<= 3 min): bash bench/gpu_session.sh issue38
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-build/gpu_check}
@@ -53,7 +54,8 @@ step compile 45 "$out/check.log" $py bench/gpu_check.py compile --json "$out/com
 # The hardware conversions (issue 38) against the software paths they replace, all 2**32 float32s;
 # the exact division from a reciprocal against div.rn (a quarter of the 2**46 significand pairs,
 # ~15 s estimated, and every float32 at four scales). A rerun with --division-log2-s 0 checks all pairs.
-step conformance 50 "$out/conformance.txt" $py bench/gpu_conformance.py
+# The helpers' device port and FastDivmod run in issue 38's step (bench/gpu_issue38.py), not here.
+step conformance 50 "$out/conformance.txt" $py bench/gpu_conformance.py --skip-ports
 
 # The CUDA tests on real CuPy: the sweep first, then every file's cuda parameters.
 targs=(-q -rfE -p no:cacheprovider -o addopts= -o console_output_style=classic)

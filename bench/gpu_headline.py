@@ -4,7 +4,7 @@ tensors, gpuq against the measured device-to-device copy and against torch eager
 
 Cases (issue 25): f32->s8 per-tensor, per-channel, group 128; s8->f32; bf16->s8 per-row;
 f32->int4 group 128 (packed); f32->fp8 e4m3 per-row; ``quantize_dynamic`` per-row (the fused
-path); issue 28's fp8 e4m3 with 128x128 block scales (quantize, dequantize, ``choose_qparams``);
+path; issue 38: unchecked, bf16, and rows of 2 x cols, staged in shared memory); issue 28's fp8 e4m3 with 128x128 block scales (quantize, dequantize, ``choose_qparams``);
 issue 30's MSE search (``choose_qparams(..., method="mse")``, int4 g128 on a (4096, 4096) weight). Static cases take device-resident scales with ``check_values=False`` (no host
 synchronisation: what a serving loop does), per-tensor a Python float (passed by value).
 
@@ -156,6 +156,7 @@ def build_cases(torch, device, rows, cols):
         s_blk = (tiles.abs().amax(dim=(1, 3)) / 448).contiguous()         # (rows/128, cols/128)
         q_blk = gpuq.quantize(x, s_blk, block_size=(b, b), dtype="float8_e4m3fn")
     flat = x.reshape(-1)
+    x2 = x.reshape(-1, 2 * cols) if rows % 2 == 0 else x  # rows of 2 x cols
     xm = x[:4096, :4096].contiguous()  # the MSE case's weight: (4096, 4096) where x is that large
 
     def eager_q(v, s, lo=-128, hi=127, dt=torch.int8):
@@ -206,6 +207,13 @@ def build_cases(torch, device, rows, cols):
              gpuq=lambda: gpuq.quantize_dynamic(x16, axis=0, symmetric=True, check_values=False),
              eager=lambda: _eager_dynamic(torch, x16.float()),
              host=lambda k: gpuq.quantize_dynamic(_host(x16[:k]), axis=0, symmetric=True)),
+        # Rows twice as long (the same bytes): above the registers' 16384 elements, each row
+        # staged in shared memory (dynamic_quantize_staged) where the device's opt-in allows.
+        dict(name="dynamic f32->s8 per-row x2 long unchecked", bytes=5 * n + 4 * (n // (2 * cols)),
+             gpuq=lambda: gpuq.quantize_dynamic(x2, axis=0, symmetric=True, check_values=False),
+             eager=lambda: _eager_dynamic(torch, x2),
+             host=lambda k: gpuq.quantize_dynamic(_host(x2[:k]), axis=0, symmetric=True),
+             rows_of=lambda r, k: r[:k * x2.shape[1]]),
         # Issue 30: the MSE search for int4 g128 scales on a (4096, 4096) weight (target:
         # >= 10 GB/s of input on an H100). The peer is the search written in torch eager
         # (20 fake-quantizations, sums by torch's reduction: not gpuq's order, so its choice
@@ -292,6 +300,22 @@ def check_bits(case, check_rows, cols) -> str:
     return "ok"
 
 
+def select(cases, wanted: str) -> list:
+    """The cases whose name holds one of the comma-separated parts of ``wanted`` (all if empty);
+    a part that matches nothing is a ValueError (a typo must not shrink the check silently).
+
+    >>> [c["name"] for c in select([dict(name="a b"), dict(name="c")], "b")]
+    ['a b']
+    """
+    parts = [p.strip() for p in wanted.split(",") if p.strip()]
+    if not parts:
+        return list(cases)
+    unknown = [p for p in parts if not any(p in c["name"] for c in cases)]
+    if unknown:
+        raise ValueError(f"--cases: no case name holds {unknown}; the cases: {[c['name'] for c in cases]}")
+    return [c for c in cases if any(p in c["name"] for p in parts)]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
@@ -304,6 +328,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compile-cost", type=float, default=20.0, help="seconds one torch.compile may take")
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--cases", default="",
+                    help="comma-separated parts of case names: only the cases whose name holds one")
     ap.add_argument("--profile", action="store_true",
                     help="each case's gpuq call once, nothing timed or checked (under ncu)")
     args = ap.parse_args(argv)
@@ -313,7 +339,7 @@ def main(argv=None) -> int:
         print(f"no GPU: torch {torch.__version__} sees no CUDA device", file=sys.stderr)
         return 1
     if args.profile:
-        for case in build_cases(torch, args.device, args.rows, args.cols):
+        for case in select(build_cases(torch, args.device, args.rows, args.cols), args.cases):
             case["gpuq"]()
             if args.device == "cuda":
                 torch.cuda.synchronize()
@@ -337,7 +363,7 @@ def main(argv=None) -> int:
         if args.json:
             args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
 
-    cases = build_cases(torch, args.device, args.rows, args.cols)
+    cases = select(build_cases(torch, args.device, args.rows, args.cols), args.cases)
     for case in cases:
         row = {"case": case["name"], "bytes": case["bytes"]}
         rows.append(row)

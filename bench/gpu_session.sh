@@ -3,7 +3,10 @@
 # 10-minute limit), writing what bench/results/ keeps: device, date, commit, pytest's
 # summary line, the benchmark JSON/PNG/table.
 #
-#   GPUQ_COMMIT=<sha> bash bench/gpu_session.sh tests|torch|quick|large|rest|formats|bf16 [OUTDIR]
+#   GPUQ_COMMIT=<sha> bash bench/gpu_session.sh tests|torch|quick|large|rest|formats|bf16|issue38 [OUTDIR]
+#
+# issue38 (written, never run): bench/gpu_issue38.py, issue 38's conformance, headline rows and
+# ncu on two kernels, at most 3 minutes, right after bench/gpu_check.sh in the same window.
 #
 # formats (issue 19; written, never run): fp8 e4m3fn and int4/uint4 g128 on torch CUDA tensors,
 # gpuq against torch eager / torch.compile / torchao (bench/gpu_formats.py), 16M and 256M.
@@ -13,7 +16,7 @@
 set -uo pipefail
 # bf16 (issue 16 section 4; written, never run): torch bfloat16 input, per-tensor / per-row /
 # group 128, gpuq against torch eager and torch.compile (bench/gpu_bf16.py), 16M and 64M.
-step=${1:?"step: tests, torch, quick, large, rest, formats or bf16"}
+step=${1:?"step: tests, torch, quick, large, rest, formats, bf16 or issue38"}
 out=${2:-${OUT:-bench/results}}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
@@ -33,5 +36,6 @@ case $step in
              && python3 -m bench.gpu_formats --sizes 16M,256M --out "$out" ;;  # issue 19 (never run yet)
   bf16) python3 -m bench.gpu_bf16 --quick --out "$out" \
           && python3 -m bench.gpu_bf16 --out "$out" ;;  # issue 16 section 4 (never run yet)
-  *) echo "unknown step '$step': tests, torch, quick, large, rest, formats or bf16" >&2; exit 2 ;;
+  issue38) python3 bench/gpu_issue38.py --out "$out" ;;  # right after gpu_check.sh: <= 3 min (never run yet)
+  *) echo "unknown step '$step': tests, torch, quick, large, rest, formats, bf16 or issue38" >&2; exit 2 ;;
 esac

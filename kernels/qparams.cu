@@ -37,6 +37,7 @@
 //   gpuq::minmax_segments<float, true>
 //   gpuq::dynamic_quantize_segments<__half, signed char, false>
 //   gpuq::dynamic_quantize_units<float, signed char, 256, 4>
+//   gpuq::dynamic_quantize_staged<gpuq_bf16, unsigned char>
 //   gpuq::minmax_columns<gpuq_bf16>
 //   gpuq::qparams_tiles<float>
 #include "contract.cuh"
@@ -383,6 +384,15 @@ __device__ __forceinline__ void flag_failures(const QParams& q, int* flag) {
     if (q.range) atomicOr(flag, 2);
 }
 
+// Slot s's parameters as every kernel here writes them: the scale, the zero point where the
+// codes have one (zps null: symmetric signed codes), the failure flag's bits.
+__device__ __forceinline__ void publish(const QParams& q, long long s, float* __restrict__ scales,
+                                       int* __restrict__ zps, int* flag) {
+    scales[s] = q.scale;
+    if (zps) zps[s] = q.zp;
+    flag_failures(q, flag);
+}
+
 // choose_qparams for blocks (br, bc) of a 2-D (merged) x of `cols` columns, the 128x128
 // case: one thread block per tile (slot s = block row * ceil(cols / bc) + block column, the
 // param grid in C order), a warp per tile row reading it in 16-byte vectors where the row
@@ -444,12 +454,7 @@ qparams_tiles(const T* __restrict__ x, long long rows, long long cols, long long
         }
         float l = acc.lo32(), hv = acc.hi32();
         team_minmax<false>(l, hv);
-        if (threadIdx.x == 0) {
-            const QParams q = finalize_one(l, hv, qmin, qmax, symmetric, eps, scale_fmt);
-            scales[s] = q.scale;
-            if (zps) zps[s] = q.zp;
-            flag_failures(q, flag);
-        }
+        if (threadIdx.x == 0) publish(finalize_one(l, hv, qmin, qmax, symmetric, eps, scale_fmt), s, scales, zps, flag);
     }
 }
 
@@ -461,11 +466,8 @@ finalize(const unsigned* __restrict__ lo, const unsigned* __restrict__ hi, long 
          int* __restrict__ flag) {
     const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
     for (long long p = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; p < slots; p += stride) {
-        const QParams q =
-            finalize_one(float_of(lo[p]), float_of(hi[p]), qmin, qmax, symmetric, eps, scale_fmt);
-        scales[p] = q.scale;
-        if (zps) zps[p] = q.zp;
-        flag_failures(q, flag);
+        publish(finalize_one(float_of(lo[p]), float_of(hi[p]), qmin, qmax, symmetric, eps, scale_fmt), p, scales,
+                zps, flag);
     }
 }
 
@@ -474,55 +476,86 @@ __device__ __forceinline__ void widen_scale(float s, float& out) { out = s; }
 __device__ __forceinline__ void widen_scale(float s, double& out) { out = f32_to_f64(s); }
 
 // ---------------------------------------------------------------------------
-// Fused dynamic quantize: x as `rows` contiguous rows of n, each cut into
-// blocks of g (the last may be short), one scale per block (slot r * G + j).
-// A team (warp for short blocks, thread block for long ones, as vLLM's
-// dynamic per-token kernel) reduces its block, computes the parameters, and
-// quantizes the block; the second read is served from L1/L2, so DRAM sees x
-// once. The codes are those of gpuq.quantize with the same parameters
-// (contract.cuh), so this equals choose_qparams followed by quantize.
+// Fused dynamic quantize: x as `rows` contiguous rows of n, each cut into blocks of g (the last
+// may be short), one scale per block (slot r * G + j, G = ceil(n / g)). A team of threads takes
+// one block: it reduces the block, computes the parameters and quantizes the block. The codes
+// are those of gpuq.quantize with the same parameters (contract.cuh quantize_rn_zp), so this
+// equals choose_qparams followed by quantize. Three kernels, by where the block waits between
+// its reduction and its quantization:
+//   dynamic_quantize_units   registers (aligned whole 16-element units, blocks <= 16384 elements)
+//   dynamic_quantize_staged  dynamic shared memory (longer blocks of float16/bfloat16/float32)
+//   dynamic_quantize_segments nowhere: the block is read again (every other case)
+// The first two read x from global memory once.
+
+// Block s's first element and length.
+__device__ __forceinline__ void piece_extent(long long s, long long n, long long g, long long groups,
+                                             long long& begin, long long& len) {
+    const long long r = s / groups, j = s - r * groups;
+    begin = r * n + j * g;
+    len = min(g, n - j * g);
+}
+
+// What quantizes one block's elements: its divisor (the reciprocal formed once) and zero point.
+template <typename TQ, typename TC>
+struct BlockQuantizer {
+    Divisor<TC> div;
+    ZeroPoint<TQ> zp;
+    __device__ __forceinline__ TQ operator()(TC x) const { return quantize_rn_zp<TQ>(x, div, zp); }
+};
+
+// The parameters of block s from its min/max, which every thread of the team holds (so each
+// derives the same parameters and no second exchange follows); `writer` publishes them.
+struct DynamicOut {
+    int symmetric;
+    float eps;
+    int scale_fmt;
+    float* scales;
+    int* zps;
+    int* flag;
+};
+template <typename TQ, typename TC>
+__device__ __forceinline__ BlockQuantizer<TQ, TC> block_quantizer(float lo, float hi, bool writer, long long s,
+                                                                   const DynamicOut& o) {
+    const QParams qp = finalize_one(lo, hi, CodeRange<TQ>::lo, CodeRange<TQ>::hi, o.symmetric, o.eps, o.scale_fmt);
+    if (writer) publish(qp, s, o.scales, o.zps, o.flag);
+    TC sc;
+    widen_scale(qp.scale, sc);
+    return {divisor(sc), zero_point<TQ>(qp.zp)};
+}
+
+// The block read twice: a team (warp for short blocks, thread block for long ones, as vLLM's
+// dynamic per-token kernel) reduces it, then quantizes it; the second read is served from
+// L1/L2 while the blocks in flight fit there.
 template <typename T, typename TQ, bool WARP>
 __global__ void __launch_bounds__(256)
 dynamic_quantize_segments(const T* __restrict__ x, TQ* __restrict__ q, long long rows, long long n, long long g,
                           int symmetric, float eps, int scale_fmt, float* __restrict__ scales,
                           int* __restrict__ zps, int* __restrict__ flag) {
     using TC = typename ComputeOf<T>::type;
+    const DynamicOut out{symmetric, eps, scale_fmt, scales, zps, flag};
     const long long groups = (n + g - 1) / g;
     const long long pieces = rows * groups;
     const int lane = team_lane<WARP>(), lanes = team_size<WARP>();
     for (long long s = team_id<WARP>(); s < pieces; s += team_count<WARP>()) {
-        const long long r = s / groups, j = s - r * groups;
-        const long long begin = r * n + j * g, len = min(g, n - j * g);
+        long long begin, len;
+        piece_extent(s, n, g, groups, begin, len);
         Acc<T> acc;
         accumulate(acc, x, begin, len, lane, lanes);
         float l = acc.lo32(), h = acc.hi32();
         team_minmax<WARP>(l, h);
-        const QParams qp = finalize_one(l, h, CodeRange<TQ>::lo, CodeRange<TQ>::hi, symmetric, eps, scale_fmt);
-        if (lane == 0) {
-            scales[s] = qp.scale;
-            if (zps) zps[s] = qp.zp;
-            flag_failures(qp, flag);
-        }
-        TC sc;
-        widen_scale(qp.scale, sc);
-        const ZeroPoint<TQ> zb = zero_point<TQ>(qp.zp);
-        const Divisor<TC> div = divisor(sc);  // the block's reciprocal, once
-        for (long long i = lane; i < len; i += lanes) q[begin + i] = quantize_rn_zp<TQ>(widen<TC>(x[begin + i]), div, zb);
+        const BlockQuantizer<TQ, TC> quant = block_quantizer<TQ, TC>(l, h, lane == 0, s, out);
+        for (long long i = lane; i < len; i += lanes) q[begin + i] = quant(widen<TC>(x[begin + i]));
     }
 }
 
-// ---------------------------------------------------------------------------
-// Fused dynamic quantize, each block read once (issue 38): x as `rows` contiguous rows of n cut
-// into blocks of g as above, with n a multiple of 16, g a multiple of 16 or >= n, and x 16-byte
-// aligned, so that every block starts on a 16-element unit whose 16 codes are one aligned
-// 16-byte store; every block holds at most LANES * UNITS units. A team of LANES threads (8, 16
-// or 32 lanes of a warp, or the whole 256-thread block) takes one block: lane l loads units
-// l, l + LANES, ... with 16-byte loads into registers before anything else, reduces them (warp
-// shuffles, a block team one exchange through shared memory), computes the parameters (every
-// lane the same finalize_one from the same min/max: no second exchange) and quantizes from the
-// registers. DRAM sees x once, as a stream, where dynamic_quantize_segments reads each block
-// twice (the second time from DRAM once the blocks in flight outgrow L2). The codes are
-// quantize_rn_zp's, as there.
+// Each block read once, in registers (issue 38): n a multiple of 16, g a multiple of 16 or >= n,
+// and x 16-byte aligned, so that every block starts on a 16-element unit whose 16 codes are one
+// aligned 16-byte store; every block holds at most LANES * UNITS units. A team of LANES threads
+// (8, 16 or 32 lanes of a warp, or the whole 256-thread block) takes one block: lane l loads
+// units l, l + LANES, ... with 16-byte loads into registers before anything else, reduces them
+// (warp shuffles, a block team one exchange through shared memory), computes the parameters and
+// quantizes from the registers. DRAM sees x once, as a stream, where dynamic_quantize_segments
+// reads each block twice (the second time from DRAM once the blocks in flight outgrow L2).
 template <int LANES>
 __device__ __forceinline__ void lanes_minmax(float& lo, float& hi) {
     if constexpr (LANES > 32) {
@@ -544,6 +577,7 @@ dynamic_quantize_units(const T* __restrict__ x, TQ* __restrict__ q, long long ro
     static_assert(sizeof(T) <= 4 && sizeof(TQ) == 1, "float16, bfloat16 or float32 in, one-byte codes out");
     static_assert(LANES == 8 || LANES == 16 || LANES == 32 || LANES == 256, "a part of a warp, a warp or the block");
     using TC = typename ComputeOf<T>::type;
+    const DynamicOut out{symmetric, eps, scale_fmt, scales, zps, flag};
     constexpr int kTeams = LANES > 32 ? 1 : 256 / LANES;  // teams per thread block
     const long long groups = (n + g - 1) / g;
     const long long pieces = rows * groups;
@@ -553,13 +587,8 @@ dynamic_quantize_units(const T* __restrict__ x, TQ* __restrict__ q, long long ro
     for (long long first = static_cast<long long>(blockIdx.x) * kTeams; first < pieces;
          first += static_cast<long long>(gridDim.x) * kTeams) {
         const long long s = first + team;
-        long long begin = 0;
-        long long len = 0;
-        if (s < pieces) {
-            const long long r = s / groups, j = s - r * groups;
-            begin = r * n + j * g;
-            len = min(g, n - j * g);
-        }
+        long long begin = 0, len = 0;
+        if (s < pieces) piece_extent(s, n, g, groups, begin, len);
         T v[UNITS][kUnit];
         Acc<T> acc;
 #pragma unroll
@@ -574,26 +603,133 @@ dynamic_quantize_units(const T* __restrict__ x, TQ* __restrict__ q, long long ro
         float l = acc.lo32(), h = acc.hi32();
         lanes_minmax<LANES>(l, h);
         if (s >= pieces) continue;  // (no barrier follows: the block team never gets here)
-        const QParams qp = finalize_one(l, h, CodeRange<TQ>::lo, CodeRange<TQ>::hi, symmetric, eps, scale_fmt);
-        if (lane == 0) {
-            scales[s] = qp.scale;
-            if (zps) zps[s] = qp.zp;
-            flag_failures(qp, flag);
-        }
-        TC sc;
-        widen_scale(qp.scale, sc);
-        const ZeroPoint<TQ> zb = zero_point<TQ>(qp.zp);
-        const Divisor<TC> div = divisor(sc);
+        const BlockQuantizer<TQ, TC> quant = block_quantizer<TQ, TC>(l, h, lane == 0, s, out);
 #pragma unroll
         for (int k = 0; k < UNITS; ++k) {
             const long long at = static_cast<long long>(lane + k * LANES) * kUnit;
             if (at < len) {
                 TQ c[kUnit];
 #pragma unroll
-                for (int e = 0; e < kUnit; ++e) c[e] = quantize_rn_zp<TQ>(widen<TC>(v[k][e]), div, zb);
+                for (int e = 0; e < kUnit; ++e) c[e] = quant(widen<TC>(v[k][e]));
                 store_unit_vec(q + begin + at, c);
             }
         }
+    }
+}
+
+// Each block read once, staged in dynamic shared memory (issue 38): blocks too long for the
+// registers (more than 16384 elements) of float16/bfloat16/float32, any length and alignment.
+// One 512-thread block per block (grid-stride). Element i of the block goes to shared slot
+// kVec + sx + i, where sx = the block's start modulo 16 bytes (in elements): a 16-byte aligned
+// vector of x lands on a 16-byte aligned slot, so the 16-byte loads (four in flight a thread)
+// are stored as they came, and the head and tail before and after the aligned vectors are
+// scalar. The min/max is taken on the way in; after the block's exchange (whose barriers also
+// publish the staged row) every thread quantizes quads of 4 codes aligned in q: one 4-byte
+// store each (a warp writes 128 contiguous bytes), the quad's 4 elements taken from the two
+// aligned 4-element chunks of shared memory that hold them (consecutive threads read
+// consecutive chunks: no bank conflict); only the first and last quad of a block, which share
+// their word with a neighbouring block, store byte by byte. Shared memory needed, in bytes:
+// (g + 32) * sizeof(T) (gpuq/backends/cuda/qparams.py staged_bytes), above the 48 KB every
+// kernel gets by default for blocks over 12256 float32 (the host raises the kernel's
+// MaxDynamicSharedMemorySize once, to the device's opt-in maximum less 1 KB).
+constexpr int kStagedThreads = 512;  // STAGED_THREADS in gpuq/backends/cuda/qparams.py
+template <int BYTES> struct RawOf;
+template <> struct RawOf<8> { using type = uint2; };
+template <> struct RawOf<16> { using type = uint4; };
+
+template <typename T, typename TQ>
+__global__ void __launch_bounds__(kStagedThreads, 2)
+dynamic_quantize_staged(const T* __restrict__ x, TQ* __restrict__ q, long long rows, long long n, long long g,
+                        int symmetric, float eps, int scale_fmt, float* __restrict__ scales,
+                        int* __restrict__ zps, int* __restrict__ flag) {
+    static_assert(sizeof(T) <= 4 && sizeof(TQ) == 1, "float16, bfloat16 or float32 in, one-byte codes out");
+    using TC = typename ComputeOf<T>::type;
+    using Chunk = typename RawOf<4 * sizeof(T)>::type;  // 4 elements
+    constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // elements a 16-byte vector
+    extern __shared__ __align__(16) unsigned char staged_raw[];
+    T* const staged = reinterpret_cast<T*>(staged_raw);
+    const DynamicOut out{symmetric, eps, scale_fmt, scales, zps, flag};
+    const long long groups = (n + g - 1) / g;
+    const long long pieces = rows * groups;
+    const int t = threadIdx.x;
+    for (long long s = blockIdx.x; s < pieces; s += gridDim.x) {
+        long long begin, len;
+        piece_extent(s, n, g, groups, begin, len);
+        const T* xb = x + begin;
+        const int sx = static_cast<int>((reinterpret_cast<unsigned long long>(xb) & 15u) / sizeof(T));
+        const long long head = min(len, static_cast<long long>((kVec - sx) % kVec));
+        const long long vecs = (len - head) / kVec;
+        const long long tail = head + vecs * kVec;
+        T* const row = staged + kVec + sx;  // row[i]: element i
+        Acc<T> acc;
+        for (long long i = t; i < head; i += kStagedThreads) {
+            row[i] = xb[i];
+            acc.add(row[i]);
+        }
+        const uint4* src = reinterpret_cast<const uint4*>(xb + head);
+        uint4* dst = reinterpret_cast<uint4*>(row + head);  // 16-byte aligned: kVec + sx + head = 0 mod kVec
+        for (long long j = t; j < vecs; j += 4LL * kStagedThreads) {
+            uint4 raw[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const long long jj = j + static_cast<long long>(u) * kStagedThreads;
+                if (jj < vecs) raw[u] = __ldg(src + jj);
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const long long jj = j + static_cast<long long>(u) * kStagedThreads;
+                if (jj >= vecs) break;
+                dst[jj] = raw[u];
+                T v[kVec];
+                memcpy(v, &raw[u], sizeof(v));
+#pragma unroll
+                for (int e = 0; e < kVec; ++e) acc.add(v[e]);
+            }
+        }
+        for (long long i = tail + t; i < len; i += kStagedThreads) {
+            row[i] = xb[i];
+            acc.add(row[i]);
+        }
+        float l = acc.lo32(), h = acc.hi32();
+        team_minmax<false>(l, h);  // its barriers also make the staged row visible to every thread
+        const BlockQuantizer<TQ, TC> quant = block_quantizer<TQ, TC>(l, h, t == 0, s, out);
+        // Quad k: codes at positions 4k - aq .. 4k - aq + 3 (aq: q + begin modulo 4 bytes), whose
+        // elements start at slot off + 4k, inside chunks c0 + k and c0 + k + 1 from element d.
+        TQ* qb = q + begin;
+        const int aq = static_cast<int>(reinterpret_cast<unsigned long long>(qb) & 3u);
+        const int off = kVec + sx - aq;  // >= 1
+        const int c0 = off >> 2, d = off & 3;
+        const Chunk* chunks = reinterpret_cast<const Chunk*>(staged);
+        const long long quads = (len + aq + 3) / 4;
+        for (long long k = t; k < quads; k += kStagedThreads) {
+            T both[8];
+            const Chunk a = chunks[c0 + k], b = chunks[c0 + k + 1];
+            memcpy(both, &a, sizeof(a));
+            memcpy(both + 4, &b, sizeof(b));
+            const long long p0 = 4 * k - aq;
+            unsigned word = 0;
+#pragma unroll
+            for (int m = 0; m < 4; ++m) {
+                // d is the same for every quad of the block: selects, not a local array.
+                const T e = d == 0 ? both[m] : d == 1 ? both[m + 1] : d == 2 ? both[m + 2] : both[m + 3];
+                const TQ c = quant(widen<TC>(e));
+                unsigned char byte;
+                memcpy(&byte, &c, 1);
+                word |= static_cast<unsigned>(byte) << (8 * m);
+            }
+            if (p0 >= 0 && p0 + 4 <= len) {
+                *reinterpret_cast<unsigned*>(qb + p0) = word;
+            } else {
+#pragma unroll
+                for (int m = 0; m < 4; ++m) {
+                    if (p0 + m >= 0 && p0 + m < len) {
+                        const unsigned char byte = static_cast<unsigned char>(word >> (8 * m));
+                        memcpy(qb + p0 + m, &byte, 1);
+                    }
+                }
+            }
+        }
+        __syncthreads();  // every read of this block's stage before the next block's writes
     }
 }
 

@@ -116,6 +116,14 @@ def _cases() -> dict:
             for sched, (shape, axis, group) in shapes.items():
                 cases[registry.units_name(f, q, *sched)] = Case("quantize_dynamic", f, q, block_cap=True,
                                                                 shape=shape, axis=axis, group=group, aligned=True)
+    # The staged read-once kernel (blocks above 16384 elements in shared memory): odd rows of a
+    # view one element in (every alignment of x and of the codes), the grid capped at two thread
+    # blocks for three rows (a thread block stages a second row after the first).
+    for f in FLOAT_DTYPES:
+        if f.name in registry.UNIT_FLOATS:
+            for q in QUANT_RANGE:
+                cases[registry.staged_name(f, q)] = Case("quantize_dynamic", f, q, block_cap=True,
+                                                         shape=(3, 16401), axis=0)
     # formats.cu: fp8 and packed int4, through the same public calls with dtype=<code>.
     i8 = np.dtype(np.int8)
     for f in FLOAT_DTYPES:

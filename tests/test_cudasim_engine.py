@@ -897,7 +897,7 @@ def test_launch_configuration_and_arguments_are_checked(engine):
         with pytest.raises(KernelFault, match=match):
             r.launch(grid, block, [ptr(buf)] * 7)
     with pytest.raises(KernelFault, match="dynamic shared memory"):
-        engine.kernel("dynamic_shared").launch((1,), (1,), [ptr(buf), ptr(buf)], shared_mem=48 * 1024 + 1)
+        engine.kernel("dynamic_shared").launch((1,), (1,), [ptr(buf), ptr(buf)], shared_mem=227 * 1024 + 1)
     with pytest.raises(ValueError, match="schedule"):
         s.launch((1,), (1,), [ptr(buf)], schedule="random")
 

@@ -146,7 +146,7 @@ def test_the_headline_benchmark_runs_on_cpu_torch(tmp_path):
     assert gpu_headline.main(["--device", "cpu", "--rows", "8", "--cols", "256", "--reps", "1", "--rounds", "1",
                               "--check-rows", "4", "--no-compile", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
-    assert len(rows) == 11 and all(r["bits"] == "ok" and "gpuq_ms" in r for r in rows), rows
+    assert len(rows) == 12 and all(r["bits"] == "ok" and "gpuq_ms" in r for r in rows), rows
 
 
 @pytest.mark.skipif(CUDA_MODE != "sim", reason="the dry run is for the CPU execution of the kernels")
@@ -194,3 +194,66 @@ def test_conformance_division_dry_runs_and_reports_a_wrong_division(monkeypatch)
     assert got[conf.DIVISION_FORMS[1]] == (0, None)  # the one-step form is written out in the check
     with pytest.raises(ValueError, match="log2 strides"):
         conf.run_division(cupy, 24)
+
+
+@pytest.mark.skipif(CUDA_MODE != "sim", reason="the dry run is for the CPU execution of the kernels")
+def test_helper_conformance_dry_runs_and_reports_a_wrong_helper(monkeypatch):
+    # bench/gpu_conformance.py's comparison of every PTX form the CPU execution replaces by a host
+    # helper with a device port of that helper (on the GPU: the hardware against the port; here
+    # the helper against its port, which shows the port compiles and the comparison can fail):
+    # 2**10 patterns spread over 2**32; a planted clz (one bit short) is reported for clz.b32 alone.
+    import cupy
+
+    from bench import gpu_conformance as conf
+
+    got = conf.run_helpers(cupy, 1 << 10)
+    assert list(got) == list(conf.HELPER_FORMS)
+    assert all(v == (0, None) for v in got.values()), got
+    real = conf.port_text
+    planted = real().replace("for (uint32_t bit = 0x80000000u;", "for (uint32_t bit = 0x40000000u;")
+    assert planted != real()
+    monkeypatch.setattr(conf, "port_text", lambda: planted)
+    got = conf.run_helpers(cupy, 1 << 10)
+    n, first = got["clz.b32"]
+    assert n > 0 and first is not None
+    assert all(v == (0, None) for k, v in got.items() if k != "clz.b32"), got
+
+
+@pytest.mark.skipif(CUDA_MODE != "sim", reason="the dry run is for the CPU execution of the kernels")
+def test_fastdivmod_conformance_dry_runs_and_reports_a_wrong_multiplier(monkeypatch):
+    # The index maps' FastDivmod on its dividend grid against integer division (the GPU: every
+    # divisor below 2**16 and 2,000 above; here those below 2**8 and 4 above); a multiplier one
+    # too small is reported with a divisor that is no power of two (their multiplier is 1, and 0
+    # divides them right too).
+    import cupy
+
+    from bench import gpu_conformance as conf
+    from gpuq.backends.cuda import launch
+
+    divisors = conf.fastdivmod_divisors(4, 1 << 8)
+    assert set(range(1, 256)) <= set(divisors) and {2**31 - 1, 2**30, 65537} <= set(divisors)
+    assert conf.run_fastdivmod(cupy, divisors) == (0, None)
+    real = launch.fast_divisor
+    monkeypatch.setattr(launch, "fast_divisor", lambda d: real(d) - (1 << 31))  # mult - 1
+    n, (d, j) = conf.run_fastdivmod(cupy, divisors)
+    assert n > 0 and d & (d - 1) and 0 <= j < 9 + 75 + 16
+
+
+@pytest.mark.skipif(CUDA_MODE != "sim", reason="the dry run is for the CPU execution of the kernels")
+def test_issue38_step_dry_runs(tmp_path):
+    # bench/gpu_issue38.py --sim (what bench/gpu_session.sh issue38 runs after gpu_check.sh on a
+    # GPU): the conformance part on the CPU execution, the headline part on CPU torch over the
+    # cases issue 38 changed, ncu skipped without the tool; every part's file and the log written.
+    out = tmp_path / "issue38"
+    proc = _run([sys.executable, "bench/gpu_issue38.py", "--out", str(out), "--sim"],
+                env={"PATH": "/usr/bin:/bin"}, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    log = (out / "issue38.log").read_text()
+    assert "part conformance: rc 0" in log and "part headline: rc 0" in log, log
+    assert "part ncu: skipped (no ncu on PATH)" in log
+    conformance = (out / "conformance38.txt").read_text()
+    assert "MISMATCHES" not in conformance and "FastDivmod" in conformance and "helpers:" in conformance
+    rows = json.loads((out / "headline38.json").read_text())["rows"]
+    names = [r["case"] for r in rows]
+    assert "dynamic f32->s8 per-row x2 long unchecked" in names and "f32->fp8e4m3 block128x128" in names
+    assert "f32->s8 per-tensor" not in names and all(r["bits"] == "ok" for r in rows), rows

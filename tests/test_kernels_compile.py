@@ -47,8 +47,23 @@ def _build(job):
         return nvrtc_check.compile_source(nv, source, arg)
     if kind == "cupy":
         return nvrtc_check.compile_as_cupy(nv, source, arg)
+    if kind == "ftz90":
+        base = nvrtc_check.compile_source(nv, source, "compute_90", names=_SM89_PATHS)
+        return base, nvrtc_check.ftz_independent(nv, source, base, "compute_90", _SM89_PATHS)
     base = nvrtc_check.compile_source(nv, source, "compute_80")
     return base, nvrtc_check.ftz_independent(nv, source, base)
+
+
+#: The kernels whose text branches on the architecture (``#if __CUDA_ARCH__ >= 890`` in formats.cu,
+#: pinned by tests/test_cuda_sweep.py test_only_formats_cu_branches_on_the_architecture): the
+#: saturating fp8 casts and the e4m3 decode. compute_80 PTX never holds their sm_89+ path, so the
+#: flush-to-zero check runs them again for compute_90 (they alone, with one packed int4 kernel,
+#: which uses the file's packed-vector constant: NVRTC warns of an unused one; a whole
+#: formats.cu build for compute_90 takes minutes here).
+_SM89_PATHS = (registry.quantize_fp8_name("float32", "float8_e4m3fn", "tensor"),
+               registry.quantize_fp8_name("float64", "float8_e5m2", "tensor"),
+               registry.dequantize_fp8_name("float8_e4m3fn", "float32", "tensor"),
+               registry.quantize_int4_name("float32", True, False, "tensor"))
 
 
 def _start_builds():
@@ -60,7 +75,7 @@ def _start_builds():
 
     import _background
 
-    jobs = [("ftz", s, None) for s in registry.SOURCES]
+    jobs = [("ftz", s, None) for s in registry.SOURCES] + [("ftz90", "formats.cu", None)]
     jobs += [("target", s, t) for s in registry.SOURCES for t in _SUITE_TARGETS if t != "compute_80"]
     jobs += [("cupy", s, a) for s in registry.SOURCES for a in _CUPY_ARCHS]
     jobs.sort(key=lambda j: j[1] != "formats.cu")  # the longest first
@@ -77,6 +92,8 @@ def _start_builds():
             res = future.result()
             if kind == "ftz":
                 out["target", source, "compute_80"], out["ftz", source, None] = res
+            elif kind == "ftz90":
+                out["target", source, "compute_90"], out["ftz", source, "compute_90"] = res
             else:
                 out[kind, source, arg] = res
         return out
@@ -154,6 +171,16 @@ def test_only_the_ftz_override_is_tolerated():
 def test_ptx_does_not_depend_on_ftz(builds, source):
     res = builds["ftz", source, None]
     assert res.ok, res.describe()
+
+
+@needs_nvrtc
+def test_ptx_of_the_sm89_paths_does_not_depend_on_ftz(builds):
+    """The hardware conversions' paths (sm_89+) give the same PTX with -ftz=true as without."""
+    base, res = builds["target", "formats.cu", "compute_90"], builds["ftz", "formats.cu", "compute_90"]
+    assert base.ok and res.ok, base.describe() + res.describe()
+    ptx = base.code.decode()
+    assert all(f in ptx for f in ("cvt.rn.satfinite.e4m3x2.f32", "cvt.rn.satfinite.e5m2x2.f32",
+                                  "cvt.rn.f16x2.e4m3x2")), "the sm_89+ paths were not compiled"
 
 
 def test_compile_units_are_every_name_once():

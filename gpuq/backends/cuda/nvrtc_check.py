@@ -207,18 +207,21 @@ def compile_as_cupy(nvrtc: Nvrtc, source: str, arch: str) -> Result:
                   overridden=len(rest) < len(lines))
 
 
-def ftz_independent(nvrtc: Nvrtc, source: str, base: Result | None = None) -> Result:
-    """Compile PTX with ``-ftz=true`` in place of ``-ftz=false``; ``ok`` only if it is identical.
+def ftz_independent(nvrtc: Nvrtc, source: str, base: Result | None = None, target: str = "compute_80",
+                    names=None) -> Result:
+    """Compile PTX for ``target`` with ``-ftz=true`` in place of ``-ftz=false``; ``ok`` only if it
+    is identical. ``compute_90`` covers the sm_89+ branches (``#if __CUDA_ARCH__ >= 890``).
 
-    ``base`` may pass in the ``compute_80`` result of :func:`compile_source`.
+    ``base`` may pass in the ``target`` result of :func:`compile_source`; ``names`` (default: every
+    instantiation of ``source``) the name expressions to compile.
     """
-    names = list(registry.SOURCES[source]())
+    names = list(registry.SOURCES[source]() if names is None else names)
     if base is None:
-        base = compile_source(nvrtc, source, "compute_80", names=names)
+        base = compile_source(nvrtc, source, target, names=names)
     opts = tuple(o for o in registry.OPTIONS if not o.startswith("-ftz"))
     rc, log, code, _ = nvrtc.compile(registry.source_text(source), source,
-                                     ("--gpu-architecture=compute_80",) + opts + ("-ftz=true",), names)
-    res = Result(source, "compute_80 -ftz=true", opts + ("-ftz=true",), names, rc, log, code)
+                                     (f"--gpu-architecture={target}",) + opts + ("-ftz=true",), names)
+    res = Result(source, f"{target} -ftz=true", opts + ("-ftz=true",), names, rc, log, code)
     a, b = _normalise_ptx(base.code), _normalise_ptx(code)
     if rc == 0 and base.rc == 0 and a != b:
         diff = _first_diff(a, b)
@@ -254,6 +257,7 @@ def check_all(nvrtc: Nvrtc | None = None, targets=TARGETS) -> list:
         done = {t: compile_source(nvrtc, source, t) for t in targets}
         results += list(done.values())
         results.append(ftz_independent(nvrtc, source, done.get("compute_80")))
+        results.append(ftz_independent(nvrtc, source, target="compute_90"))
         results.append(compile_as_cupy(nvrtc, source, "90"))
     return results
 

@@ -24,7 +24,10 @@ per block reads it, computes its parameters and writes its codes. Where the
 rows are aligned whole 16-element units of float16/bfloat16/float32 and a
 block holds at most 16384 elements (:func:`unit_schedule`), the team keeps its
 block in registers (``dynamic_quantize_units``: x read once, 16-byte loads and
-stores); elsewhere it reads the block twice (``dynamic_quantize_segments``).
+stores); a longer block of those dtypes, of any length and alignment, that fits
+the device's shared memory (:func:`staged_bytes`) is staged there
+(``dynamic_quantize_staged``: x read once); elsewhere the team reads the block
+twice (``dynamic_quantize_segments``).
 The failure flag is one word per (device, stream, host thread)
 (:func:`failure_flag`); ``check=False`` passes none and reads nothing back.
 
@@ -42,7 +45,7 @@ import numpy as np
 
 from ..._scheme import strided_dims
 from .registry import (FINALIZE, UNIT_FLOATS, UNIT_SCHEDULES, blocks_name, columns_name, fused_name,
-                       qparams_names, segments_name, tiles_name, units_name)
+                       qparams_names, segments_name, staged_name, tiles_name, units_name)
 
 SOURCE = "qparams.cu"
 #: Elements per piece of a per-tensor (or long-row) reduction: one thread block each.
@@ -52,6 +55,15 @@ WARP_MAX = 1024
 #: Largest per-tensor tensor quantized by the fused kernel (one thread block).
 FUSED_TENSOR_MAX = 1 << 16
 THREADS = 256
+#: Threads of the staged dynamic kernel (kStagedThreads in kernels/qparams.cu).
+STAGED_THREADS = 512
+#: The longest block the register kernel holds; longer ones are staged in shared memory.
+REGISTER_MAX = max(lanes * units * 16 for lanes, units in UNIT_SCHEDULES)
+#: Dynamic shared memory any kernel may take without raising its MaxDynamicSharedMemorySize.
+DEFAULT_DYNAMIC_SHARED = 48 << 10
+#: Kept below the device's opt-in maximum per block for the kernel's static shared memory
+#: (team_minmax's 256 bytes): the opt-in maximum bounds static and dynamic together.
+STATIC_SHARED_RESERVE = 1024
 _MAX_BLOCKS = 1 << 16
 #: Most merged dims a block walk takes (kMaxBlockDims in kernels/qparams.cu, the MSE search's too).
 MAX_BLOCK_DIMS = 16
@@ -354,6 +366,62 @@ def unit_schedule(x, n, g):
     return next(((lanes, units) for lanes, units in UNIT_SCHEDULES if size <= lanes * units * 16), None)
 
 
+def staged_bytes(size: int, itemsize: int) -> int:
+    """Dynamic shared memory of ``dynamic_quantize_staged`` for blocks of at most ``size``
+    elements of ``itemsize`` bytes: the block, its alignment shift (up to one 16-byte vector)
+    and the chunk on either side that the quads read (kernels/qparams.cu).
+
+    >>> staged_bytes(16400, 4), staged_bytes(65536, 2)
+    (65728, 131136)
+    """
+    return (size + 32) * itemsize
+
+
+def staged_limit(device_id: int) -> int:
+    """The most dynamic shared memory the staged kernel takes on device ``device_id``: the
+    device's opt-in maximum per block (``sharedMemPerBlockOptin``: 227 KB on sm_90, 163 KB on
+    sm_80, 99 KB on sm_86/89) less :data:`STATIC_SHARED_RESERVE`."""
+    import cupy
+
+    return _staged_limit(device_id, cupy.cuda.Device(device_id).compute_capability)
+
+
+@functools.cache
+def _staged_limit(device_id, cc):  # (cc: the CPU execution switches it in-process)
+    import cupy
+
+    return int(cupy.cuda.runtime.getDeviceProperties(device_id)["sharedMemPerBlockOptin"]) - STATIC_SHARED_RESERVE
+
+
+def staged_schedule(x, n, g):
+    """The dynamic shared memory in bytes of the staged read-once kernel for contiguous device
+    ``x`` cut in rows of ``n`` and blocks of ``g``, or None where it does not apply:
+    float16/bfloat16/float32 blocks longer than the registers hold (:data:`REGISTER_MAX`) that
+    fit the device's shared memory (:func:`staged_limit`). Any length and alignment."""
+    from ..._dtypes import dtype_name
+
+    size = min(g, n)
+    if dtype_name(x.dtype) not in UNIT_FLOATS or size <= REGISTER_MAX:
+        return None
+    need = staged_bytes(size, x.dtype.itemsize)
+    return need if need <= staged_limit(x.device.id) else None
+
+
+def _staged_function(name, device_id):
+    """The staged kernel ``name`` with its MaxDynamicSharedMemorySize raised, once per device,
+    to :func:`staged_limit` (above 48 KB a launch needs it: cudaFuncSetAttribute)."""
+    fn = _function(name)
+    limit = staged_limit(device_id)
+    if (fn, limit) not in _raised:
+        if limit > DEFAULT_DYNAMIC_SHARED:
+            fn.max_dynamic_shared_size_bytes = limit
+        _raised.add((fn, limit))
+    return fn
+
+
+_raised = set()  # (loaded staged kernel, the limit it was raised to)
+
+
 def quantize_dynamic(x, scheme, qdtype, symmetric, eps, scale_dtype="float32", check=True):
     """Codes, scales and zps in one launch where :func:`_fused_rows` allows, else None;
     ``check`` as in :func:`choose_qparams`."""
@@ -374,17 +442,22 @@ def quantize_dynamic(x, scheme, qdtype, symmetric, eps, scale_dtype="float32", c
         x = cupy.ascontiguousarray(x)
         scales, zps, flag = _outputs(scheme, qmin, symmetric, check)
         pieces = rows * -(-n // g)
+        args = (x, q, np.int64(rows), np.int64(n), np.int64(g), np.int32(symmetric), np.float32(eps),
+                np.int32(SCALE_FMT[scale_dtype]), scales, _NULL if zps is None else zps,
+                _NULL if flag is None else flag)
         schedule = unit_schedule(x, n, g)
-        if schedule is not None:  # each block read once, from registers
-            name, blocks = units_name(x.dtype, qdtype, *schedule), -(-pieces // max(1, THREADS // schedule[0]))
+        staged = None if schedule is not None else staged_schedule(x, n, g)
+        if staged is not None:  # each block read once, staged in shared memory
+            fn = _staged_function(staged_name(x.dtype, qdtype), x.device.id)
+            fn((min(pieces, _MAX_BLOCKS),), (STAGED_THREADS,), args, shared_mem=staged)
         else:
-            warp = min(g, n) <= WARP_MAX
-            name = fused_name(x.dtype, qdtype, warp)
-            blocks = -(-pieces // (THREADS // 32)) if warp else pieces
-        _launch(name, min(blocks, _MAX_BLOCKS),
-                (x, q, np.int64(rows), np.int64(n), np.int64(g), np.int32(symmetric), np.float32(eps),
-                 np.int32(SCALE_FMT[scale_dtype]), scales, _NULL if zps is None else zps,
-                 _NULL if flag is None else flag))
+            if schedule is not None:  # each block read once, from registers
+                name, blocks = units_name(x.dtype, qdtype, *schedule), -(-pieces // max(1, THREADS // schedule[0]))
+            else:
+                warp = min(g, n) <= WARP_MAX
+                name = fused_name(x.dtype, qdtype, warp)
+                blocks = -(-pieces // (THREADS // 32)) if warp else pieces
+            _launch(name, min(blocks, _MAX_BLOCKS), args)
         if check:
             raise_on_failure(flag, scale_dtype)
     return q, scales, zps

@@ -180,7 +180,7 @@ def fused_name(dtype, qdtype, warp: bool) -> str:
 #: The read-once dynamic kernel's schedules, (lanes per block, units of 16 elements a lane),
 #: smallest first: a block of up to lanes * units * 16 elements in registers (issue 38).
 UNIT_SCHEDULES = ((8, 1), (16, 1), (32, 1), (32, 2), (256, 1), (256, 2), (256, 4))
-#: Input dtypes of the read-once kernel (float64 keeps the two-pass one).
+#: Input dtypes of the read-once kernels, in registers and staged (float64 keeps the two-pass one).
 UNIT_FLOATS = ("float16", "float32", "bfloat16")
 
 
@@ -191,6 +191,15 @@ def units_name(dtype, qdtype, lanes: int, units: int) -> str:
     'gpuq::dynamic_quantize_units<float, signed char, 256, 4>'
     """
     return f"gpuq::dynamic_quantize_units<{_c(dtype)}, {_c(qdtype)}, {lanes}, {units}>"
+
+
+def staged_name(dtype, qdtype) -> str:
+    """The read-once dynamic kernel for blocks longer than the registers hold (shared memory).
+
+    >>> staged_name("bfloat16", "uint8")
+    'gpuq::dynamic_quantize_staged<gpuq_bf16, unsigned char>'
+    """
+    return f"gpuq::dynamic_quantize_staged<{_c(dtype)}, {_c(qdtype)}>"
 
 
 def blocks_name(dtype) -> str:
@@ -208,7 +217,7 @@ def qparams_names() -> list:
     """Every name expression of ``qparams.cu`` the dispatcher can request.
 
     >>> len(qparams_names()), qparams_names()[0]
-    (79, 'gpuq::minmax_segments<__half, false>')
+    (85, 'gpuq::minmax_segments<__half, false>')
     """
     names = [segments_name(f, w) for f in _FLOATS for w in (False, True)]
     names += [columns_name(f) for f in _FLOATS]
@@ -217,6 +226,7 @@ def qparams_names() -> list:
     names += [tiles_name(f) for f in _FLOATS]
     names += [fused_name(f, q, w) for f in _FLOATS for q in _QUANT_DTYPES for w in (False, True)]
     names += [units_name(f, q, *u) for f in UNIT_FLOATS for q in _QUANT_DTYPES for u in UNIT_SCHEDULES]
+    names += [staged_name(f, q) for f in UNIT_FLOATS for q in _QUANT_DTYPES]
     return names
 
 

@@ -193,7 +193,7 @@ inline Fiber* g_cur = nullptr;  // the running CUDA thread, null in the schedule
 inline ::uint3 g_block_idx{0, 0, 0};
 inline ::dim3 g_block_dim{1, 1, 1};
 inline ::dim3 g_grid_dim{1, 1, 1};
-alignas(16) inline unsigned char g_dynamic_smem[48 * 1024];  // extern __shared__ arrays
+alignas(16) inline unsigned char g_dynamic_smem[227 * 1024];  // extern __shared__ arrays: the largest opt-in (sm_90)
 
 inline const ::uint3& thread_idx() {
     if (g_cur == nullptr) fault("threadIdx read outside a CUDA thread");

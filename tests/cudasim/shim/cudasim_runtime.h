@@ -719,7 +719,7 @@ inline int launch(const EntryDesc* entry, const unsigned* grid, const unsigned* 
         return config_error("too many threads per block");
     if (grid[0] < 1 || grid[1] < 1 || grid[2] < 1 || grid[0] > 2147483647u || grid[1] > 65535u || grid[2] > 65535u)
         return config_error("grid dimensions out of range");
-    if (shared_mem > sizeof(g_dynamic_smem)) return config_error("dynamic shared memory above 48 KiB");
+    if (shared_mem > sizeof(g_dynamic_smem)) return config_error("dynamic shared memory above 227 KiB");
     if (schedule < kInOrder || schedule > kInterleaved) return config_error("unknown schedule");
 
     std::lock_guard<std::mutex> lock(g_launch_mutex);

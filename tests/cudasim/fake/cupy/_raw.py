@@ -48,7 +48,7 @@ from ._errors import (
 )
 from .cuda import _streams
 
-_MAX_DYNAMIC_SHARED = 48 << 10  # without cudaFuncSetAttribute (not modelled)
+_DEFAULT_DYNAMIC_SHARED = 48 << 10  # a kernel's MaxDynamicSharedMemorySize until it is raised
 _engine = None
 
 
@@ -162,6 +162,25 @@ class RawKernel:
     @property
     def max_threads_per_block(self) -> int:
         return int(self.kernel.max_threads)
+
+    @property
+    def max_dynamic_shared_size_bytes(self) -> int:
+        """CUDA's MaxDynamicSharedMemorySize of this kernel (48 KB until set); a launch may ask for
+        at most this much dynamic shared memory."""
+        return getattr(self, "_max_dynamic_shared", _DEFAULT_DYNAMIC_SHARED)
+
+    @max_dynamic_shared_size_bytes.setter
+    def max_dynamic_shared_size_bytes(self, value):
+        # cuFuncSetAttribute: at most the device's sharedMemPerBlockOptin (CUDA_ERROR_INVALID_VALUE
+        # above it). The kernel's static shared memory also counts against that limit on a GPU; the
+        # engine does not know it, so a caller must leave room for it (the launch is not refused).
+        optin = _sim.shared_optin(_sim.COMPUTE_CAPABILITY)
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= int(value) <= optin:
+            raise CUDADriverError("CUDA_ERROR_INVALID_VALUE",
+                                  f"kernel {self.name!r}: MaxDynamicSharedMemorySize {value!r} outside [0, {optin}] "
+                                  f"(the device's sharedMemPerBlockOptin)")
+        self.kernel  # compiled first, as CuPy's setter needs the function
+        self._max_dynamic_shared = int(value)
 
     def __call__(self, grid, block, args, *, shared_mem=0, stream=None, enable_cooperative_groups=False):
         if enable_cooperative_groups:
@@ -305,10 +324,11 @@ def _launch(raw: RawKernel, grid, block, args, shared_mem, stream):
         raise LaunchConfigError("CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
                                 f"kernel {name!r}: block of {threads} threads, the kernel allows "
                                 f"{kernel.max_threads} (__launch_bounds__)")
-    if shared_mem > _MAX_DYNAMIC_SHARED:
+    if shared_mem > raw.max_dynamic_shared_size_bytes:
         raise LaunchConfigError("CUDA_ERROR_INVALID_VALUE",
-                                f"kernel {name!r}: {shared_mem} bytes of dynamic shared memory "
-                                f"(more than {_MAX_DYNAMIC_SHARED} needs cudaFuncSetAttribute, not modelled)")
+                                f"kernel {name!r}: {shared_mem} bytes of dynamic shared memory, more than its "
+                                f"MaxDynamicSharedMemorySize {raw.max_dynamic_shared_size_bytes} (raise it with "
+                                f"cudaFuncSetAttribute: RawKernel.max_dynamic_shared_size_bytes)")
     q = _streams.current_queue() if stream is None else _streams.queue_of(stream, dev)
     if q.device_id != dev:
         raise LaunchConfigError("CUDA_ERROR_INVALID_HANDLE",

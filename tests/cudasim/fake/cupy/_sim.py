@@ -95,6 +95,19 @@ def compute_capability(cc: str):
         set_compute_capability(previous)
 
 
+#: Dynamic shared memory one thread block may opt in to (cudaDevAttrMaxSharedMemoryPerBlockOptin),
+#: by compute capability: the CUDA C++ Programming Guide's technical specifications (227 KB on
+#: 9.0 and 10.0, 163 KB on 8.0 and 8.7, 99 KB on 8.6, 8.9 and 12.x, 96 KB on 7.0 and 7.2, 64 KB
+#: on 7.5); 48 KB before Volta. The engine's dynamic shared memory holds the largest.
+_SHARED_OPTIN_KB = {"90": 227, "100": 227, "80": 163, "87": 163, "86": 99, "89": 99, "120": 99, "121": 99,
+                    "70": 96, "72": 96, "75": 64}
+
+
+def shared_optin(cc: str) -> int:
+    """``sharedMemPerBlockOptin`` in bytes of a device of compute capability ``cc``."""
+    return _SHARED_OPTIN_KB.get(_check_cc(cc), 48) << 10
+
+
 def build_defines(cc: str | None = None) -> tuple:
     """The macros a ``RawModule`` made for ``cc`` (default: the current compute capability) is
     built with; a prebuild must pass the same, or its modules are other cache entries."""

@@ -42,7 +42,8 @@ def getDeviceProperties(device: int) -> dict:
     cc = _sim.COMPUTE_CAPABILITY
     return {"name": f"gpuq CUDA simulator device {i}".encode(), "totalGlobalMem": 16 << 30,
             "major": int(cc[:-1]), "minor": int(cc[-1]), "multiProcessorCount": 4,
-            "maxThreadsPerBlock": 1024, "warpSize": 32, "sharedMemPerBlock": 48 << 10}
+            "maxThreadsPerBlock": 1024, "warpSize": 32, "sharedMemPerBlock": 48 << 10,
+            "sharedMemPerBlockOptin": _sim.shared_optin(cc)}
 
 
 def memsetAsync(ptr: int, value: int, size: int, stream: int) -> None:
