@@ -24,6 +24,8 @@ uploaded to the device for device arrays.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 __all__ = ["RULES", "EMAX", "EVEN_M", "mx_exponents", "mx_scales", "e8m0_bytes", "e8m0_scales"]
@@ -153,3 +155,37 @@ def e8m0_scales(data):
     k = np.where(nan, 0, data.astype(np.int32) - 127)  # (2**128 would overflow: NaN below)
     out = np.asarray(np.ldexp(np.float32(1), k), np.float32)
     return np.where(nan, np.float32(np.nan), out).astype(np.float32)
+
+
+@functools.cache
+def mx_rule_table(code: str, rule: str) -> tuple:
+    """OCP MX's rule (:func:`gpuq.mx_exponents`, the one statement of it) as the pass reads
+    it: ``(first, step, values)``, where the e8m0 byte of a finite ``amax >= 0`` with float32
+    bits ``a`` is ``first[a >> 23] + (a >= step[a >> 23])`` and its scale ``values[byte]``.
+
+    Every rule's ``k`` rises with amax and takes at most two values within one binade (``k``
+    follows amax's exponent, or ``log2`` of amax over a constant), so each exponent field has a
+    first byte and the first bits where the second begins, found here by bisection on
+    ``mx_exponents`` itself (checked: the ends of each binade differ by 0 or 1).
+
+    >>> first, step, values = mx_rule_table("float4_e2m1fn", "even")
+    >>> a = np.float32(1.75).view(np.uint32)   # 1.75 = 1.75 * 2**0, even rounds up: 2**-1
+    >>> b = first[a >> 23] + (a >= step[a >> 23]); int(b), float(values[b])
+    (126, 0.5)
+    """
+    def byte(b):
+        return mx_exponents(b.view(np.float32), code, rule) + 127
+
+    field = np.arange(255, dtype=np.uint32) << np.uint32(23)  # the finite exponent fields
+    lo, hi = byte(field), byte(field | np.uint32(0x7FFFFF))
+    if not ((hi - lo >= 0) & (hi - lo <= 1)).all():
+        raise AssertionError(f"gpuq internal error: the MX rule {rule!r} is not monotonic in two steps a binade")
+    a, b = np.zeros(255, np.uint32), np.full(255, 0x7FFFFF, np.uint32)
+    while (a < b).any():  # the first mantissa whose byte is hi's (b's byte is hi's throughout)
+        mid = (a + b) // 2
+        up = byte(field | mid) == hi
+        b, a = np.where(up, mid, b), np.where(up, a, mid + 1)
+    step = np.where(hi > lo, field | b, np.uint32(0xFFFFFFFF)).astype(np.uint32)
+    first = np.append(lo, 0).astype(np.uint8)  # field 255 (Inf/NaN) is never read: amax is finite
+    values = e8m0_scales(np.arange(256, dtype=np.uint8))
+    return first, np.append(step, np.uint32(0xFFFFFFFF)), values

@@ -199,7 +199,7 @@ def test_an_all_nan_weight_has_no_figures(monkeypatch):
 def test_the_mx_rule_table_is_mx_exponents(code, rule):
     """The pass's table of the MX rule gives ``mx_exponents``' byte for every finite amax >= 0
     tried: random bits, each binade's ends, each step and its neighbours, subnormals, 0."""
-    first, step, values = weight_pass.mx_rule_table(code, rule)
+    first, step, values = _mx.mx_rule_table(code, rule)
     steps = step[step != 0xFFFFFFFF].astype(np.int64)
     ends = (np.arange(255, dtype=np.int64) << 23)[:, None] + [0, 1, 0x7FFFFE, 0x7FFFFF]
     rand = np.random.default_rng(9).integers(0, 0x7F800000, 1 << 16)

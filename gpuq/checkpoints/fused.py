@@ -280,12 +280,13 @@ def micro_bytes(x, scheme, buffers=None, global_scale=None):
     (np.uint8(199), [[126]], 0.0)
     """
     from ..backends.host import weight_pass
-    from .._mx import DEFAULT_RULE
+    from .._mx import DEFAULT_RULE, mx_rule_table
 
     rows, n = x.shape
     out = (buffers or Buffers()).array("codes", (rows, n * scheme.code.bits // 8), np.uint8)
     sbytes, (signal, error, max_err), counts = weight_pass.quantize_micro(
-        x, scheme.code, scheme.group_size, out, mx_rule=scheme.scale_rule or DEFAULT_RULE, global_scale=global_scale)
+        x, scheme.code, scheme.group_size, out, global_scale=global_scale,
+        mx_table=None if global_scale is not None else mx_rule_table(scheme.code.name, scheme.scale_rule or DEFAULT_RULE))
     return out, sbytes, _figures(signal, error, max_err, counts, x.size), counts
 
 

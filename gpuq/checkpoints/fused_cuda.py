@@ -11,7 +11,7 @@ pinned (page-locked) host buffer the tensor is read into, pinned buffers the res
 to, and the device buffers, all reused from weight to weight. :func:`quantize_stream` runs a
 sequence of weights through it so that the file read of one weight overlaps the upload, the
 kernel and the download of the one before (on the other slot's stream), and the upload of one
-overlaps the download of the other. :func:`shard_weights` is the command's shard loop on it
+overlaps the download of the other. :func:`gpuq.checkpoints.fused_stream.shard_weights` is the command's shard loop on it
 (the weights read from the file straight into the pinned buffers, the other tensors handed back
 in their turn). :func:`quantize_rows` is the one-weight call behind
 :func:`gpuq.checkpoints.fused.quantize_weight` (the same interface as the host pass's).
@@ -242,77 +242,12 @@ def quantize_stream(jobs, pipeline: Pipeline | None = None, role: str = "rows"):
             pipe.drain()
 
 
-def plan_weight(shape, dtype, scheme, device, method: str):
-    """The GPU pass's :class:`~gpuq.backends.cuda.weight_pass.Plan` for a ``[out, in]`` weight
-    of ``shape`` and ``dtype`` (its file's spec: nothing is read) in ``scheme`` on ``device``,
-    or None where :func:`gpuq.checkpoints.fused.covers` says the pass does not take it.
-
-    >>> from gpuq.checkpoints.env import HostDevice
-    >>> plan_weight((2, 256), np.float32, None, HostDevice(), "minmax") is None   # not a GPU
-    True
-    """
-    from ..backends.cuda import weight_pass
-    from . import fused
-
-    if getattr(device, "name", None) != "cuda" or len(shape) != 2:
-        return None
-    stand_in = np.empty(shape, dtype)  # covers reads the shape, dtype and order only (pages never touched)
-    if not fused.covers(stand_in, scheme, device, method):
-        return None
-    if scheme.strategy == "block":
-        code, symmetric, eps, sdt = fused.block_args(shape, dtype, scheme)
-        return weight_pass.plan_blocks(shape, _dtype_name(dtype), code, symmetric, eps, sdt, tuple(scheme.block))
-    g = fused.group_of(shape, scheme)
-    code, symmetric, eps, sdt = fused.pass_args(shape, dtype, scheme.code.name, scheme.symmetric,
-                                                scheme.scale_dtype, scheme.strategy, g, fused.scheme_rule(scheme))
-    return weight_pass.plan(shape, _dtype_name(dtype), code, symmetric, eps, sdt, g, scheme.strategy == "tensor",
-                            fused.scales_given(scheme, method))
-
-
-def weight_outputs(r: Result, scheme, module: str, shape) -> tuple:
-    """``(tensors, stats, counts)`` of a weight's :class:`Result` (not failed), as
-    :func:`gpuq.checkpoints.fused.quantize_weight` gives them: the codes straight from the
-    slot's pinned buffer (valid until the stream's next weight), the scales in the scheme's
-    dtype."""
-    from . import fused
-
-    signal, error, max_err = r.figures
-    stats = fused._figures(signal, error, max_err, r.counts, math.prod(shape))
-    return fused.encode(scheme, module, shape, r.codes, r.scales, r.zps), stats, r.counts
-
-
-def shard_weights(ckpt, chosen: dict, device, method: str):
-    """``(name, Result or None)`` for every tensor of the open checkpoint ``ckpt``, in file order:
-    the weights of ``chosen`` (name -> scheme) the GPU's pass takes are read straight into the
-    stream's pinned buffers (``ckpt.load(name, out=...)``: the bytes at the file's offsets), the
-    next one's read overlapping the GPU's work on the one before (:func:`quantize_stream`);
-    every other tensor comes as ``(name, None)``, in its turn, for the caller's own path. Close
-    it (``contextlib.closing``) where the loop may stop early.
-
-    >>> for name, r in shard_weights(ckpt, chosen, device, "minmax"):   # doctest: +SKIP
-    ...     print(name, r is not None and r.counts)
-    """
-    from . import fused
-
-    def jobs():
-        for name in ckpt.names:
-            shape, dtype = ckpt.spec(name)
-            scheme = chosen.get(name)
-            plan = None
-            if scheme is not None and ckpt.format == "safetensors":
-                plan = plan_weight(shape, dtype, scheme, device, method)
-            yield Job(name, shape, dtype, lambda buf, name=name: ckpt.load(name, out=buf), plan,
-                      lambda buf, scheme=scheme: fused.chosen_for(buf, scheme, method, fused.scheme_rule(scheme), device))
-
-    return quantize_stream(jobs(), role="stream")
-
-
 _PIPELINES = {}
 
 
 def _pipeline(role: str = "rows") -> Pipeline:
     """The current device's pipeline for ``role`` (``"rows"``: :func:`quantize_rows`,
-    ``"stream"``: :func:`shard_weights`), made once: its pinned buffers serve every
+    ``"stream"``: :func:`gpuq.checkpoints.fused_stream.shard_weights`), made once: its pinned buffers serve every
     later run. Two roles, so that a one-weight call (the multi-pass fallback of a weight the
     stream refused) never takes a slot the stream holds."""
     import cupy

@@ -30,8 +30,6 @@ old ``einsum`` in its last digits, never a code or a scale.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 from numba import njit, types
 from numba.extending import overload
@@ -578,47 +576,11 @@ def micro_rows(x, table, bits, r0, r1, n, g, shift, mag, inf, f, values, cbits, 
             _energy(sa, sd, g, acc)
 
 
-@functools.cache
-def mx_rule_table(code: str, rule: str) -> tuple:
-    """OCP MX's rule (:func:`gpuq._mx.mx_exponents`, the one statement of it) as the pass reads
-    it: ``(first, step, values)``, where the e8m0 byte of a finite ``amax >= 0`` with float32
-    bits ``a`` is ``first[a >> 23] + (a >= step[a >> 23])`` and its scale ``values[byte]``.
-
-    Every rule's ``k`` rises with amax and takes at most two values within one binade (``k``
-    follows amax's exponent, or ``log2`` of amax over a constant), so each exponent field has a
-    first byte and the first bits where the second begins, found here by bisection on
-    ``mx_exponents`` itself (checked: the ends of each binade differ by 0 or 1).
-
-    >>> first, step, values = mx_rule_table("float4_e2m1fn", "even")
-    >>> a = np.float32(1.75).view(np.uint32)   # 1.75 = 1.75 * 2**0, even rounds up: 2**-1
-    >>> b = first[a >> 23] + (a >= step[a >> 23]); int(b), float(values[b])
-    (126, 0.5)
-    """
-    from ... import _mx
-
-    def byte(b):
-        return _mx.mx_exponents(b.view(np.float32), code, rule) + 127
-
-    field = np.arange(255, dtype=np.uint32) << np.uint32(23)  # the finite exponent fields
-    lo, hi = byte(field), byte(field | np.uint32(0x7FFFFF))
-    if not ((hi - lo >= 0) & (hi - lo <= 1)).all():
-        raise AssertionError(f"gpuq internal error: the MX rule {rule!r} is not monotonic in two steps a binade")
-    a, b = np.zeros(255, np.uint32), np.full(255, 0x7FFFFF, np.uint32)
-    while (a < b).any():  # the first mantissa whose byte is hi's (b's byte is hi's throughout)
-        mid = (a + b) // 2
-        up = byte(field | mid) == hi
-        b, a = np.where(up, mid, b), np.where(up, a, mid + 1)
-    step = np.where(hi > lo, field | b, np.uint32(0xFFFFFFFF)).astype(np.uint32)
-    first = np.append(lo, 0).astype(np.uint8)  # field 255 (Inf/NaN) is never read: amax is finite
-    values = _mx.e8m0_scales(np.arange(256, dtype=np.uint8))
-    return first, np.append(step, np.uint32(0xFFFFFFFF)), values
-
-
-def quantize_micro(x, code, g, out, *, mx_rule=None, global_scale=None):
+def quantize_micro(x, code, g, out, *, mx_table=None, global_scale=None):
     """One pass over a C-order 2-D weight ``x`` (bfloat16, float16 or float32) in the float
     codes ``code`` (fp4, fp6 or fp8: a ``gpuq._codetypes`` row) with one scale a group of ``g``
-    along a row, chosen in the pass (:func:`micro_rows`): OCP MX's e8m0 scales by ``mx_rule``
-    (``gpuq._mx.RULES``), or NVFP4's e4m3 block scales under ``global_scale``
+    along a row, chosen in the pass (:func:`micro_rows`): OCP MX's e8m0 scales by ``mx_table``
+    (one rule's :func:`gpuq._mx.mx_rule_table`), or NVFP4's e4m3 block scales under ``global_scale``
     (:func:`gpuq.global_scale`'s float32, fp4 only). The codes go to ``out`` (uint8
     ``[rows, n * bits / 8]``: fp8 bytes, fp4 two a byte with the first in the low nibble, fp6
     four in three little-endian bytes, compressed-tensors' layouts); rows are shared among the
@@ -630,8 +592,9 @@ def quantize_micro(x, code, g, out, *, mx_rule=None, global_scale=None):
 
     >>> from gpuq._codetypes import code_type
     >>> out = np.empty((1, 16), np.uint8)
+    >>> from gpuq._mx import mx_rule_table
     >>> sb, figures, counts = quantize_micro(np.float32([[6.0, -0.5] + [0.0] * 30]), code_type("float4_e2m1fn"),
-    ...                                      32, out, mx_rule="even")
+    ...                                      32, out, mx_table=mx_rule_table("float4_e2m1fn", "even"))
     >>> sb.tolist(), out[0, 0], figures
     ([[127]], np.uint8(151), (36.25, 0.0, 0.0))
     """
@@ -642,7 +605,7 @@ def quantize_micro(x, code, g, out, *, mx_rule=None, global_scale=None):
         f = None  # fp4: loops.e2m1_of, the same bits as fp8_of with these constants, faster
     mx = nv = None
     if global_scale is None:
-        mx = mx_rule_table(code.name, mx_rule)
+        mx = mx_table
     else:  # NVFP4 (gpuq._nvfp4): s_b rounded to e4m3 from gs * D(amax / 6); 0 -> 0.125
         zero = np.empty(1, np.uint8)
         formats.fp8_bits(np.float32([0.125]), "e4m3fn", True, zero)

@@ -34,7 +34,7 @@ import numpy as np
 from ..._qoptions import RULE_SCALE_DTYPES
 from ..convert import (count_nonfinite, error_stats, finish_report, finite_part, host_codes, progress_bar,
                        sqnr_db)
-from .. import fused, fused_cuda
+from .. import fused, fused_stream
 from ..files import Checkpoint, CliError, check_header_size, checkpoint_writer, safetensors_layout
 from ..report import nonfinite_text
 from ..scale_rules import resolve, rule_note
@@ -230,7 +230,7 @@ def _finite_amax(model, name, block=1 << 22) -> np.float32:
 def _quantize_shard(model, shard, path, entries, chosen, kept, device, nonfinite, warn, present, bar,
                     method, shared) -> list:
     """The rows of one shard, its tensors written to ``path`` in file order. On ``--device cuda``
-    the weights the GPU's pass takes stream through it (:func:`gpuq.checkpoints.fused_cuda.shard_weights`:
+    the weights the GPU's pass takes stream through it (:func:`gpuq.checkpoints.fused_stream.shard_weights`:
     read into pinned buffers, one weight's read overlapping the GPU's work on the one before,
     the outputs written from pinned buffers); every other tensor takes the host's path in its
     turn (while the GPU has the weight after it), and so does a weight the pass refuses
@@ -253,7 +253,7 @@ def _quantize_shard(model, shard, path, entries, chosen, kept, device, nonfinite
                 continue
             scheme = chosen[name]
             if done is not None and not done.failed:  # the GPU's pass
-                tensors, stats, counts = fused_cuda.weight_outputs(done, scheme, module_of(name), shape)
+                tensors, stats, counts = fused_stream.weight_outputs(done, scheme, module_of(name), shape)
                 _check_nonfinite(counts, name, nonfinite, warn)
             else:
                 x = done.x if done is not None else ckpt.mapped(name)
@@ -276,7 +276,7 @@ def _shard_stream(ckpt, chosen, device, method):
     """``(name, GPU result or None)`` for each tensor of ``ckpt`` in file order: the GPU's stream
     on a CUDA device, every name with None elsewhere."""
     if device.name == "cuda":
-        return fused_cuda.shard_weights(ckpt, chosen, device, method)
+        return fused_stream.shard_weights(ckpt, chosen, device, method)
     return ((name, None) for name in ckpt.names)
 
 
