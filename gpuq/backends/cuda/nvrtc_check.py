@@ -229,6 +229,44 @@ def ftz_independent(nvrtc: Nvrtc, source: str, base: Result | None = None, targe
     return res
 
 
+def ftz_independent_of(base: Result, cupy: Result) -> Result:
+    r"""The flush-to-zero check from two builds the check makes anyway: ``base``, the
+    ``compute_80`` PTX of :func:`compile_source` (``-ftz=false``), and ``cupy``, the
+    :func:`compile_as_cupy` build for ``"80"`` (``-ftz=true`` last; an ``-arch=sm_80`` build
+    hands out its PTX, the text of a ``compute_80`` build). ``ok`` only if the two are the same
+    line for line, but for what CuPy's ``--device-as-default-execution-space`` adds: a
+    namespace-scope variable without an execution space becomes a ``.global`` of the PTX
+    (with its value, if any) that no instruction reads (its uses are constant-folded).
+
+    >>> r = lambda code: Result("k.cu", "t", (), [], 0, "", code)
+    >>> ftz_independent_of(r(b".global .u32 a = 1;\nadd.f32 %f1;"),
+    ...                    r(b".global .u32 a = 1;\n.global .align 1 .u8 b = 1;\nadd.f32 %f1;")).ok
+    True
+    >>> ftz_independent_of(r(b"add.f32 %f1;"), r(b"add.ftz.f32 %f1;")).ok
+    False
+    >>> ftz_independent_of(r(b"ld.global.u8 %r1, [b];"), r(b".global .u8 b;\nld.global.u8 %r1, [b];")).ok
+    False
+    """
+    a, b = _normalise_ptx(base.code).splitlines(), _normalise_ptx(cupy.code).splitlines()
+    known = set(a)
+    added = {ln for ln in b if ln not in known and _DECLARED.match(ln)}
+    kept = [ln for ln in b if ln not in added]
+    body = "\n".join(kept)
+    read = [ln for ln in sorted(added) if re.search(rf"\b{re.escape(_DECLARED.match(ln).group(1))}\b", body)]
+    opts = tuple(o for o in registry.OPTIONS if not o.startswith("-ftz")) + ("-ftz=true",)
+    res = Result(base.source, "compute_80 -ftz=true (CuPy's sm_80 build)", opts, base.names,
+                 base.rc or cupy.rc, "", cupy.code)
+    if res.rc == 0 and (kept != a or read):
+        where = _first_diff("\n".join(a), body) if kept != a else f"an added global is read: {read[0]}"
+        res.log = f"PTX differs from the -ftz=false build (kernels depend on flush-to-zero):\n{where}\n"
+    return res
+
+
+#: A global's declaration (its value, if any, a constant): what --device-as-default-execution-space
+#: may add.
+_DECLARED = re.compile(r"^\s*\.global\s+(?:\.align\s+\d+\s+)?\.\w+\s+([\w$]+)(?:\[\d*\])?(?:\s*=\s*[^;]+)?;$")
+
+
 # Internal-linkage symbols carry a hash of the compile options, e.g.
 # _ZN50_INTERNAL_00000000_13_dequantize_cu_0fa44c28_145954gpuq5kUnitE.
 _INTERNAL_HASH = re.compile(r"(_INTERNAL_[0-9a-f]+_\d+_\w+?_)[0-9a-f]{8}_\d+")
