@@ -472,14 +472,14 @@ def quantize_file(ckpt, out_path, out_fmt, schemes, *, device, nonfinite="warn",
     # Every output entry is known from the input's index: the header goes first.
     entries, meta = quantize_layout(specs, schemes, out_fmt, ckpt.format)
     rows = []
-    buffers = Buffers()  # the read and code buffers of the one pass, reused from tensor to tensor
+    buffers = Buffers()  # the code buffers of the one pass, reused from tensor to tensor (the input is mapped)
     with checkpoint_writer(out_path, out_fmt, entries, meta, ckpt.extra_metadata) as out:
         for name in ckpt.names:
             shape, dtype = specs[name]
             row = {"name": name, "shape": list(shape), "dtype": dtype.name,
                    "bytes_before": ckpt.nbytes(name)}
             if name not in schemes:
-                out.write(name, ckpt.load(name))
+                out.copy_from(name, ckpt)  # file to file in the kernel where it can
                 rows.append({**row, "quantized": False, "scheme": None,
                              "bytes_after": row["bytes_before"], "sqnr_db": None,
                              "max_abs_error": None, "nonfinite": None})
@@ -511,7 +511,7 @@ def quantize_layout(specs: dict, schemes: dict, out_fmt: str, source_format: str
 def _quantize_one(ckpt, name, scheme, row, out, device, nonfinite, warn, calibrate, buffers) -> dict:
     from . import fused
 
-    x = buffers.load(ckpt, name)
+    x = ckpt.mapped(name)  # the file's pages, no copy (a fresh array where no map can be made)
     # The one pass (gpuq.checkpoints.fused) where it covers the case: the same bytes.
     done = (fused.quantize_file_tensor(x, scheme, out.fmt, buffers, calibrate)
             if fused.covers_file(x, scheme, device, calibrate) else None)

@@ -38,7 +38,8 @@ given ones of ``--calibrate mse`` and ``mxfp8-quantized`` (``choose_qparams`` on
 the multi-pass path calls it there); so do fine-grained fp8's block scales (``--calibrate
 minmax``, a block kernel). The other cases (MXFP4/NVFP4, fp4/fp6) keep the multi-pass path there.
 
-:class:`Buffers` holds the read and write buffers a run reuses from weight to weight.
+:class:`Buffers` holds the code buffers a run reuses from weight to weight (the weights are
+read through a memory map of the file, :meth:`gpuq.checkpoints.files.Checkpoint.mapped`).
 """
 
 from __future__ import annotations
@@ -74,14 +75,6 @@ class Buffers:
         if buf is None or buf.size < n:
             buf = self._bufs[key] = np.empty(max(n, 1), np.uint8)
         return buf[:n].view(dtype).reshape(shape)
-
-    def load(self, ckpt, name: str) -> np.ndarray:
-        """Tensor ``name`` of the open checkpoint ``ckpt``, read into the ``"in"`` buffer (valid
-        until the next load); a fresh array where the file is no plain safetensors."""
-        if ckpt.format != "safetensors":
-            return ckpt.load(name)
-        shape, dtype = ckpt.spec(name)
-        return ckpt.load(name, out=self.array("in", shape, dtype))
 
 
 def finite_part(x: np.ndarray) -> np.ndarray:
