@@ -73,6 +73,15 @@ __device__ __forceinline__ void conformance_miss(int form, unsigned p, unsigned 
     atomicMin(first + form, p);
 }
 
+// The launch's patterns, grid-stride: check(p, x) for p = base + i * stride, i < n, x = p's float.
+template <class Check>
+__device__ __forceinline__ void for_each_pattern(unsigned base, unsigned stride, unsigned n, Check&& check) {
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const unsigned p = base + i * stride;
+        check(p, __uint_as_float(p));
+    }
+}
+
 template <int FMT>
 __device__ __forceinline__ void fp8_conformance(float x, float partner, unsigned p, unsigned long long* bad,
                                                 unsigned* first) {
@@ -98,9 +107,7 @@ __device__ __forceinline__ void fp8_conformance(float x, float partner, unsigned
 extern "C" __global__ void gpuq_conformance(unsigned base, unsigned stride, unsigned n,
                                             unsigned long long* bad, unsigned* first) {
     using namespace gpuq;
-    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-        const unsigned p = base + i * stride;
-        const float x = __uint_as_float(p);
+    for_each_pattern(base, stride, n, [&](unsigned p, float x) {
         int s8, u8;
         asm("cvt.rni.sat.s8.f32 %0, %1;" : "=r"(s8) : "f"(x));
         asm("cvt.rni.sat.u8.f32 %0, %1;" : "=r"(u8) : "f"(x));
@@ -143,7 +150,7 @@ extern "C" __global__ void gpuq_conformance(unsigned base, unsigned stride, unsi
                                 f32_to_fp8<1, true>(q) != f32_to_fp8<1, true>(w))))
                 conformance_miss(7, p, bad, first);
         }
-    }
+    });
 }
 
 // Significand pairs: s = 1 + (s_first + blockIdx.y * s_step) * 2^-23, x = 1 + j * x_step * 2^-23 for
@@ -223,9 +230,7 @@ __device__ __forceinline__ void helper_miss(bool bad_, int form, unsigned p, uns
 extern "C" __global__ void gpuq_helper_conformance(unsigned base, unsigned stride, unsigned n,
                                                    unsigned long long* bad, unsigned* first) {
     using namespace gpuq;
-    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-        const unsigned p = base + i * stride;
-        const float x = __uint_as_float(p);
+    for_each_pattern(base, stride, n, [&](unsigned p, float x) {
         const unsigned q = (p << 16) | (p >> 16);
         const float partner = __uint_as_float(q);
         const unsigned short h = static_cast<unsigned short>(p);
@@ -260,7 +265,7 @@ extern "C" __global__ void gpuq_helper_conformance(unsigned base, unsigned strid
         helper_miss(__umulhi(p, q ^ 0x9e3779b9u) != gpuq_port::mul_hi_u32(p, q ^ 0x9e3779b9u), 8, p, bad, first);
         helper_miss(static_cast<unsigned>(__clz(static_cast<int>(p >> (p & 31u)))) !=
                         gpuq_port::clz_b32(p >> (p & 31u)), 9, p, bad, first);
-    }
+    });
 }
 
 // FastDivmod (elementwise.cuh) of packed[blockIdx.y + y0] on dividend j of its grid (as
