@@ -3,10 +3,15 @@
 # 10-minute limit), writing what bench/results/ keeps: device, date, commit, pytest's
 # summary line, the benchmark JSON/PNG/table.
 #
-#   GPUQ_COMMIT=<sha> bash bench/gpu_session.sh tests|torch|quick|large|rest|formats|bf16|issue38 [OUTDIR]
+#   GPUQ_COMMIT=<sha> bash bench/gpu_session.sh tests|torch|quick|large|rest|formats|bf16|issue38|issue40 [OUTDIR]
 #
 # issue38 (written, never run): bench/gpu_issue38.py, issue 38's conformance, headline rows and
 # ncu on two kernels, at most 3 minutes, right after bench/gpu_check.sh in the same window.
+#
+# issue40 (written, never run): the checkpoint command with --device cuda on the ~3 GB bf16 Llama
+# folder (made on the machine's disk with NumPy first, ~1 min), compressed-tensors int4 g128, fp8 per
+# channel, NVFP4 and MXFP4, 2 runs each against a warm copy: issue 40's >= 2 GB/s of input from the
+# page cache. At most ~4 minutes; bench/checkpoint.py refuses to judge the target without a real GPU.
 #
 # formats (issue 19; written, never run): fp8 e4m3fn and int4/uint4 g128 on torch CUDA tensors,
 # gpuq against torch eager / torch.compile / torchao (bench/gpu_formats.py), 16M and 256M.
@@ -16,7 +21,7 @@
 set -uo pipefail
 # bf16 (issue 16 section 4; written, never run): torch bfloat16 input, per-tensor / per-row /
 # group 128, gpuq against torch eager and torch.compile (bench/gpu_bf16.py), 16M and 64M.
-step=${1:?"step: tests, torch, quick, large, rest, formats, bf16 or issue38"}
+step=${1:?"step: tests, torch, quick, large, rest, formats, bf16, issue38 or issue40"}
 out=${2:-${OUT:-bench/results}}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
@@ -37,5 +42,8 @@ case $step in
   bf16) python3 -m bench.gpu_bf16 --quick --out "$out" \
           && python3 -m bench.gpu_bf16 --out "$out" ;;  # issue 16 section 4 (never run yet)
   issue38) python3 bench/gpu_issue38.py --out "$out" ;;  # right after gpu_check.sh: <= 3 min (never run yet)
-  *) echo "unknown step '$step': tests, torch, quick, large, rest, formats, bf16 or issue38" >&2; exit 2 ;;
+  issue40) python3 bench/checkpoint.py --device cuda --scheme int4 --scheme fp8 --scheme nvfp4 --scheme mxfp4 \
+             --reps 2 --top 12 --dir /tmp/gpuq-bench-llama --json "$out/checkpoint_cuda_${date}.json" \
+             2>&1 | tee "$out/checkpoint_cuda_${date}.txt" ;;  # issue 40's --device cuda figure (never run yet)
+  *) echo "unknown step '$step': tests, torch, quick, large, rest, formats, bf16, issue38 or issue40" >&2; exit 2 ;;
 esac
