@@ -348,7 +348,7 @@ weight_micro(const T* __restrict__ x, long long size, int g, int mfmt, int mode,
             s = mx_values[b];
         } else {
             const float t = mul_rn(gs, round_scale(div_rn(amax, qmax), fmt));
-            b = f32_to_fp8<0, true>(t < 448.0f ? t : 448.0f);
+            b = f32_to_fp8<0, true>(min_keep(t, 448.0f));  // t is no NaN; asm min: no .ftz
             float sb = fp8_to_f32<0>(static_cast<unsigned char>(b));
             if (__float_as_uint(sb) == 0u) {
                 b = 0x20u;  // 0.125 in e4m3: a block of zeros keeps a usable scale
@@ -361,7 +361,9 @@ weight_micro(const T* __restrict__ x, long long size, int g, int mfmt, int mode,
         unsigned q = 0u;
         if (live) {
             const T xi = x[i];
-            q = mfmt == 0 ? mini_code<T, 0>(xi, s, y) : mfmt == 1 ? mini_code<T, 1>(xi, s, y) : mini_code<T, 2>(xi, s, y);
+            q = mfmt == 0   ? mini_code<T, 0>(xi, s, y)
+                : mfmt == 1 ? mini_code<T, 1>(xi, s, y)
+                            : mini_code<T, 2>(xi, s, y);
             if (finite) fig.add(v, y);
             else fig.count(v);
         }

@@ -212,6 +212,7 @@ def test_the_command_on_cuda_writes_the_cpu_bytes(tmp_path, capsys, preset, dtyp
 def test_gpt_oss_experts_on_cuda_write_the_cpu_bytes(tmp_path):
     """``--format gpt-oss-mxfp4``: the experts' 3-D ``[E, in, out]`` tensors, one expert's
     ``[out, in]`` weight at a time through the kernel, NaN/Inf and an all-zero group included."""
+    _serving()  # tests/serving on sys.path
     from test_gpt_oss import make_gpt_oss
 
     from gpuq.checkpoints.files import Checkpoint, write_checkpoint

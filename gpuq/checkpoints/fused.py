@@ -36,7 +36,9 @@ per-channel or per-group scales go through the GPU's pass (:mod:`gpuq.checkpoint
 the hook in :func:`covers` and :func:`_run`): min/max scales chosen in the kernel, or the
 given ones of ``--calibrate mse`` and ``mxfp8-quantized`` (``choose_qparams`` on the GPU, as
 the multi-pass path calls it there); so do fine-grained fp8's block scales (``--calibrate
-minmax``, a block kernel). The other cases (MXFP4/NVFP4, fp4/fp6) keep the multi-pass path there.
+minmax``, a block kernel); and so do the microscaling layouts' fp4/fp6 codes (NVFP4, MXFP4,
+MXFP6, gpt-oss's experts: :func:`micro_kernel`, ``weight_micro``; NVFP4's own global scale
+computed on the GPU).
 
 :class:`Buffers` holds the code buffers a run reuses from weight to weight (the weights are
 read through a memory map of the file, :meth:`gpuq.checkpoints.files.Checkpoint.mapped`).
@@ -116,7 +118,8 @@ def covers(x, scheme, device, method: str) -> bool:
     if not (is_bfloat16(x.dtype) or x.dtype in (np.float16, np.float32)):
         return False
     code, one_pass = scheme.code, getattr(scheme.layout, "one_pass", None)  # the layout says what it takes
-    if one_pass == "micro" and device.name == "cuda" and code.bits == 8:  # MXFP8: choose_qparams' e8m0 scales, then the GPU's pass
+    # MXFP8 on a GPU: choose_qparams' e8m0 scales, then the GPU's fp8 pass
+    if one_pass == "micro" and device.name == "cuda" and code.bits == 8:
         return (method == "minmax" and scheme.strategy == "group" and scheme.scale_dtype == _E8M0
                 and code.codec == "float8" and x.shape[1] % scheme.group_size == 0)
     if one_pass == "micro" and device.name == "cuda" and scheme.group_size not in (16, 32):  # weight_micro's groups

@@ -4,7 +4,9 @@ The GPU counterpart of :mod:`gpuq.checkpoints.fused`: the kernel
 (:mod:`gpuq.backends.cuda.weight_pass`, ``kernels/weight_pass.cu``) reads the stored bits,
 chooses the scales (or takes given ones: the MSE search's, MX's e8m0), writes the codes in the
 format's final layout and reduces the report's figures in one launch; the codes and scales are
-the host pass's, bit for bit.
+the host pass's, bit for bit. The microscaling layouts (fp4/fp6 codes under MX or NVFP4 scales
+chosen in the kernel) take ``weight_micro`` the same way (:func:`quantize_micro`; their results
+are the scale bytes and NVFP4's global scale).
 
 :class:`Pipeline` is the run loop's machinery: two slots, each with its own CUDA stream, a
 pinned (page-locked) host buffer the tensor is read into, pinned buffers the results come back
