@@ -79,7 +79,7 @@ def test_the_kernel_is_the_host_pass(kind, dtype):
     code = E2M3 if kind == "mxfp6" else FP4
     g = 16 if kind.startswith("nvfp4") else 32
     for rows in (1, 7, 17):
-        x = micro_weight((rows, 2 * g if rows > 1 else g), dtype, seed=rows)
+        x = micro_weight((rows, 64 if rows > 1 else g), dtype, seed=rows)  # 64: room for micro_weight's ties
         if kind.startswith("nvfp4"):
             shared = np.float32(3.5) if kind == "nvfp4-shared" else None
             assert_same(*_both(x, code, g, nvfp4=True, global_scale=shared))
