@@ -292,13 +292,11 @@ def micro_bytes(x, scheme, buffers=None, global_scale=None, device=None):
     (np.uint8(199), [[126]], 0.0, None)
     """
     from ..backends.host import weight_pass
-    from .._mx import DEFAULT_RULE, mx_rule_table
 
     rows, n = x.shape
     out = (buffers or Buffers()).array("codes", (rows, n * scheme.code.bits // 8), np.uint8)
     nvfp4 = scheme.scale_dtype == _E4M3
-    kw = dict(global_scale=global_scale,
-              mx_table=None if nvfp4 else mx_rule_table(scheme.code.name, scheme.scale_rule or DEFAULT_RULE))
+    kw = dict(global_scale=global_scale, mx_table=mx_table_of(scheme))
     if _on_cuda(device) and micro_kernel(scheme):  # the hook: the GPU's microscaling kernel
         from .fused_cuda import quantize_micro
 
@@ -308,6 +306,16 @@ def micro_bytes(x, scheme, buffers=None, global_scale=None, device=None):
         sbytes, (signal, error, max_err), counts = weight_pass.quantize_micro(x, scheme.code, scheme.group_size,
                                                                               out, **kw)
     return out, sbytes, _figures(signal, error, max_err, counts, x.size), counts, global_scale
+
+
+def mx_table_of(scheme):
+    """The MX rule table (:func:`gpuq._mx.mx_rule_table`) of a microscaling ``scheme`` by its
+    ``scale_rule``; None for NVFP4's e4m3 scales."""
+    from .._mx import DEFAULT_RULE, mx_rule_table
+
+    if scheme.scale_dtype == _E4M3:
+        return None
+    return mx_rule_table(scheme.code.name, scheme.scale_rule or DEFAULT_RULE)
 
 
 def _global_scale(x) -> np.float32:

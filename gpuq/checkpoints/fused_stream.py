@@ -38,12 +38,9 @@ def plan_weight(shape, dtype, scheme, device, method: str, global_scale=None):
         code, symmetric, eps, sdt = fused.block_args(shape, dtype, scheme)
         return weight_pass.plan_blocks(shape, fused_cuda._dtype_name(dtype), code, symmetric, eps, sdt, tuple(scheme.block))
     if fused.micro_kernel(scheme):  # fp4/fp6 under MX or NVFP4 scales: the microscaling kernel
-        from .._mx import DEFAULT_RULE, mx_rule_table
-
-        nvfp4 = scheme.scale_dtype == fused._E4M3
-        table = None if nvfp4 else mx_rule_table(scheme.code.name, scheme.scale_rule or DEFAULT_RULE)
+        table = fused.mx_table_of(scheme)
         return weight_pass.plan_micro(shape, fused_cuda._dtype_name(dtype), scheme.code, scheme.group_size,
-                                      mx_table=table, global_scale=global_scale, nvfp4=nvfp4)
+                                      mx_table=table, global_scale=global_scale, nvfp4=table is None)
     g = fused.group_of(shape, scheme)
     code, symmetric, eps, sdt = fused.pass_args(shape, dtype, scheme.code.name, scheme.symmetric,
                                                 scheme.scale_dtype, scheme.strategy, g, fused.scheme_rule(scheme))
