@@ -104,6 +104,10 @@ def test_nvfp4_global_scale_edges(dtype):
     for x in (np.zeros((2, 16)), np.full((1, 16), np.nan), np.r_[[np.inf, -np.inf] * 8].reshape(1, 16),
               np.full((1, 32), float(finfo.smallest_subnormal)), np.full((1, 16), 1e-3)):
         assert_same(*_both(np.asarray(x, np.float32).astype(dtype), FP4, 16, nvfp4=True))
+    # given global scales whose block scales clamp at 448, and round to 0 (0.125's byte then)
+    x = micro_weight((7, 64), dtype, seed=2)
+    for gs in (np.float32(1e4), np.float32(1e-6)):
+        assert_same(*_both(x, FP4, 16, nvfp4=True, global_scale=gs))
 
 
 def test_many_warps_in_turn(monkeypatch):
