@@ -266,3 +266,124 @@ weight_blocks(const T* __restrict__ x, long long rows, long long n, long long br
 }
 
 }  // namespace gpuq
+
+// ---------------------------------------------------------------------------
+// The microscaling layouts (compressed-tensors' NVFP4/MXFP4/MXFP6, gpt-oss's MXFP4 experts):
+// the counterpart of the host's micro_rows. fp4/fp6 codes (MFMT, a runtime argument: 0 e2m1,
+// 1 e2m3, 2 e3m2, formats.cu's Mini) under one scale a group of g (16 or 32: g divides a
+// warp) along the flat C-order weight (n % g == 0, so a group never crosses a row).
+
+namespace gpuq {
+
+// NVFP4's global scale of a finite amax >= 0 (gpuq._nvfp4._gs_of_amax, compressed-tensors 0.20's
+// rule): 2688 / amax rounded through the weight's dtype (fmt: round_scale's number), amax at
+// least the dtype's tiny; float16 past its range takes the float32 rule, a non-finite one is 1.
+__device__ __forceinline__ float nvfp4_global_scale(float amax, int fmt) {
+    const float tiny = fmt == 2 ? __uint_as_float(0x38800000u) : __uint_as_float(0x00800000u);  // 2^-14, 2^-126
+    const float r = div_rn(1.0f, max_keep(amax, tiny));
+    float gs = round_scale(mul_rn(round_scale(r, fmt), 2688.0f), fmt);
+    const bool finite = (__float_as_uint(gs) & 0x7f800000u) != 0x7f800000u;
+    if (fmt == 2 && !finite) gs = mul_rn(r, 2688.0f);
+    return (__float_as_uint(gs) & 0x7f800000u) != 0x7f800000u ? gs : 1.0f;
+}
+
+// Element v's code (x[i] at divisor d, the contract's QuantizeMiniOp) and its dequantized
+// value mini(q) * s in float32, as gpuq.dequantize forms it.
+template <typename T, int MFMT>
+__device__ __forceinline__ unsigned mini_code(T xi, float s, float& y) {
+    QuantizeMiniOp<T, MFMT, float> op{{{nullptr, nullptr, 0.0f, 0}, {}}};
+    op.assign(s, 0);
+    const unsigned char q = op(xi);
+    y = mul_rn(mini_to_f32<MFMT>(q), s);
+    return q;
+}
+
+// x: `size` elements (C order, rows of n, n % g == 0); a warp takes 32 consecutive elements at
+// a time, a lane one each, so a group is g consecutive lanes. Per group: the finite max |x|
+// (NaN/+-Inf left out; 0 where nothing is finite), the scale byte into sbytes[group]:
+//   mode 0 (MX): OCP MX's e8m0 byte by the rule table (gpuq._mx.mx_rule_table: mx_first,
+//     mx_step, mx_values, 256 each), first[e] + (bits >= step[e]) of amax's float32 bits;
+//   mode 1/2 (NVFP4, e2m1 codes): e4m3(min(gs * D(amax / qmax), 448)) (D: the weight's dtype,
+//     scale format fmt), 0.125's byte where that is 0, the codes at float32(s_b / gs); gs is
+//     gs_io[0] under mode 2 (given: a merged layer's), or under mode 1 the global scale of the
+//     weight's finite range (weight_range's keys lo/hi, reduced before), which block 0 writes
+//     to gs_io[0].
+// The codes packed as the host packs them: fp4 two a byte (element 2j in the low nibble), fp6
+// four in three bytes (c0 | c1 << 6 | c2 << 12 | c3 << 18, little-endian), by shuffles across
+// the lanes that hold them. The figures as weight_pass's. blockDim.x is 256.
+template <typename T>
+__global__ void __launch_bounds__(256)
+weight_micro(const T* __restrict__ x, long long size, int g, int mfmt, int mode, float qmax, int fmt,
+             const unsigned* __restrict__ lo_key, const unsigned* __restrict__ hi_key,
+             const unsigned char* __restrict__ mx_first, const unsigned* __restrict__ mx_step,
+             const float* __restrict__ mx_values, unsigned char* __restrict__ out,
+             unsigned char* __restrict__ sbytes, float* __restrict__ gs_io, double* __restrict__ sums,
+             long long* __restrict__ counts) {
+    const int lane = threadIdx.x & 31;
+    const long long warp = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+    const long long warps = (static_cast<long long>(gridDim.x) * blockDim.x) >> 5;
+    float gs = 1.0f;
+    if (mode == 1) {
+        gs = nvfp4_global_scale(max_keep(max_keep(float_of(hi_key[0]), neg(float_of(lo_key[0]))), 0.0f), fmt);
+        if (blockIdx.x == 0 && threadIdx.x == 0) gs_io[0] = gs;
+    } else if (mode == 2) {
+        gs = gs_io[0];
+    }
+    const int cbits = mfmt == 0 ? 4 : 6;
+    Figures fig;
+    // The trip count is the warp's (w0 uniform), so every lane reaches the shuffles; groups past
+    // the end are whole (size and w0 are multiples of g), their lanes write nothing.
+    for (long long w0 = warp * 32; w0 < size; w0 += warps * 32) {
+        const long long i = w0 + lane;
+        const bool live = i < size;
+        bool finite = false;
+        const float v = live ? load_finite(x, i, finite) : 0.0f;
+        float amax = finite ? __uint_as_float(__float_as_uint(v) & 0x7fffffffu) : 0.0f;
+        for (int o = g / 2; o > 0; o >>= 1) amax = max_keep(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        unsigned b;
+        float s;
+        if (mode == 0) {
+            const unsigned a = __float_as_uint(amax), e = a >> 23;
+            b = mx_first[e] + (a >= mx_step[e] ? 1u : 0u);
+            s = mx_values[b];
+        } else {
+            const float t = mul_rn(gs, round_scale(div_rn(amax, qmax), fmt));
+            b = f32_to_fp8<0, true>(min_keep(t, 448.0f));  // t is no NaN; asm min: no .ftz
+            float sb = fp8_to_f32<0>(static_cast<unsigned char>(b));
+            if (__float_as_uint(sb) == 0u) {
+                b = 0x20u;  // 0.125 in e4m3: a block of zeros keeps a usable scale
+                sb = 0.125f;
+            }
+            s = div_rn(sb, gs);
+        }
+        if (live && lane % g == 0) sbytes[i / g] = static_cast<unsigned char>(b);
+        float y = 0.0f;
+        unsigned q = 0u;
+        if (live) {
+            const T xi = x[i];
+            q = mfmt == 0   ? mini_code<T, 0>(xi, s, y)
+                : mfmt == 1 ? mini_code<T, 1>(xi, s, y)
+                            : mini_code<T, 2>(xi, s, y);
+            if (finite) fig.add(v, y);
+            else fig.count(v);
+        }
+        if (cbits == 4) {  // two a byte: the even lane's nibble low
+            unsigned word = (q & 0xfu) << (4 * (lane & 1));
+            word |= __shfl_xor_sync(0xffffffffu, word, 1);
+            if (live && (lane & 1) == 0) out[i / 2] = static_cast<unsigned char>(word);
+        } else {  // four in three bytes
+            unsigned word = (q & 0x3fu) << (6 * (lane & 3));
+            word |= __shfl_xor_sync(0xffffffffu, word, 1);
+            word |= __shfl_xor_sync(0xffffffffu, word, 2);
+            if (live && (lane & 3) == 0) {
+                unsigned char* o = out + i / 4 * 3;
+                o[0] = static_cast<unsigned char>(word);
+                o[1] = static_cast<unsigned char>(word >> 8);
+                o[2] = static_cast<unsigned char>(word >> 16);
+            }
+        }
+    }
+    flush_figures(fig, sums, counts);
+}
+
+}  // namespace gpuq

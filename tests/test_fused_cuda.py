@@ -110,6 +110,7 @@ def test_the_cases_reach_every_instantiation():
     reached |= {registry.weight_range_name(f) for f in registry.WEIGHT_DTYPES}
     reached |= {registry.weight_blocks_name(fused_cuda._dtype_name(c[0]), 1 + registry.FP8_FMT[c[1]])
                 for c in BLOCK_CASES}
+    reached |= {registry.weight_micro_name(f) for f in registry.WEIGHT_DTYPES}  # tests/test_fused_cuda_micro.py
     assert reached == set(registry.SOURCES["weight_pass.cu"]())
     for (kind, warp, tensor), (code, _, _, g, _, (rows, n)) in CASES.items():  # each case is its kernel's
         p = cuda_pass.plan((rows, n), "float32", code_type(code), 1, EPS, "float32", g or n, tensor)

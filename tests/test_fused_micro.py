@@ -220,7 +220,8 @@ def test_covers_only_its_cases():
         assert not fused.covers(x[:, :48], SCHEMES[name], host, "minmax")  # not C-order
     assert not fused.covers(np.zeros((4, 48), np.float32), SCHEMES["mxfp4"], host, "minmax")  # 48 % 32
     gpu = type("Gpu", (), {"name": "cuda"})()
-    assert not fused.covers(x, SCHEMES["nvfp4"], gpu, "minmax")  # the multi-pass path on a GPU
+    assert fused.covers(x, SCHEMES["nvfp4"], gpu, "minmax")  # the GPU's kernel: tests/test_fused_cuda_micro.py
+    assert not fused.covers(x, SCHEMES["nvfp4"], gpu, "mse")  # the multi-pass path on a GPU
 
 
 def with_and_without(monkeypatch, spied, run):

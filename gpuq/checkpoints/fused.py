@@ -36,7 +36,9 @@ per-channel or per-group scales go through the GPU's pass (:mod:`gpuq.checkpoint
 the hook in :func:`covers` and :func:`_run`): min/max scales chosen in the kernel, or the
 given ones of ``--calibrate mse`` and ``mxfp8-quantized`` (``choose_qparams`` on the GPU, as
 the multi-pass path calls it there); so do fine-grained fp8's block scales (``--calibrate
-minmax``, a block kernel). The other cases (MXFP4/NVFP4, fp4/fp6) keep the multi-pass path there.
+minmax``, a block kernel); and so do the microscaling layouts' fp4/fp6 codes (NVFP4, MXFP4,
+MXFP6, gpt-oss's experts: :func:`micro_kernel`, ``weight_micro``; NVFP4's own global scale
+computed on the GPU).
 
 :class:`Buffers` holds the code buffers a run reuses from weight to weight (the weights are
 read through a memory map of the file, :meth:`gpuq.checkpoints.files.Checkpoint.mapped`).
@@ -116,9 +118,12 @@ def covers(x, scheme, device, method: str) -> bool:
     if not (is_bfloat16(x.dtype) or x.dtype in (np.float16, np.float32)):
         return False
     code, one_pass = scheme.code, getattr(scheme.layout, "one_pass", None)  # the layout says what it takes
-    if one_pass == "micro" and device.name == "cuda":  # MXFP8 only: choose_qparams' e8m0 scales, then the GPU's pass
+    # MXFP8 on a GPU: choose_qparams' e8m0 scales, then the GPU's fp8 pass
+    if one_pass == "micro" and device.name == "cuda" and code.bits == 8:
         return (method == "minmax" and scheme.strategy == "group" and scheme.scale_dtype == _E8M0
-                and code.codec == "float8" and code.bits == 8 and x.shape[1] % scheme.group_size == 0)
+                and code.codec == "float8" and x.shape[1] % scheme.group_size == 0)
+    if one_pass == "micro" and device.name == "cuda" and scheme.group_size not in (16, 32):  # weight_micro's groups
+        return False
     if one_pass == "micro":  # fp4/fp6/fp8 under MX or NVFP4 scales, chosen in the host's pass
         return (method == "minmax" and scheme.scale_dtype in (_E8M0, _E4M3)
                 and code.codec == "float8" and code.bits in (4, 6, 8) and x.shape[1] % scheme.group_size == 0
@@ -162,8 +167,8 @@ def quantize_weight(x, scheme, module: str, *, scale_rule=None, buffers=None, me
     buffers = buffers or Buffers()
     if scheme.strategy == "block":
         return _blocks(x, scheme, module, buffers, device)
-    if getattr(scheme.layout, "one_pass", None) == "micro" and getattr(device, "name", "cpu") != "cuda":
-        return _micro(x, scheme, module, buffers, global_scale)
+    if getattr(scheme.layout, "one_pass", None) == "micro" and (micro_kernel(scheme) or not _on_cuda(device)):
+        return _micro(x, scheme, module, buffers, global_scale, device)
     if scale_rule is None:
         scale_rule = scheme_rule(scheme)
     g = group_of(x.shape, scheme)
@@ -246,41 +251,71 @@ def _blocks(x, scheme, module, buffers, device=None):
     return scheme.layout.encode(module, x.shape, scheme, codes, scales, None), stats, counts
 
 
-def _micro(x, scheme, module, buffers, global_scale):
+def _on_cuda(device) -> bool:
+    return getattr(device, "name", "cpu") == "cuda"
+
+
+def micro_kernel(scheme) -> bool:
+    """Whether a microscaling ``scheme`` takes the GPU's microscaling kernel on a CUDA device
+    (fp4/fp6 codes: ``weight_micro``); MXFP8 takes the GPU's fp8 pass under choose_qparams'
+    e8m0 scales instead."""
+    return getattr(scheme.layout, "one_pass", None) == "micro" and scheme.code.bits in (4, 6)
+
+
+def _micro(x, scheme, module, buffers, global_scale, device=None):
     """:func:`quantize_weight` of fp4/fp6/fp8 codes under MX or NVFP4 scales (compressed-tensors'
     microscaling layouts): the scales chosen in the pass, the codes in their stored bytes."""
-    two_level = {}
-    if scheme.scale_dtype == _E4M3:  # NVFP4: the tensor's global scale first (a reduction)
-        two_level["global_scale"] = _global_scale(x) if global_scale is None else global_scale
-    codes, sbytes, stats, counts = micro_bytes(x, scheme, buffers, **two_level)
+    if scheme.scale_dtype == _E4M3 and global_scale is None and not _on_cuda(device):
+        global_scale = _global_scale(x)  # NVFP4: the tensor's global scale first (a reduction; the GPU's own)
+    codes, sbytes, stats, counts, gs = micro_bytes(x, scheme, buffers, global_scale, device)
+    two_level = {} if gs is None else {"global_scale": gs}
     return scheme.layout.encode_bytes(module, x.shape, scheme, codes, sbytes, **two_level), stats, counts
 
 
-def micro_bytes(x, scheme, buffers=None, global_scale=None):
-    """``(codes, scale_bytes, stats, counts)`` of a ``[out, in]`` weight ``x`` in fp4/fp6/fp8 codes
-    under MX scales (by ``scheme.scale_rule``) or NVFP4's (``global_scale`` given), as the
-    multi-pass path forms them, in one pass (:func:`gpuq.backends.host.weight_pass.quantize_micro`;
+def micro_bytes(x, scheme, buffers=None, global_scale=None, device=None):
+    """``(codes, scale_bytes, stats, counts, global_scale)`` of a ``[out, in]`` weight ``x`` in
+    fp4/fp6/fp8 codes under MX scales (by ``scheme.scale_rule``) or NVFP4's (``global_scale``
+    given; on a CUDA ``device`` None: the weight's own, computed on the GPU), as the
+    multi-pass path forms them, in one pass (:func:`gpuq.backends.host.weight_pass.quantize_micro`,
+    on a CUDA ``device`` :func:`gpuq.checkpoints.fused_cuda.quantize_micro`;
     the caller checks :func:`covers` first): the codes' bytes (uint8 ``[out, in * bits / 8]``, fp4
     two a byte with input ``2j`` in the low nibble, fp6 four in three bytes; in ``buffers``' memory
     where given, valid until its next weight), the scales' bytes (uint8 ``[out, in / group]``:
-    e8m0, or NVFP4's e4m3), the report's figures and the NaN/Inf counts.
+    e8m0, or NVFP4's e4m3), the report's figures, the NaN/Inf counts and NVFP4's global scale
+    (None for MX).
 
     >>> from gpuq._codetypes import CODE_TYPES
     >>> from gpuq.checkpoints.serving.formats import WeightScheme
     >>> s = WeightScheme(CODE_TYPES["float4_e2m1fn"], "group", True, _E8M0, None, group_size=32)
-    >>> codes, sb, stats, counts = micro_bytes(np.float32([[3.0, -1.0] + [0.0] * 30]), s)
-    >>> codes[0, 0], sb.tolist(), stats["error"]   # 3 = 6 * 2**-1: codes 7 (6.0) and 12 (-2.0)
-    (np.uint8(199), [[126]], 0.0)
+    >>> codes, sb, stats, counts, gs = micro_bytes(np.float32([[3.0, -1.0] + [0.0] * 30]), s)
+    >>> codes[0, 0], sb.tolist(), stats["error"], gs   # 3 = 6 * 2**-1: codes 7 (6.0) and 12 (-2.0)
+    (np.uint8(199), [[126]], 0.0, None)
     """
     from ..backends.host import weight_pass
-    from .._mx import DEFAULT_RULE, mx_rule_table
 
     rows, n = x.shape
     out = (buffers or Buffers()).array("codes", (rows, n * scheme.code.bits // 8), np.uint8)
-    sbytes, (signal, error, max_err), counts = weight_pass.quantize_micro(
-        x, scheme.code, scheme.group_size, out, global_scale=global_scale,
-        mx_table=None if global_scale is not None else mx_rule_table(scheme.code.name, scheme.scale_rule or DEFAULT_RULE))
-    return out, sbytes, _figures(signal, error, max_err, counts, x.size), counts
+    nvfp4 = scheme.scale_dtype == _E4M3
+    kw = dict(global_scale=global_scale, mx_table=mx_table_of(scheme))
+    if _on_cuda(device) and micro_kernel(scheme):  # the hook: the GPU's microscaling kernel
+        from .fused_cuda import quantize_micro
+
+        sbytes, (signal, error, max_err), counts, global_scale = quantize_micro(
+            x, scheme.code, scheme.group_size, out, nvfp4=nvfp4, **kw)
+    else:
+        sbytes, (signal, error, max_err), counts = weight_pass.quantize_micro(x, scheme.code, scheme.group_size,
+                                                                              out, **kw)
+    return out, sbytes, _figures(signal, error, max_err, counts, x.size), counts, global_scale
+
+
+def mx_table_of(scheme):
+    """The MX rule table (:func:`gpuq._mx.mx_rule_table`) of a microscaling ``scheme`` by its
+    ``scale_rule``; None for NVFP4's e4m3 scales."""
+    from .._mx import DEFAULT_RULE, mx_rule_table
+
+    if scheme.scale_dtype == _E4M3:
+        return None
+    return mx_rule_table(scheme.code.name, scheme.scale_rule or DEFAULT_RULE)
 
 
 def _global_scale(x) -> np.float32:

@@ -4,7 +4,9 @@ The GPU counterpart of :mod:`gpuq.checkpoints.fused`: the kernel
 (:mod:`gpuq.backends.cuda.weight_pass`, ``kernels/weight_pass.cu``) reads the stored bits,
 chooses the scales (or takes given ones: the MSE search's, MX's e8m0), writes the codes in the
 format's final layout and reduces the report's figures in one launch; the codes and scales are
-the host pass's, bit for bit.
+the host pass's, bit for bit. The microscaling layouts (fp4/fp6 codes under MX or NVFP4 scales
+chosen in the kernel) take ``weight_micro`` the same way (:func:`quantize_micro`; their results
+are the scale bytes and NVFP4's global scale).
 
 :class:`Pipeline` is the run loop's machinery: two slots, each with its own CUDA stream, a
 pinned (page-locked) host buffer the tensor is read into, pinned buffers the results come back
@@ -66,6 +68,7 @@ class Result(NamedTuple):
     counts: dict               # NaN, +Inf, -Inf
     failed: bool               # a scale the scale dtype cannot hold: nothing to trust
     x: np.ndarray              # the weight as uploaded (the slot's input; the multi-pass path's, on failure)
+    global_scale: object = None  # NVFP4's float32 global scale (microscaling: scales are the scale bytes)
 
 
 class _Slot:
@@ -136,9 +139,12 @@ class Pipeline:
         self.turn ^= 1
         nin, nout = buf.nbytes, math.prod(p.out_shape) * p.out_dtype.itemsize
         host_out = slot.pinned("out", nout)
-        host_par = slot.pinned("params", 8 * p.slots)
+        host_par = slot.pinned("params", p.params_bytes)
         host_fig = slot.pinned("figures", 48 * weight_pass.MAX_BLOCKS + 4)
-        if p.given:  # into the parameters' pinned buffer: up before the kernel, back after it
+        micro = p.kind == weight_pass.MICRO
+        if micro:  # MX's rule table, NVFP4's given global scale: up before the kernel
+            host_par[:weight_pass.MICRO_HEAD] = p.micro[2]
+        elif p.given:  # into the parameters' pinned buffer: up before the kernel, back after it
             _view(host_par, np.float32, p.slots)[...] = np.asarray(given[0], np.float32).reshape(-1)
             if not (p.symmetric and p.qmin < 0):
                 host_par[4 * p.slots:].view(np.int32)[...] = np.asarray(given[1]).reshape(-1)
@@ -146,13 +152,16 @@ class Pipeline:
             dev_in = slot.device("in", nin)
             dev_in.set(buf.reshape(-1).view(np.uint8), stream=slot.stream)
             dev_out = slot.device("out", nout)
-            dev_par = slot.device("params", 8 * p.slots)
-            if p.given:
+            dev_par = slot.device("params", p.params_bytes)
+            if micro:
+                dev_par[:weight_pass.MICRO_HEAD].set(host_par[:weight_pass.MICRO_HEAD], stream=slot.stream)
+            elif p.given:
                 dev_par.set(host_par, stream=slot.stream)
             dev_fig = slot.device("figures", 48 * weight_pass.MAX_BLOCKS + 4)
             dev_keys = slot.device("keys", 8)
-            scales = _view(dev_par, np.float32, p.slots)
-            zps = None if p.symmetric and p.qmin < 0 else dev_par[4 * p.slots:].view(np.int32)
+            # microscaling: the whole parameters' buffer (rule table, global scale, scale bytes)
+            scales = dev_par if micro else _view(dev_par, np.float32, p.slots)
+            zps = None if micro or (p.symmetric and p.qmin < 0) else dev_par[4 * p.slots:].view(np.int32)
             sums = _view(dev_fig, np.float64, 3 * weight_pass.MAX_BLOCKS)
             counts = dev_fig[24 * weight_pass.MAX_BLOCKS:48 * weight_pass.MAX_BLOCKS].view(np.int64)
             flag = dev_fig[48 * weight_pass.MAX_BLOCKS:].view(np.int32)
@@ -174,15 +183,18 @@ class Pipeline:
         nout = math.prod(p.out_shape) * p.out_dtype.itemsize
         codes = slot.host["out"][:nout].view(p.out_dtype).reshape(p.out_shape)
         par = slot.host["params"]
-        scales = _view(par, np.float32, p.slots)
-        if p.block is not None:  # the block grid, as the host's block pass gives it
-            scales = scales.reshape(-(-p.rows // p.block[0]), -1)
-        zps = None if p.symmetric and p.qmin < 0 else par[4 * p.slots:8 * p.slots].view(np.int32)
         fig = slot.host["figures"]
         m = weight_pass.MAX_BLOCKS
         figures, counts = weight_pass.figures(_view(fig, np.float64, 3 * m),
                                               fig[24 * m:48 * m].view(np.int64), p.blocks)
         failed = bool(fig[48 * m:48 * m + 4].view(np.int32)[0] & 2)
+        if p.kind == weight_pass.MICRO:  # the scale bytes, NVFP4's global scale
+            sbytes, gs = weight_pass.micro_results(par, p)
+            return Result(codes, sbytes, None, figures, counts, failed, x, gs)
+        scales = _view(par, np.float32, p.slots)
+        if p.block is not None:  # the block grid, as the host's block pass gives it
+            scales = scales.reshape(-(-p.rows // p.block[0]), -1)
+        zps = None if p.symmetric and p.qmin < 0 else par[4 * p.slots:8 * p.slots].view(np.int32)
         return Result(codes, scales, zps, figures, counts, failed, x)
 
     def drain(self) -> None:
@@ -303,3 +315,28 @@ def quantize_blocks(x, code, symmetric, eps, scale_dtype, block, out):
         return None
     out.reshape(-1)[...] = r.codes.reshape(-1)
     return r.scales.copy(), r.figures, r.counts
+
+
+def quantize_micro(x, code, g, out, *, mx_table=None, global_scale=None, nvfp4=False):
+    """:func:`gpuq.backends.host.weight_pass.quantize_micro` on the GPU (fp4/fp6 codes under MX
+    or NVFP4 scales chosen in the kernel): the same arguments (``x`` and ``out`` host arrays),
+    and ``nvfp4`` True with ``global_scale`` None: the weight's own global scale, computed on
+    the GPU. Returns ``(scale_bytes, figures, counts, global_scale)`` (None for MX): the codes
+    and scale bytes bit for bit the host pass's, the figures' sums in the kernel's order.
+
+    >>> from gpuq._codetypes import code_type               # doctest: +SKIP
+    >>> from gpuq._mx import mx_rule_table                    # doctest: +SKIP
+    >>> out = np.empty((1, 16), np.uint8)                     # doctest: +SKIP
+    >>> quantize_micro(np.float32([[6.0, -0.5] + [0.0] * 30]), code_type("float4_e2m1fn"), 32, out,
+    ...                mx_table=mx_rule_table("float4_e2m1fn", "even"))[0].tolist()   # doctest: +SKIP
+    [[127]]
+    """
+    from ..backends.cuda import weight_pass
+
+    nvfp4 = nvfp4 or global_scale is not None
+    p = weight_pass.plan_micro(x.shape, _dtype_name(x.dtype), code, g, mx_table=mx_table, global_scale=global_scale,
+                               nvfp4=nvfp4)
+    pipe = _pipeline()
+    r = pipe.result(pipe.submit(np.ascontiguousarray(x), p))
+    out.reshape(-1)[...] = r.codes.reshape(-1)
+    return r.scales.copy(), r.figures, r.counts, None if r.global_scale is None else np.float32(r.global_scale)

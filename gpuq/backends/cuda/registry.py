@@ -384,19 +384,30 @@ def weight_blocks_name(dtype, kind: int) -> str:
     return f"gpuq::weight_blocks<{_c(dtype)}, {kind}>"
 
 
+def weight_micro_name(dtype) -> str:
+    """The name expression of the microscaling kernel (fp4/fp6 codes under MX or NVFP4 scales;
+    the code format and the scale rule are runtime arguments: one instantiation a dtype).
+
+    >>> weight_micro_name("bfloat16")
+    'gpuq::weight_micro<gpuq_bf16>'
+    """
+    return f"gpuq::weight_micro<{_c(dtype)}>"
+
+
 @functools.cache
 def weight_pass_group(dtype) -> tuple:
     """The names compiled together for one stored dtype: kind x team x per-tensor, the range,
-    the fp8 block kernels."""
+    the fp8 block kernels, the microscaling kernel."""
     names = [weight_pass_name(dtype, k, w, t) for k in WEIGHT_KINDS for w in (True, False) for t in (False, True)]
-    return tuple(names + [weight_range_name(dtype)] + [weight_blocks_name(dtype, k) for k in WEIGHT_KINDS[1:]])
+    return tuple(names + [weight_range_name(dtype)] + [weight_blocks_name(dtype, k) for k in WEIGHT_KINDS[1:]]
+                 + [weight_micro_name(dtype)])
 
 
 def weight_pass_names() -> list:
     """Every name expression of ``weight_pass.cu``.
 
     >>> len(weight_pass_names())
-    45
+    48
     """
     return [n for f in WEIGHT_DTYPES for n in weight_pass_group(f)]
 

@@ -20,7 +20,8 @@ from typing import NamedTuple
 import numpy as np
 
 from .qparams import KEY_NEG_INF, KEY_POS_INF, SCALE_FMT
-from .registry import FP8_FMT, weight_blocks_name, weight_pass_group, weight_pass_name, weight_range_name
+from .registry import (FP8_FMT, MINI_FMT, weight_blocks_name, weight_micro_name, weight_pass_group, weight_pass_name,
+                       weight_range_name)
 
 SOURCE = "weight_pass.cu"
 THREADS = 256
@@ -52,10 +53,14 @@ class Plan(NamedTuple):
     blocks: int
     given: bool = False  # the scales (and zps) are the caller's: uploaded, read as they are
     block: tuple | None = None  # fine-grained fp8: (rows, columns) of a scale's block
+    micro: tuple | None = None  # microscaling (kind MICRO): (mfmt, mode, parameters' head bytes)
 
     @property
     def out_shape(self) -> tuple:
-        """The codes' host shape: uint32 words a row for integer codes, bytes for fp8."""
+        """The codes' host shape: uint32 words a row for integer codes, bytes for fp8 (and for
+        fp4/fp6: ``n * bits / 8`` a row)."""
+        if self.kind == MICRO:
+            return (self.rows, self.n * self.cbits // 8)
         return (self.rows, -(-self.n * self.cbits // 32)) if self.kind == 0 else (self.rows, self.n)
 
     @property
@@ -63,10 +68,16 @@ class Plan(NamedTuple):
         return np.dtype(np.uint32 if self.kind == 0 else np.uint8)
 
     @property
+    def params_bytes(self) -> int:
+        """Bytes of the parameters' buffer: float32 scales and int32 zps, or, for microscaling,
+        :data:`MICRO_HEAD` then one scale byte a group."""
+        return MICRO_HEAD + self.slots if self.kind == MICRO else 8 * self.slots
+
+    @property
     def slots(self) -> int:
         if self.block is not None:
             return -(-self.rows // self.block[0]) * -(-self.n // self.block[1])
-        return 1 if self.tensor else self.rows * (self.n // self.g)
+        return 1 if self.tensor and self.kind != MICRO else self.rows * (self.n // self.g)
 
 
 def plan(shape, dtype: str, code, symmetric, eps, scale_dtype: str, g: int, tensor: bool, given: bool = False) -> Plan:
@@ -98,6 +109,60 @@ def plan(shape, dtype: str, code, symmetric, eps, scale_dtype: str, g: int, tens
     blocks = max(1, min(-(-teams // per_block), MAX_BLOCKS))
     return Plan(dtype, rows, n, g, kind, cbits, int(code.qmin), int(code.qmax), int(symmetric), float(eps),
                 0 if given else SCALE_FMT[scale_dtype], bool(tensor), warp, blocks, bool(given))
+
+
+#: Plan.kind of the microscaling kernel (weight_micro).
+MICRO = 3
+#: The microscaling parameters' head (uploaded): MX's rule table (first: 256 bytes, step: 256
+#: uint32, values: 256 float32), then NVFP4's global scale (float32: given, or written back);
+#: the scale bytes (one a group) follow it.
+MICRO_HEAD = 256 * 9 + 4
+_MICRO_GS = 256 * 9
+
+
+def plan_micro(shape, dtype: str, code, g: int, *, mx_table=None, global_scale=None, nvfp4=False) -> Plan:
+    """The launch of a C-order ``[rows, n]`` weight stored as ``dtype`` (a name) in fp4/fp6
+    ``code`` with one scale a group of ``g`` (16 or 32) along a row, chosen in the kernel from
+    the group's finite ``max |x|``: OCP MX's e8m0 bytes by ``mx_table`` (one rule's
+    :func:`gpuq._mx.mx_rule_table`), or, ``nvfp4``, NVFP4's e4m3 block scales under
+    ``global_scale`` (a float32: a merged layer's), or, where that is None, under the weight's
+    own, computed on the GPU after a range reduction (the host pass's
+    :func:`~gpuq.backends.host.weight_pass.quantize_micro` and :func:`gpuq.global_scale`, bit for bit).
+
+    >>> from gpuq._codetypes import code_type
+    >>> p = plan_micro((4, 64), "float16", code_type("float4_e2m1fn"), 16, nvfp4=True)
+    >>> p.kind, p.tensor, p.slots, p.out_shape
+    (3, True, 16, (4, 32))
+    """
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)} for the weight pass, got {dtype!r}")
+    if code.name not in MINI_FMT or (nvfp4 and code.bits != 4):
+        raise ValueError(f"code must be fp4 or fp6 (NVFP4: fp4) for the microscaling pass, got {code.name!r}")
+    if nvfp4 == (mx_table is not None):
+        raise ValueError("the microscaling pass takes mx_table= (MX) or nvfp4=True (NVFP4): exactly one")
+    rows, n = (int(d) for d in shape)
+    if g not in (16, 32) or n % g:
+        raise ValueError(f"group_size {g} must be 16 or 32 and divide the rows of {n}")
+    head = np.zeros(MICRO_HEAD, np.uint8)
+    if mx_table is not None:
+        first, step, values = mx_table
+        head[:256] = first
+        head[256:1280].view(np.uint32)[:] = step
+        head[1280:2304].view(np.float32)[:] = values
+    mode = 0 if not nvfp4 else (1 if global_scale is None else 2)
+    if mode == 2:
+        head[_MICRO_GS:].view(np.float32)[0] = np.float32(global_scale)
+    blocks = max(1, min(-(-(rows * n) // THREADS), MAX_BLOCKS))
+    return Plan(dtype, rows, n, g, MICRO, code.bits, int(code.qmin), int(code.qmax), 1, 0.0, SCALE_FMT[dtype],
+                mode == 1, False, blocks, False, None, (MINI_FMT[code.name], mode, head))
+
+
+def micro_results(params: np.ndarray, p: Plan) -> tuple:
+    """``(scale_bytes, global_scale)`` from the host copy of a microscaling launch's parameters:
+    uint8 ``[rows, n / g]``, and NVFP4's float32 global scale (None for MX)."""
+    sbytes = params[MICRO_HEAD:MICRO_HEAD + p.slots].reshape(p.rows, p.n // p.g)
+    gs = None if p.micro[1] == 0 else params[_MICRO_GS:MICRO_HEAD].view(np.float32)[0]
+    return sbytes, gs
 
 
 def plan_blocks(shape, dtype: str, code, symmetric, eps, scale_dtype: str, block) -> Plan:
@@ -135,6 +200,9 @@ def enqueue(x, p: Plan, out, scales, zps, sums, counts, flag, keys) -> None:
     stream = cupy.cuda.get_current_stream()
     group = weight_pass_group(p.dtype)
     flag[...] = 0
+    if p.kind == MICRO:
+        _enqueue_micro(x, p, out, scales, sums, counts, keys, group, stream)
+        return
     if p.block is not None:
         fn = get_function(SOURCE, group, weight_blocks_name(p.dtype, p.kind))
         fn((p.blocks,), (THREADS,),
@@ -154,6 +222,26 @@ def enqueue(x, p: Plan, out, scales, zps, sums, counts, flag, keys) -> None:
         np.int32(p.qmax), np.int32(p.symmetric), np.float32(p.eps), np.int32(p.fmt), np.int32(p.given),
         keys[0:1], keys[1:2],
         out, scales, _NULL if zps is None else zps, sums, counts, flag), stream=stream)
+
+
+def _enqueue_micro(x, p, out, params, sums, counts, keys, group, stream) -> None:
+    """The microscaling launches: the range (NVFP4's own global scale), then weight_micro;
+    ``params`` the parameters' buffer (:data:`MICRO_HEAD` uploaded, then the scale bytes)."""
+    from .compiler import get_function
+
+    if p.tensor:
+        keys[0:1] = KEY_POS_INF
+        keys[1:2] = KEY_NEG_INF
+        fn = get_function(SOURCE, group, weight_range_name(p.dtype))
+        blocks = max(1, min(-(-(p.rows * p.n) // THREADS), MAX_BLOCKS))
+        fn((blocks,), (THREADS,), (x, np.int64(p.rows * p.n), keys[0:1], keys[1:2]), stream=stream)
+    mfmt, mode, _ = p.micro
+    fn = get_function(SOURCE, group, weight_micro_name(p.dtype))
+    fn((p.blocks,), (THREADS,),
+       (x, np.int64(p.rows * p.n), np.int32(p.g), np.int32(mfmt), np.int32(mode), np.float32(p.qmax),
+        np.int32(p.fmt), keys[0:1], keys[1:2], params[0:256], params[256:1280].view(np.uint32),
+        params[1280:2304].view(np.float32), out, params[MICRO_HEAD:], params[_MICRO_GS:MICRO_HEAD].view(np.float32),
+        sums, counts), stream=stream)
 
 
 def figures(sums: np.ndarray, counts: np.ndarray, blocks: int) -> tuple:

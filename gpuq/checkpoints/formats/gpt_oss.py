@@ -323,8 +323,9 @@ def _quantize_experts(ckpt, n, w, rule, device, nonfinite, warn) -> dict:
     scheme, buffers = dataclasses.replace(SCHEME, scale_rule=rule), fused.Buffers()
     for e in range(e_count):
         x = np.ascontiguousarray(ckpt.load_rows(n, e, e + 1)[0].T)  # the expert's [out, in] weight
-        # On the host with the compiled loops: scales, codes and figures in one pass (the same bytes)
-        done = fused.micro_bytes(x, scheme, buffers) if fused.covers(x, scheme, device, "minmax") else None
+        # Scales, codes and figures in one pass (the same bytes): the host's compiled loops, or the GPU's kernel
+        covered = fused.covers(x, scheme, device, "minmax")
+        done = fused.micro_bytes(x, scheme, buffers, device=device) if covered else None
         bad = count_nonfinite(x) if done is None else done[3]
         if sum(bad.values()):
             if nonfinite == "error":

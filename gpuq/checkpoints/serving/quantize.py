@@ -239,7 +239,7 @@ def _quantize_shard(model, shard, path, entries, chosen, kept, device, nonfinite
     buffers = Buffers()  # the code buffers, reused from weight to weight (the input is mapped)
     with Checkpoint(model.shard_path(shard)) as ckpt, \
             checkpoint_writer(path, "safetensors", entries, None, model.extra[shard]) as w, \
-            contextlib.closing(_shard_stream(ckpt, chosen, device, method)) as stream:
+            contextlib.closing(_shard_stream(ckpt, chosen, device, method, shared)) as stream:
         for name, done in stream:
             shape, dtype = model.specs[name]
             row = {"name": name, "shape": list(shape), "dtype": dtype.name, "bytes_before": ckpt.nbytes(name)}
@@ -272,11 +272,11 @@ def _quantize_shard(model, shard, path, entries, chosen, kept, device, nonfinite
     return rows
 
 
-def _shard_stream(ckpt, chosen, device, method):
+def _shard_stream(ckpt, chosen, device, method, shared):
     """``(name, GPU result or None)`` for each tensor of ``ckpt`` in file order: the GPU's stream
-    on a CUDA device, every name with None elsewhere."""
+    on a CUDA device (NVFP4's ``shared`` global scales given to it), every name with None elsewhere."""
     if device.name == "cuda":
-        return fused_stream.shard_weights(ckpt, chosen, device, method)
+        return fused_stream.shard_weights(ckpt, chosen, device, method, shared)
     return ((name, None) for name in ckpt.names)
 
 
