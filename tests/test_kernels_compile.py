@@ -2,7 +2,8 @@
 
 1. NVRTC (the ``nvidia-cuda-nvrtc`` wheel, driven by ctypes) compiles every
    instantiation the dispatcher can request, for PTX compute_80 and SASS
-   sm_80/sm_90, with the contract's options: any error or warning fails.
+   sm_80 (sm_90 too where the source branches on the architecture), with the
+   contract's options: any error or warning fails.
 2. The PTX is the same with ``-ftz=true`` (what CuPy appends) as with
    ``-ftz=false``: subnormal handling does not depend on the flag (the
    ``-ftz=true`` PTX is the one of the CuPy option list's sm_80 build).
@@ -79,7 +80,7 @@ def _start_builds():
     # ~15% of the NVRTC CPU time (formats.cu's -ftz=true build alone took 149 s of one core here).
     # The sm_89+ paths (a few kernels) keep their own pair of compute_90 builds.
     jobs = [("target", s, t) for s in registry.SOURCES for t in _SUITE_TARGETS] + [("ftz90", "formats.cu", None)]
-    jobs += [("cupy", s, a) for s in registry.SOURCES for a in _CUPY_ARCHS]
+    jobs += [("cupy", s, a) for s, a in _CUPY_BUILDS]
     jobs.sort(key=lambda j: j[1] != "formats.cu")  # the longest first
     workers = max(1, min(len(os.sched_getaffinity(0)), 4))
     ctx = multiprocessing.get_context("spawn")  # no fork of a process that holds threads
@@ -148,10 +149,24 @@ def test_every_instantiation_compiles_cleanly(compiled, source, target):
 
 _CUPY_ARCHS = ("80", "90")
 
+def _branches_on_the_architecture(text: str) -> bool:
+    """Whether ``text`` names an architecture macro (``__CUDA_ARCH__``, ``__CUDA_ARCH_FEAT_SM90_ALL``,
+    ``__CUDA_ARCH_SPECIFIC__``, ...): the only way a source's text can differ between targets."""
+    return "__CUDA_ARCH" in text
+
+
+#: (source, arch) of CuPy's builds: sm_80 for every source (also the -ftz=true partner of the
+#: flush-to-zero check), sm_90 only for the sources whose text branches on the architecture. A
+#: source without a branch is the same text for both, and its compute_80 PTX is what the driver
+#: JITs for any later GPU, so an sm_90 build of it proves nothing new (quantize.cu, dequantize.cu
+#: and qparams.cu: ~100 s of one core here); test_sources_built_for_sm80_alone_have_no_arch_branch
+#: keeps the reason true.
+_CUPY_BUILDS = [(s, a) for s in sorted(registry.SOURCES) for a in _CUPY_ARCHS
+                if a == _CUPY_ARCHS[0] or _branches_on_the_architecture(registry.source_text(s))]
+
 
 @needs_nvrtc
-@pytest.mark.parametrize("arch", _CUPY_ARCHS)
-@pytest.mark.parametrize("source", sorted(registry.SOURCES))
+@pytest.mark.parametrize("source, arch", _CUPY_BUILDS)
 def test_compiles_with_cupys_real_option_list(builds, source, arch):
     """CuPy 14 appends -ftz=true, -arch=sm_XX and --device-as-default-execution-space after
     gpuq's options: every kernel still compiles, with no warning but the known -ftz override."""
@@ -160,6 +175,23 @@ def test_compiles_with_cupys_real_option_list(builds, source, arch):
     assert res.ok, res.describe()
     assert res.overridden, "NVRTC no longer reports the -ftz override: check CuPy's option list"
     assert sorted(res.lowered) == sorted(registry.SOURCES[source]()) and res.code
+
+
+def test_sources_built_for_sm80_alone_have_no_arch_branch():
+    """A source is built by CuPy for every architecture of _CUPY_ARCHS unless its text (includes
+    expanded: the kernels include no header NVRTC would expand per target) names no
+    architecture macro; formats.cu's ``#if __CUDA_ARCH__ >= 890`` paths (and mse.cu's and
+    weight_pass.cu's, which include it) keep their sm_90 build."""
+    for source in registry.SOURCES:
+        text = registry.source_text(source)
+        archs = {a for s, a in _CUPY_BUILDS if s == source}
+        assert _CUPY_ARCHS[0] in archs, source
+        if archs != set(_CUPY_ARCHS):
+            assert "__CUDA_ARCH" not in text and "#include" not in text, source
+    assert {s for s, a in _CUPY_BUILDS if a == "90"} == {"formats.cu", "mse.cu", "weight_pass.cu"}
+    for branch in ("#if __CUDA_ARCH__ >= 890", "#ifdef __CUDA_ARCH_FEAT_SM90_ALL", "#if defined(__CUDA_ARCH_SPECIFIC__)"):
+        assert _branches_on_the_architecture("int x;\n" + branch + "\n#endif\n")
+    assert not _branches_on_the_architecture("// no branch here: GPUQ_CUDA_ARCHIVE\n")
 
 
 def test_only_the_ftz_override_is_tolerated():

@@ -56,6 +56,16 @@ from numba.extending import overload
 _JIT = dict(nogil=True, cache=True, boundscheck=False, error_model="numpy")
 #: The compile options of the host loops (the one-pass weight loop, weight_pass.py, takes the same).
 JIT = _JIT
+#: The helpers' options: the loops' arithmetic (numpy's error model: a division by zero gives
+#: inf/nan, no exception path to stop a loop vectorizing). Most helpers are plain calls, which
+#: LLVM inlines once the caller is linked where they are small (the packed int4/fp4 walk, ``_q4``
+#: and ``_dq4``, stays a call per sub-range of ``INT4_SUB`` elements): numba's own inlining
+#: (``inline="always"``) retypes a helper at every call site, and was most of a kernel's cold
+#: compile (tests/test_fused_weight.py: 248 -> 134 s of CPU). Kept ``inline="always"``, where a
+#: plain call measured slower: the per-element fp8 encode (``fp8_one``/``fp8_of``: fp8 per channel
+#: 14% slower compiled apart: the loop's vectorized code differs) and the per-group
+#: ``finalize_one``, ``round_scale`` and ``run_keys`` (LLVM leaves those bodies a real call).
+HELPER = dict(nogil=True, boundscheck=False, error_model="numpy")
 
 
 def to_compute(value, like):
@@ -63,7 +73,7 @@ def to_compute(value, like):
     integers there meet float64 operands and are promoted exactly)."""
 
 
-@overload(to_compute, inline="always")
+@overload(to_compute, jit_options=HELPER)
 def _to_compute(value, like):
     if like == types.float32:
         return lambda value, like: np.float32(value)
@@ -75,7 +85,7 @@ def load(x, i, table):
     shifted bits for bfloat16 (an int16 ``x``)."""
 
 
-@overload(load, inline="always")
+@overload(load, jit_options=HELPER)
 def _load(x, i, table):
     if not isinstance(table, types.NoneType):
         return lambda x, i, table: table[x[i]]
@@ -84,7 +94,7 @@ def _load(x, i, table):
     return lambda x, i, table: x[i]
 
 
-@njit(inline="always")
+@njit(**HELPER)
 def bf16_to_f32(b):
     """The float32 of bfloat16 bits ``b`` (int16): exact, the bits are the float32's top half."""
     return np.uint32(np.uint32(np.uint16(b)) << np.uint32(16)).view(np.float32)
@@ -94,7 +104,7 @@ def param(p, i, default):
     """``p[i]``, or ``default`` where there is no parameter array (symmetric)."""
 
 
-@overload(param, inline="always")
+@overload(param, jit_options=HELPER)
 def _param(p, i, default):
     if isinstance(p, types.NoneType):
         return lambda p, i, default: default
@@ -105,14 +115,14 @@ def part(p, start, count):
     """``p[start:start + count]``, or None where there is no parameter array (symmetric)."""
 
 
-@overload(part, inline="always")
+@overload(part, jit_options=HELPER)
 def _part(p, start, count):
     if isinstance(p, types.NoneType):
         return lambda p, start, count: None
     return lambda p, start, count: p[start:start + count]
 
 
-@njit(inline="always")
+@njit(**HELPER)
 def row_starts(r, shape, strides):
     """Where row ``r`` of a ``blocks.Rows`` layout starts in the src span, the out span and the
     parameters: ``r`` as C-order coordinates of ``shape``, dotted with ``strides`` (k, 3)."""
@@ -179,7 +189,7 @@ def bfloat16_bits(f):
     return np.uint16(np.uint32(b + np.uint32(0x7FFF) + lsb) >> np.uint32(16))
 
 
-@njit(inline="always")
+@njit(**HELPER)
 def quantize_one(v, s, zp, qmin, qmax):
     """``clamp(rint(v / s) + zp, qmin, qmax)``; ``zp``, ``qmin``, ``qmax`` integral, of ``s``'s type."""
     t = v / s
@@ -323,7 +333,7 @@ def float_of_key(key, bits, shift, mag, table):
     """The float (compute type) whose order key is ``key``, ``bits`` the integer view it came from."""
 
 
-@overload(float_of_key, inline="always")
+@overload(float_of_key, jit_options=HELPER)
 def _float_of_key(key, bits, shift, mag, table):
     if not isinstance(table, types.NoneType):  # float16: its bits index the widening table
         return lambda key, bits, shift, mag, table: table[np.uint16(key ^ ((key >> shift) & mag))]
@@ -334,7 +344,7 @@ def _float_of_key(key, bits, shift, mag, table):
     return lambda key, bits, shift, mag, table: np.int64(key ^ ((key >> shift) & mag)).view(np.float64)
 
 
-@njit(inline="always")
+@njit(**HELPER)
 def fmax_keep(a, b):
     """``np.fmax``: the larger, a NaN giving way to the other operand."""
     if a != a:
@@ -344,7 +354,7 @@ def fmax_keep(a, b):
     return a if a > b else b
 
 
-@njit(inline="always")
+@njit(**HELPER)
 def fmin_keep(a, b):
     """``np.fmin``: the smaller, a NaN giving way to the other operand."""
     if a != a:
@@ -354,7 +364,7 @@ def fmin_keep(a, b):
     return a if a < b else b
 
 
-@njit(inline="always")
+@njit(**HELPER)
 def f16_bits_to_f32(h):
     """The float32 of float16 bits ``h`` (a positive finite value: a rounded scale): exact."""
     e = np.int32((h >> np.uint32(10)) & np.uint32(0x1F))
@@ -483,7 +493,7 @@ def fp8_of(v, s, f):
     return fp8_one(np.float32(np.copysign(t, v)) if t != t else t, f)
 
 
-@njit(inline="always")
+@njit(**HELPER)
 def e2m1_of(v, s):
     """The e2m1 (fp4) code of ``v / s`` (the quotient as :func:`fp8_of` forms it): one ``rint``
     of the magnitude at the grid's step there, ``0.5`` below 2 (codes 0-4), ``1`` below 4 (4-6),
@@ -505,7 +515,7 @@ def e2m1_of(v, s):
     return np.uint8(c + sign)
 
 
-@njit(inline="always")
+@njit(**HELPER)
 def e2m1_value(b, like):
     """The value of e2m1 (fp4) code ``b`` in ``like``'s compute type, exactly: magnitude codes
     0-3 are ``m * 0.5``, 4 and 5 are ``m - 2`` (2, 3), 6 and 7 are ``2 * m - 8`` (4, 6); bit 3 the
@@ -589,14 +599,14 @@ def dequantize_fp8_rows(rows, q, values, out, run, scales):
 INT4_SUB = 4096
 
 
-@njit(inline="always")
+@njit(**HELPER)
 def _geometry(T, C, gs, G, P, R, rb):
     """The int4 map as the walk carries it: ``(T, C, gs, G, P, R, rb, GR)``, ``GR = ceil(R / rb)``
     (the outer blocks per ``R`` rows)."""
     return T, C, gs, G, P, R, rb, -(-R // rb)
 
 
-@njit(inline="always")
+@njit(**HELPER)
 def _walk(begin, geo):
     """The walk's state at flat element ``begin = (o * C + c) * T + t``: ``(outer, c, t, g, gend)``
     with ``g = c // gs``, ``gend`` the end of group ``g`` (``<= C``) and ``outer = (f, q, m, k)``:
@@ -611,7 +621,7 @@ def _walk(begin, geo):
     return (q * GR + m // rb, q, m, m % rb), c, t, g, min((g + 1) * gs, C)
 
 
-@njit(inline="always")
+@njit(**HELPER)
 def _next_outer(outer, geo):
     """``outer`` (:func:`_walk`) after row-set ``o`` ends: no division. ``f`` moves on where an
     outer block ends (``rb`` rows, or the ragged last one at ``R``)."""
@@ -627,7 +637,7 @@ def _next_outer(outer, geo):
     return f, q, m, k
 
 
-@njit(inline="always")
+@njit(**HELPER)
 def _next_row(outer, c, g, gend, geo):
     """The state after row ``c`` ends (``t`` back to 0): no division."""
     T, C, gs, G, P, R, rb, GR = geo
@@ -641,7 +651,7 @@ def _next_row(outer, c, g, gend, geo):
     return outer, c, g, gend
 
 
-@njit(inline="always")
+@njit(**HELPER)
 def _segment(state, geo, cons, left):
     """``(p, length, state)``: the first parameter and the length (at most ``left``) of the
     segment at ``state`` (:func:`_walk`), and the state after it. An element's parameter is
@@ -672,7 +682,7 @@ def _segment(state, geo, cons, left):
     return row, left, (outer, c, t, g, gend)
 
 
-@njit(inline="always")
+@njit(**HELPER)
 def _pack(buf, m, packed, s0):
     """Pack codes ``buf[:m]`` into ``packed`` from byte ``s0 // 2`` (ONNX order: element 2j
     in the low nibble), as uint16 pairs (little-endian: element 2j is the low byte)."""
@@ -685,7 +695,7 @@ def _pack(buf, m, packed, s0):
         out[j] = np.uint8((w & np.uint16(0x0F)) | ((w >> np.uint16(4)) & np.uint16(0xF0)))
 
 
-@njit(inline="always")
+@njit(**HELPER)
 def _unpack(packed, m, buf, s0, signed):
     """``buf[:m]`` = the int8 codes of ``packed`` from byte ``s0 // 2`` (int4 sign-extended)."""
     pairs = buf.view(np.uint16)
@@ -698,7 +708,7 @@ def _unpack(packed, m, buf, s0, signed):
             buf[j] = np.int8((np.int32(buf[j]) ^ 8) - 8)
 
 
-@njit(inline="always")
+@njit(**HELPER)
 def _q4(x, table, packed, begin, geo, cons, scales, zps, qmin, qmax, f):
     """The int4 walk (:func:`quantize_int4`); with fp consts ``f`` (not None) the codes are
     fp4's (:func:`e2m1_of`), compiled apart (``f is None`` is pruned at compile time)."""
@@ -736,7 +746,7 @@ def _q4(x, table, packed, begin, geo, cons, scales, zps, qmin, qmax, f):
         _pack(buf, m, packed, s0)
 
 
-@njit(inline="always")
+@njit(**HELPER)
 def _dq4(packed, out, begin, geo, cons, signed, scales, zps, values):
     """The int4 walk (:func:`dequantize_int4`); with a value table ``values`` (not None) the
     codes are fp4's, ``e2m1_value(code) * s`` (``values`` only selects that path), compiled apart."""
