@@ -11,8 +11,9 @@ float16 as uint16 bits through the widening table, float32 as it is):
    finite values, and 0 is in every range ``finalize_one`` forms, so replacing NaN/Inf by 0
    and skipping them give the same parameters);
 2. ``loops.finalize_one``: the scale (rounded to the scale dtype) and zero point;
-3. per element: the code (``loops.quantize_one`` or ``loops.fp8_of``), its dequantized value
-   in float32 as ``gpuq.dequantize`` forms it (``(q - zp) * s``, or ``fp8_table[q] * s``), and
+3. per element: the code (``loops.quantize_one``, or :func:`float_round`: ``loops.fp8_of``'s
+   bits), its dequantized value in float32 as ``gpuq.dequantize`` forms it (``(q - zp) * s``, or
+   ``fp8_table[q] * s``, the table's value formed from the same rounded bits), and
    in float64 the value and the round-trip error of the finite elements;
 4. the codes packed into compressed-tensors' words (offset-binary fields, little-endian,
    ``serving.packing``) or written as fp8 bytes, and the group's sums of x^2 and of the
@@ -37,7 +38,8 @@ from numba.extending import overload
 from ..._dtypes import dtype_name, is_bfloat16
 from . import formats, threads
 from .affine import float16_table
-from .loops import JIT, e2m1_of, finalize_one, float_of_key, fp8_of, fp8_one, load, quantize_one, round_scale, run_keys
+from .loops import (JIT, e2m1_of, e2m1_value, finalize_one, float_of_key, fp8_one, load, quantize_one, round_scale,
+                    run_keys)
 from .qparams import KEY_INT, SCALE_FORMATS, key_constants
 
 _FMAX = np.float32(np.finfo(np.float32).max)
@@ -84,30 +86,81 @@ def _pack_fields(sq, g, ob):
         ob[g // 2] = sq[g - 1]
 
 
-def _float_code(v, s, f):
-    """The float code of ``v / s``: ``loops.fp8_of`` with the constants ``f``, or, where ``f`` is
-    None, fp4's ``loops.e2m1_of`` (the same bits; the loop over it vectorizes, as the API's fp4
-    kernels use it)."""
+def round_consts(fmt: str) -> tuple:
+    """:func:`float_round`'s constants of the saturating float code ``fmt`` (``formats``' names:
+    e4m3fn, e5m2, e2m1fn, e2m3fn, e3m2fn): ``(mul, low, rebase, limit, shift, nan_code,
+    sign_shift, sign_bit, nan_sign, nan_value)``, from the layout's mantissa bits ``m`` and
+    bias ``B``: ``mul = 2**(23 - m)``, ``low = 2**(24 - B - m)`` (the magic of the subnormal
+    step), ``rebase = 2**(B - 127)``, ``limit`` the largest finite value, ``shift = 23 - m``;
+    NaN's code, its sign rule and its value as ``formats.fp8_table`` holds it (fp8: the quiet
+    NaN with the sign; fp4/fp6: +0).
 
-
-@overload(_float_code, inline="always")
-def _float_code_impl(v, s, f):
-    if isinstance(f, types.NoneType):
-        return lambda v, s, f: e2m1_of(v, s)
-    return lambda v, s, f: fp8_of(v, s, f)
+    >>> round_consts("e4m3fn")[:5]
+    (np.float32(1048576.0), np.float32(16384.0), np.float32(7.523164e-37), np.float32(448.0), np.int32(20))
+    """
+    mbits, bias, _, max_bits, max_code, _, _, _, nan_code = formats._FP8[fmt]
+    bits = formats._BITS[fmt]
+    keeps = formats._nan_keeps_sign(fmt)
+    f32, i32 = np.float32, np.int32
+    return (f32(2.0 ** (23 - mbits)), f32(2.0 ** (24 - bias - mbits)), f32(2.0 ** (bias - 127)),
+            np.uint32(max_bits).view(f32), i32(23 - mbits), i32(nan_code), i32(32 - bits), i32(1 << (bits - 1)),
+            i32(0xFF if keeps else 0), f32(np.nan) if keeps else f32(0))
 
 
 @njit(inline="always")
-def _fp8_segment(xs, os, s, f, table, values, w, sa, sd):
-    """fp8 codes ``os`` of the ``w`` elements of ``xs`` at scale ``s`` (fp4's where ``f`` is
-    None: :func:`_float_code`), and each element's value and round-trip error in float64
-    (``sa``, ``sd``) for the figures."""
-    for j in range(w):  # the codes apart: a table lookup in the loop stops it vectorizing
-        os[j] = _float_code(load(xs, j, table), s, f)
-    for j in range(w):
+def float_round(v, s, g):
+    """``(code, value)`` of ``v / s`` in a saturating float code (``g`` = :func:`round_consts`):
+    ``loops.fp8_of``'s code (a NaN quotient takes ``v``'s sign, as there) and the code's value
+    in float32 as ``formats.fp8_table`` holds it, from the same rounded bits: no table lookup,
+    32-bit lanes, so the loop over it vectorizes.
+
+    The magnitude ``a`` is rounded to nearest even on the code's grid by a float addition:
+    ``(a + M) - M`` with ``M = 2**e * mul`` (``e`` the exponent of ``a``: the sum's last bit
+    is the code's last mantissa bit), at least ``low`` (the subnormal step's magic), each step
+    exact but the one rounding; above ``limit`` (Inf included) the largest value. The code is
+    the bits of ``r * 2**(B - 127)`` (the exponent rebased from float32's bias to the code's;
+    a subnormal code's value lands on a float32 subnormal, exactly) shifted down by ``shift``.
+    Equal to ``fp8_of`` and to the table on every float32 quotient (all 2**32 checked once, for
+    each layout; tests/test_fp8_encode_bits.py checks a sample)."""
+    mul, low, rebase, limit, shift, nan_code, sshift, sbit, nan_sign, nan_value = g
+    t = np.float32(v / s)
+    t = np.float32(np.copysign(t, v)) if t != t else t
+    a = abs(t)
+    m = np.int32(np.float32(a).view(np.int32) & np.int32(0x7F800000)).view(np.float32) * mul
+    m = m if m > low else low
+    r = (a + m) - m
+    r = limit if a > limit else r
+    u = np.float32(t).view(np.int32)
+    sign = (u >> sshift) & sbit
+    nan = a != a
+    code = np.int32(np.float32(r * rebase).view(np.int32) >> shift)
+    code = (nan_code | (sign & nan_sign)) if nan else (code | sign)
+    top = u & np.int32(-0x80000000)
+    value = np.int32(np.float32(r).view(np.int32) | top).view(np.float32)
+    if nan:
+        value = np.int32(np.float32(nan_value).view(np.int32) | (top if nan_sign else np.int32(0))).view(np.float32)
+    return np.uint8(code), value
+
+
+@njit(inline="always")
+def _fp8_segment(xs, os, s, g, table, w, sa, sd):
+    """Float codes ``os`` of the ``w`` elements of ``xs`` at scale ``s`` (:func:`float_round`
+    with ``g``, or fp4's ``loops.e2m1_of`` where ``g`` is None: the same bits, faster), and
+    each element's value and round-trip error in float64 (``sa``, ``sd``) for the figures: the
+    dequantized ``value * s`` in float32 as ``gpuq.dequantize`` forms it."""
+    if g is None:
+        for j in range(w):
+            os[j] = e2m1_of(load(xs, j, table), s)
+            sd[j] = np.float64(e2m1_value(os[j], s) * s)
+    else:
+        for j in range(w):
+            q, value = float_round(load(xs, j, table), s, g)
+            os[j] = q
+            sd[j] = np.float64(value * s)
+    for j in range(w):  # apart: the loop above stays in 32-bit lanes
         a = np.float64(load(xs, j, table))
         sa[j] = a
-        sd[j] = a - np.float64(values[os[j]] * s)
+        sd[j] = a - sd[j]
 
 
 @njit(inline="always")
@@ -145,7 +198,7 @@ def _finite_range(x, table, base, g):
 
 @njit(**JIT)
 def weight_rows(x, table, bits, r0, r1, n, g, qmin, qmax, symmetric, eps, fmt, shift, mag, inf,
-                f, values, cbits, bias, rb, out, scales, zps, acc, cnt, sq, sa, sd, tensor, given):
+                f, cbits, bias, rb, out, scales, zps, acc, cnt, sq, sa, sd, tensor, given):
     """Rows ``r0:r1`` of a C-order ``[rows, n]`` weight (flat ``x``; ``bits`` its signed-integer
     view), groups of ``g`` along a row (``g == n``: per channel), in one pass.
 
@@ -154,7 +207,7 @@ def weight_rows(x, table, bits, r0, r1, n, g, qmin, qmax, symmetric, eps, fmt, s
     low nibble. compressed-tensors' words: ``rb = 4 * ceil(n * cbits / 32)``, ``bias =
     2**(cbits - 1)`` (offset binary), the rest of a row's last word zeroed; gpuq's files:
     ``rb = n * cbits / 8``, ``bias = 0`` (two's complement, or the unsigned code). fp8 codes
-    (``f`` = ``formats.fp8_consts``, ``values`` = ``formats.fp8_table``): ``out`` is the bytes,
+    (``f`` = :func:`round_consts`): ``out`` is the bytes,
     ``n`` a row. ``scales``/``zps`` (zps None: symmetric) get one slot per group; ``acc``
     (float64: signal, error, max abs error) and ``cnt`` (int64: NaN, +Inf, -Inf) are added to;
     ``sq`` (uint8), ``sa``/``sd`` (float64) are scratch of ``g`` elements. ``tensor`` True:
@@ -217,7 +270,7 @@ def weight_rows(x, table, bits, r0, r1, n, g, qmin, qmax, symmetric, eps, fmt, s
                 if cbits == 4:
                     _pack_fields(sq, g, ob)
             else:
-                _fp8_segment(xs, out[base:base + g], s, f, table, values, g, sa, sd)
+                _fp8_segment(xs, out[base:base + g], s, f, table, g, sa, sd)
             if bad:  # rare: leave the non-finite elements out of the figures, and count them
                 _drop_nonfinite(xs, table, g, sa, sd, cnt)
             _energy(sa, sd, g, acc)
@@ -284,9 +337,9 @@ def quantize_rows(x, code, symmetric, eps, scale_dtype, g, tensor, out, packing=
     shift, mag, inf = key_constants(x.dtype)
     fmt = 0 if given is not None else SCALE_FORMATS[scale_dtype]  # given scales are not rounded again
     if code.codec == "float8":
-        f, values, cbits = formats.fp8_consts(code.fp8, True), formats.fp8_table(code.fp8, np.float32), 8
+        f, cbits = round_consts(code.fp8), 8
     else:
-        f, values, cbits = None, None, code.bits
+        f, cbits = None, code.bits
     if packing == "words":
         rb, bias = 4 * -(-n * cbits // 32), 1 << (cbits - 1)
     elif packing == "bytes" and n * cbits % 8 == 0:
@@ -320,7 +373,7 @@ def quantize_rows(x, code, symmetric, eps, scale_dtype, g, tensor, out, packing=
         r0, r1 = chunks[i]
         sq, sa, sd = np.empty(g, np.uint8), np.empty(g), np.empty(g)
         return weight_rows(flat, table, bits, r0, r1, n, g, code.qmin, code.qmax, symmetric, np.float32(eps),
-                           fmt, shift, mag, inf, f, values, cbits, np.int32(bias), rb, out.reshape(-1), scales, zps,
+                           fmt, shift, mag, inf, f, cbits, np.int32(bias), rb, out.reshape(-1), scales, zps,
                            accs[i], cnts[i], sq, sa, sd, tensor, given is not None)
 
     failed = _run_chunks(run, len(chunks))
@@ -331,7 +384,7 @@ def quantize_rows(x, code, symmetric, eps, scale_dtype, g, tensor, out, packing=
 
 @njit(**JIT)
 def block_strips(x, table, bits, s0, s1, rows, n, br, bc, qmin, qmax, symmetric, eps, fmt, shift, mag, inf,
-                 f, values, out, scales, acc, cnt, sa, sd, tops):
+                 f, out, scales, acc, cnt, sa, sd, tops):
     """Strips ``s0:s1`` (``br`` rows each, the last ragged) of a C-order ``[rows, n]`` weight in
     fp8 blocks of ``br`` x ``bc`` (fine-grained fp8), one strip at a time while it is in cache:
 
@@ -339,7 +392,7 @@ def block_strips(x, table, bits, s0, s1, rows, n, br, bc, qmin, qmax, symmetric,
        +/-Inf takes the range of its finite values (:func:`_finite_range`), as the rows do;
     2. ``finalize_one``: its scale, in ``scales`` (the ``[ceil(rows / br), ceil(n / bc)]`` grid, flat);
     3. the codes (``fp8_of``) into ``out`` (bytes, the weight's shape) and the figures, as
-       :func:`weight_rows` forms them (``values[q] * s`` in float32; ``acc``, ``cnt`` added to).
+       :func:`weight_rows` forms them (the code's value times ``s`` in float32; ``acc``, ``cnt`` added to).
 
     ``sa``/``sd`` are float64 scratch of ``bc`` elements, ``tops`` of ``ceil(n / bc)`` in ``bits``'
     type. Returns the first strip whose scale ``finalize_one`` refuses, or -1.
@@ -372,7 +425,7 @@ def block_strips(x, table, bits, s0, s1, rows, n, br, bc, qmin, qmax, symmetric,
                 c0 = r * n + c * bc
                 w = min(n, (c + 1) * bc) - c * bc
                 xs = x[c0:c0 + w]
-                _fp8_segment(xs, out[c0:c0 + w], scales[si * cols + c], f, table, values, w, sa, sd)
+                _fp8_segment(xs, out[c0:c0 + w], scales[si * cols + c], f, table, w, sa, sd)
                 if tops[c] >= inf:  # rare: the non-finite elements out of the figures, counted
                     _drop_nonfinite(xs, table, w, sa, sd, cnt)
                 _energy(sa, sd, w, acc)
@@ -403,7 +456,7 @@ def quantize_blocks(x, code, symmetric, eps, scale_dtype, block, out):
         flat = flat.view(np.int16)
     bits = x.reshape(-1).view(KEY_INT[x.dtype.itemsize])
     shift, mag, inf = key_constants(x.dtype)
-    f, values = formats.fp8_consts(code.fp8, True), formats.fp8_table(code.fp8, np.float32)
+    f = round_consts(code.fp8)
     strips, cols = -(-rows // br), -(-n // bc)
     scales = np.empty(strips * cols, np.float32)
     chunks = _chunks(strips, br * n, threads.get_num_threads())
@@ -413,7 +466,7 @@ def quantize_blocks(x, code, symmetric, eps, scale_dtype, block, out):
     def run(i):
         s0, s1 = chunks[i]
         return block_strips(flat, table, bits, s0, s1, rows, n, br, bc, code.qmin, code.qmax, symmetric,
-                            np.float32(eps), SCALE_FORMATS[scale_dtype], shift, mag, inf, f, values,
+                            np.float32(eps), SCALE_FORMATS[scale_dtype], shift, mag, inf, f,
                             out.reshape(-1), scales, accs[i], cnts[i], np.empty(bc), np.empty(bc),
                             np.zeros(cols, bits.dtype))
 
@@ -527,11 +580,10 @@ def _group_scale_impl(amax, mx, nv):
 
 
 @njit(**JIT)
-def micro_rows(x, table, bits, r0, r1, n, g, shift, mag, inf, f, values, cbits, out, sbytes, mx, nv,
+def micro_rows(x, table, bits, r0, r1, n, g, shift, mag, inf, f, cbits, out, sbytes, mx, nv,
                acc, cnt, sq, sa, sd):
     """Rows ``r0:r1`` of a C-order ``[rows, n]`` weight in float codes (fp4, fp6 or fp8: ``f``
-    = ``formats.fp8_consts``, None for fp4's ``loops.e2m1_of``; ``values`` = ``formats.fp8_table``;
-    ``cbits`` the code's width)
+    = :func:`round_consts`, None for fp4's ``loops.e2m1_of``; ``cbits`` the code's width)
     with one scale a group of ``g`` along a row, chosen in the pass from the group's ``max |x|``
     (its finite values: 0 for a group of NaN/Inf only), in one pass:
 
@@ -547,7 +599,7 @@ def micro_rows(x, table, bits, r0, r1, n, g, shift, mag, inf, f, values, cbits, 
     One of ``mx``, ``nv`` is None. The group's scale byte goes to ``sbytes`` (one a group), its
     codes to ``out`` (``n * cbits / 8`` bytes a row: fp8 bytes, fp4 two a byte with the first in
     the low nibble, fp6 four in three bytes), and its figures to ``acc``/``cnt`` as in
-    :func:`weight_rows` (the dequantized value ``values[q] * s`` in float32). ``sq`` (uint8),
+    :func:`weight_rows` (the dequantized value, the code's value times ``s`` in float32). ``sq`` (uint8),
     ``sa``/``sd`` (float64) are scratch of ``g`` elements.
     """
     groups = n // g
@@ -566,7 +618,7 @@ def micro_rows(x, table, bits, r0, r1, n, g, shift, mag, inf, f, values, cbits, 
             b, s = _group_scale(amax, mx, nv)
             sbytes[r * groups + gi] = b
             ob = out[r * rb + gi * g * cbits // 8:]
-            _fp8_segment(xs, ob if cbits == 8 else sq, s, f, table, values, g, sa, sd)
+            _fp8_segment(xs, ob if cbits == 8 else sq, s, f, table, g, sa, sd)
             if cbits == 4:
                 _pack_fields(sq, g, ob)
             elif cbits == 6:
@@ -600,9 +652,7 @@ def quantize_micro(x, code, g, out, *, mx_table=None, global_scale=None):
     """
     rows, n = x.shape
     flat, table, bits, (shift, mag, inf) = _views(x)
-    f, values = formats.fp8_consts(code.fp8, True), formats.fp8_table(code.fp8, np.float32)
-    if code.bits == 4:
-        f = None  # fp4: loops.e2m1_of, the same bits as fp8_of with these constants, faster
+    f = None if code.bits == 4 else round_consts(code.fp8)  # fp4: loops.e2m1_of, the same bits, faster
     mx = nv = None
     if global_scale is None:
         mx = mx_table
@@ -619,7 +669,7 @@ def quantize_micro(x, code, g, out, *, mx_table=None, global_scale=None):
 
     def run(i):
         r0, r1 = chunks[i]
-        micro_rows(flat, table, bits, r0, r1, n, g, shift, mag, inf, f, values, code.bits, out.reshape(-1),
+        micro_rows(flat, table, bits, r0, r1, n, g, shift, mag, inf, f, code.bits, out.reshape(-1),
                    sbytes.reshape(-1), mx, nv, accs[i], cnts[i], np.empty(g, np.uint8), np.empty(g), np.empty(g))
 
     _run_chunks(run, len(chunks))
