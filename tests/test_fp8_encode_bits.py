@@ -1,5 +1,6 @@
-"""The one pass's float encode (``weight_pass.float_round``: the code and its value from the same
-rounded bits, no table) against ``loops.fp8_one`` and ``formats.fp8_table``, bit for bit.
+"""The one pass's float encodes (``weight_pass.float_round`` and fp4's ``e2m1_round``: the code and
+its value from the same rounded bits, no table) against ``loops.fp8_one`` / ``loops.e2m1_of`` and
+``formats.fp8_table``, bit for bit.
 
 All 2**32 float32 quotients were checked once for every layout (the loop below over every
 pattern, 16-25 s each on 2 cores); CI checks every 251st pattern and the edges: each layout's
@@ -13,8 +14,8 @@ import pytest
 from numba import njit
 
 from gpuq.backends.host import formats
-from gpuq.backends.host.loops import fp8_one
-from gpuq.backends.host.weight_pass import float_round, round_consts
+from gpuq.backends.host.loops import e2m1_of, fp8_one
+from gpuq.backends.host.weight_pass import e2m1_round, float_round, round_consts
 
 FORMATS = ["e4m3fn", "e5m2", "e2m1fn", "e2m3fn", "e3m2fn"]
 
@@ -80,3 +81,22 @@ def test_float_round_divides_as_fp8_of(fmt):
 def test_round_consts_refuses_unknown_layout():
     with pytest.raises(KeyError):
         round_consts("e8m0")
+
+
+@njit(error_model="numpy")
+def _e2m1_pairs(x, s):
+    codes, values, want = np.empty(x.size, np.uint8), np.empty(x.size, np.float32), np.empty(x.size, np.uint8)
+    for i in range(x.size):
+        codes[i], values[i] = e2m1_round(x[i], s)
+        want[i] = e2m1_of(x[i], s)
+    return codes, values, want
+
+
+@pytest.mark.parametrize("s", [np.float32(1), np.float32(0.37), np.float32(0), np.float32(np.inf)])
+def test_e2m1_round_matches_e2m1_of_and_table(s):
+    u = np.concatenate([np.arange(0, 1 << 32, 251, dtype=np.uint64).astype(np.uint32), _edges("e2m1fn")])
+    if s != 1:
+        u = u[::16]
+    codes, values, want = _e2m1_pairs(u.view(np.float32), s)
+    np.testing.assert_array_equal(codes, want)
+    np.testing.assert_array_equal(values.view(np.uint32), formats.fp8_table("e2m1fn", np.float32)[want].view(np.uint32))

@@ -38,7 +38,7 @@ from numba.extending import overload
 from ..._dtypes import dtype_name, is_bfloat16
 from . import formats, threads
 from .affine import float16_table
-from .loops import (JIT, e2m1_of, e2m1_value, finalize_one, float_of_key, fp8_one, load, quantize_one, round_scale,
+from .loops import (JIT, finalize_one, float_of_key, fp8_one, load, quantize_one, round_scale,
                     run_keys)
 from .qparams import KEY_INT, SCALE_FORMATS, key_constants
 
@@ -59,6 +59,24 @@ def _energy(a, d, n, acc):
         # max |d| through its bits: non-negative floats order as integers, an integer max
         # vectorizes where a float one does not
         top = max(top, np.float64(abs(d[j])).view(np.int64))
+    acc[0] += sa
+    acc[1] += sd
+    acc[2] = max(acc[2], np.int64(top).view(np.float64))
+
+
+@njit(nogil=True, cache=True, boundscheck=False, fastmath={"reassoc", "nsz", "nnan"})
+def _energy_of(xs, table, sv, n, acc):
+    """:func:`_energy` of ``a = xs[:n]`` (``loops.load``, exactly widened) and ``d = a - sv[:n]``
+    (the float32 dequantized values), formed in the sums' loop: no float64 scratch written and
+    read again. Only for segments with no NaN or Inf (``sv`` from finite ``xs``)."""
+    sa = sd = 0.0
+    top = np.int64(0)
+    for j in range(n):
+        a = np.float64(load(xs, j, table))
+        d = a - np.float64(sv[j])
+        sa += a * a
+        sd += d * d
+        top = max(top, np.float64(abs(d)).view(np.int64))
     acc[0] += sa
     acc[1] += sd
     acc[2] = max(acc[2], np.int64(top).view(np.float64))
@@ -143,24 +161,61 @@ def float_round(v, s, g):
 
 
 @njit(inline="always")
-def _fp8_segment(xs, os, s, g, table, w, sa, sd):
+def e2m1_round(v, s):
+    """``(code, value)`` of ``v / s`` in fp4 (e2m1): ``loops.e2m1_of``'s code and the code's
+    value in float32 (``formats.fp8_table("e2m1fn", ...)``'s) from the same ``rint``: the
+    magnitude's value is ``rint(a * step) / step`` (exact: ``step`` a power of two) up to 6, the
+    sign the code's (NaN: the +0 code, value +0). All 2**32 quotients checked once."""
+    t = np.float32(v / s)
+    a = abs(t)
+    low, mid = a < np.float32(2), a < np.float32(4)
+    step = np.float32(2) if low else (np.float32(1) if mid else np.float32(0.5))
+    inv = np.float32(0.5) if low else (np.float32(1) if mid else np.float32(2))
+    first = np.float32(0) if low else (np.float32(2) if mid else np.float32(4))
+    k = np.rint(a * step)
+    c = min(k + first, np.float32(7))
+    m = min(k * inv, np.float32(6))
+    nan = a != a
+    c = np.float32(0) if nan else c
+    m = np.float32(0) if nan else m
+    neg = np.signbit(t) and not nan
+    return np.uint8(c + (np.float32(8) if neg else np.float32(0))), -m if neg else m
+
+
+@njit(inline="always")
+def _fp8_segment(xs, os, s, g, table, w, sv):
     """Float codes ``os`` of the ``w`` elements of ``xs`` at scale ``s`` (:func:`float_round`
-    with ``g``, or fp4's ``loops.e2m1_of`` where ``g`` is None: the same bits, faster), and
-    each element's value and round-trip error in float64 (``sa``, ``sd``) for the figures: the
-    dequantized ``value * s`` in float32 as ``gpuq.dequantize`` forms it."""
+    with ``g``, or fp4's :func:`e2m1_round` where ``g`` is None: the same bits, faster), and
+    their dequantized values ``value * s`` in float32 as ``gpuq.dequantize`` forms them into
+    ``sv`` (float32: the loop stays in 32-bit lanes, 8 an AVX2 instruction; storing float64
+    there halved its width, and measured no faster than the old table lookup)."""
     if g is None:
         for j in range(w):
-            os[j] = e2m1_of(load(xs, j, table), s)
-            sd[j] = np.float64(e2m1_value(os[j], s) * s)
+            q, value = e2m1_round(load(xs, j, table), s)
+            os[j] = q
+            sv[j] = value * s
     else:
         for j in range(w):
             q, value = float_round(load(xs, j, table), s, g)
             os[j] = q
-            sd[j] = np.float64(value * s)
-    for j in range(w):  # apart: the loop above stays in 32-bit lanes
+            sv[j] = value * s
+
+
+@njit(inline="always")
+def _figures(xs, table, sv, w, sa, sd, bad, acc, cnt):
+    """Add the figures of ``xs[:w]`` against its dequantized values ``sv[:w]`` (float32) to
+    ``acc``: straight from both (:func:`_energy_of`), or, where the segment holds a NaN or
+    +/-Inf (``bad``, rare), through the float64 scratch ``sa``/``sd`` with the non-finite
+    elements left out and counted in ``cnt``."""
+    if not bad:
+        _energy_of(xs, table, sv, w, acc)
+        return
+    for j in range(w):
         a = np.float64(load(xs, j, table))
         sa[j] = a
-        sd[j] = a - sd[j]
+        sd[j] = a - np.float64(sv[j])
+    _drop_nonfinite(xs, table, w, sa, sd, cnt)
+    _energy(sa, sd, w, acc)
 
 
 @njit(inline="always")
@@ -198,7 +253,7 @@ def _finite_range(x, table, base, g):
 
 @njit(**JIT)
 def weight_rows(x, table, bits, r0, r1, n, g, qmin, qmax, symmetric, eps, fmt, shift, mag, inf,
-                f, cbits, bias, rb, out, scales, zps, acc, cnt, sq, sa, sd, tensor, given):
+                f, cbits, bias, rb, out, scales, zps, acc, cnt, sq, sv, sa, sd, tensor, given):
     """Rows ``r0:r1`` of a C-order ``[rows, n]`` weight (flat ``x``; ``bits`` its signed-integer
     view), groups of ``g`` along a row (``g == n``: per channel), in one pass.
 
@@ -210,7 +265,7 @@ def weight_rows(x, table, bits, r0, r1, n, g, qmin, qmax, symmetric, eps, fmt, s
     (``f`` = :func:`round_consts`): ``out`` is the bytes,
     ``n`` a row. ``scales``/``zps`` (zps None: symmetric) get one slot per group; ``acc``
     (float64: signal, error, max abs error) and ``cnt`` (int64: NaN, +Inf, -Inf) are added to;
-    ``sq`` (uint8), ``sa``/``sd`` (float64) are scratch of ``g`` elements. ``tensor`` True:
+    ``sq`` (uint8), ``sv`` (float32), ``sa``/``sd`` (float64) are scratch of ``g`` elements. ``tensor`` True:
     one scale (and zp) for the whole weight, given in ``scales[0]`` (``zps[0]``), ``g == n``;
     ``given`` True: every group's scale (and zp) is given in its slot (the MSE search's).
     Returns the first row whose parameters ``finalize_one`` refuses (nothing of it written), or -1.
@@ -261,19 +316,14 @@ def weight_rows(x, table, bits, r0, r1, n, g, qmin, qmax, symmetric, eps, fmt, s
                 ob = out_bytes[r * rb + gi * g * cbits // 8:]
                 fs = ob if cbits == 8 else sq
                 for j in range(g):
-                    v = load(xs, j, table)
-                    q = quantize_one(v, s, z, lo_q, hi_q)
+                    q = quantize_one(load(xs, j, table), s, z, lo_q, hi_q)
                     fs[j] = np.uint8((q + bias) & mask)
-                    a = np.float64(v)
-                    sa[j] = a
-                    sd[j] = a - np.float64((np.float32(q) - z) * s)
+                    sv[j] = (np.float32(q) - z) * s
                 if cbits == 4:
                     _pack_fields(sq, g, ob)
             else:
-                _fp8_segment(xs, out[base:base + g], s, f, table, g, sa, sd)
-            if bad:  # rare: leave the non-finite elements out of the figures, and count them
-                _drop_nonfinite(xs, table, g, sa, sd, cnt)
-            _energy(sa, sd, g, acc)
+                _fp8_segment(xs, out[base:base + g], s, f, table, g, sv)
+            _figures(xs, table, sv, g, sa, sd, bad, acc, cnt)
     return -1
 
 
@@ -371,10 +421,10 @@ def quantize_rows(x, code, symmetric, eps, scale_dtype, g, tensor, out, packing=
 
     def run(i):
         r0, r1 = chunks[i]
-        sq, sa, sd = np.empty(g, np.uint8), np.empty(g), np.empty(g)
+        sq, sv, sa, sd = np.empty(g, np.uint8), np.empty(g, np.float32), np.empty(g), np.empty(g)
         return weight_rows(flat, table, bits, r0, r1, n, g, code.qmin, code.qmax, symmetric, np.float32(eps),
                            fmt, shift, mag, inf, f, cbits, np.int32(bias), rb, out.reshape(-1), scales, zps,
-                           accs[i], cnts[i], sq, sa, sd, tensor, given is not None)
+                           accs[i], cnts[i], sq, sv, sa, sd, tensor, given is not None)
 
     failed = _run_chunks(run, len(chunks))
     if any(r >= 0 for r in failed):
@@ -384,7 +434,7 @@ def quantize_rows(x, code, symmetric, eps, scale_dtype, g, tensor, out, packing=
 
 @njit(**JIT)
 def block_strips(x, table, bits, s0, s1, rows, n, br, bc, qmin, qmax, symmetric, eps, fmt, shift, mag, inf,
-                 f, out, scales, acc, cnt, sa, sd, tops):
+                 f, out, scales, acc, cnt, sv, sa, sd, tops):
     """Strips ``s0:s1`` (``br`` rows each, the last ragged) of a C-order ``[rows, n]`` weight in
     fp8 blocks of ``br`` x ``bc`` (fine-grained fp8), one strip at a time while it is in cache:
 
@@ -394,7 +444,7 @@ def block_strips(x, table, bits, s0, s1, rows, n, br, bc, qmin, qmax, symmetric,
     3. the codes (``fp8_of``) into ``out`` (bytes, the weight's shape) and the figures, as
        :func:`weight_rows` forms them (the code's value times ``s`` in float32; ``acc``, ``cnt`` added to).
 
-    ``sa``/``sd`` are float64 scratch of ``bc`` elements, ``tops`` of ``ceil(n / bc)`` in ``bits``'
+    ``sv`` (float32), ``sa``/``sd`` (float64) are scratch of ``bc`` elements, ``tops`` of ``ceil(n / bc)`` in ``bits``'
     type. Returns the first strip whose scale ``finalize_one`` refuses, or -1.
     """
     cols = -(-n // bc)
@@ -425,10 +475,8 @@ def block_strips(x, table, bits, s0, s1, rows, n, br, bc, qmin, qmax, symmetric,
                 c0 = r * n + c * bc
                 w = min(n, (c + 1) * bc) - c * bc
                 xs = x[c0:c0 + w]
-                _fp8_segment(xs, out[c0:c0 + w], scales[si * cols + c], f, table, w, sa, sd)
-                if tops[c] >= inf:  # rare: the non-finite elements out of the figures, counted
-                    _drop_nonfinite(xs, table, w, sa, sd, cnt)
-                _energy(sa, sd, w, acc)
+                _fp8_segment(xs, out[c0:c0 + w], scales[si * cols + c], f, table, w, sv)
+                _figures(xs, table, sv, w, sa, sd, tops[c] >= inf, acc, cnt)
     return -1
 
 
@@ -467,7 +515,7 @@ def quantize_blocks(x, code, symmetric, eps, scale_dtype, block, out):
         s0, s1 = chunks[i]
         return block_strips(flat, table, bits, s0, s1, rows, n, br, bc, code.qmin, code.qmax, symmetric,
                             np.float32(eps), SCALE_FORMATS[scale_dtype], shift, mag, inf, f,
-                            out.reshape(-1), scales, accs[i], cnts[i], np.empty(bc), np.empty(bc),
+                            out.reshape(-1), scales, accs[i], cnts[i], np.empty(bc, np.float32), np.empty(bc), np.empty(bc),
                             np.zeros(cols, bits.dtype))
 
     failed = _run_chunks(run, len(chunks))
@@ -581,9 +629,9 @@ def _group_scale_impl(amax, mx, nv):
 
 @njit(**JIT)
 def micro_rows(x, table, bits, r0, r1, n, g, shift, mag, inf, f, cbits, out, sbytes, mx, nv,
-               acc, cnt, sq, sa, sd):
+               acc, cnt, sq, sv, sa, sd):
     """Rows ``r0:r1`` of a C-order ``[rows, n]`` weight in float codes (fp4, fp6 or fp8: ``f``
-    = :func:`round_consts`, None for fp4's ``loops.e2m1_of``; ``cbits`` the code's width)
+    = :func:`round_consts`, None for fp4's :func:`e2m1_round`; ``cbits`` the code's width)
     with one scale a group of ``g`` along a row, chosen in the pass from the group's ``max |x|``
     (its finite values: 0 for a group of NaN/Inf only), in one pass:
 
@@ -600,11 +648,15 @@ def micro_rows(x, table, bits, r0, r1, n, g, shift, mag, inf, f, cbits, out, sby
     codes to ``out`` (``n * cbits / 8`` bytes a row: fp8 bytes, fp4 two a byte with the first in
     the low nibble, fp6 four in three bytes), and its figures to ``acc``/``cnt`` as in
     :func:`weight_rows` (the dequantized value, the code's value times ``s`` in float32). ``sq`` (uint8),
-    ``sa``/``sd`` (float64) are scratch of ``g`` elements.
+    ``sv`` (float32), ``sa``/``sd`` (float64) are scratch of ``n`` elements (a row).
     """
     groups = n // g
     rb = n * cbits // 8
     for r in range(r0, r1):
+        # Codes and values of the row's groups into row scratch, then packed and summed once a
+        # row: calls and loops of 16 elements a group cost more than their work (NVFP4, measured).
+        # Packing a row at once is packing each group: a group's codes start on a byte.
+        row_bad = False
         for gi in range(groups):
             base = r * n + gi * g
             xs, bs = x[base:base + g], bits[base:base + g]
@@ -615,17 +667,17 @@ def micro_rows(x, table, bits, r0, r1, n, g, shift, mag, inf, f, cbits, out, sby
                 amax = abs(max(hi, -lo))
             else:
                 amax = np.float32(float_of_key(top, bits, shift, mag, table))
+            row_bad |= bad
             b, s = _group_scale(amax, mx, nv)
             sbytes[r * groups + gi] = b
-            ob = out[r * rb + gi * g * cbits // 8:]
-            _fp8_segment(xs, ob if cbits == 8 else sq, s, f, table, g, sa, sd)
-            if cbits == 4:
-                _pack_fields(sq, g, ob)
-            elif cbits == 6:
-                _pack_fp6(sq, g, ob)
-            if bad:  # rare: leave the non-finite elements out of the figures, and count them
-                _drop_nonfinite(xs, table, g, sa, sd, cnt)
-            _energy(sa, sd, g, acc)
+            os = out[r * rb + gi * g:] if cbits == 8 else sq[gi * g:]
+            _fp8_segment(xs, os, s, f, table, g, sv[gi * g:])
+        ob = out[r * rb:]
+        if cbits == 4:
+            _pack_fields(sq, n, ob)
+        elif cbits == 6:
+            _pack_fp6(sq, n, ob)
+        _figures(x[r * n:(r + 1) * n], table, sv, n, sa, sd, row_bad, acc, cnt)
 
 
 def quantize_micro(x, code, g, out, *, mx_table=None, global_scale=None):
@@ -652,7 +704,7 @@ def quantize_micro(x, code, g, out, *, mx_table=None, global_scale=None):
     """
     rows, n = x.shape
     flat, table, bits, (shift, mag, inf) = _views(x)
-    f = None if code.bits == 4 else round_consts(code.fp8)  # fp4: loops.e2m1_of, the same bits, faster
+    f = None if code.bits == 4 else round_consts(code.fp8)  # fp4: e2m1_round, the same bits, faster
     mx = nv = None
     if global_scale is None:
         mx = mx_table
@@ -670,7 +722,8 @@ def quantize_micro(x, code, g, out, *, mx_table=None, global_scale=None):
     def run(i):
         r0, r1 = chunks[i]
         micro_rows(flat, table, bits, r0, r1, n, g, shift, mag, inf, f, code.bits, out.reshape(-1),
-                   sbytes.reshape(-1), mx, nv, accs[i], cnts[i], np.empty(g, np.uint8), np.empty(g), np.empty(g))
+                   sbytes.reshape(-1), mx, nv, accs[i], cnts[i], np.empty(n, np.uint8),
+                   np.empty(n, np.float32), np.empty(n), np.empty(n))
 
     _run_chunks(run, len(chunks))
     return sbytes, _totals(accs), _counts(cnts)
@@ -696,13 +749,20 @@ def amax_rows(x, table, bits, n, shift, mag, inf):
 
 def weight_amax(x) -> np.float32:
     """``max |x|`` (float32) of the finite values of a C-order 2-D weight ``x`` (bfloat16,
-    float16 or float32): :func:`amax_rows`.
+    float16 or float32): :func:`amax_rows`, rows shared among the host threads.
 
     >>> weight_amax(np.float32([[1.0, np.nan], [-2.0, 0.5]]))
     np.float32(2.0)
     """
     flat, table, bits, (shift, mag, inf) = _views(x)
-    return np.float32(amax_rows(flat, table, bits, x.shape[1], shift, mag, inf))
+    rows, n = x.shape
+    chunks = _chunks(rows, n, threads.get_num_threads())  # rows shared among the host threads
+
+    def run(i):
+        a, b = chunks[i][0] * n, chunks[i][1] * n
+        return amax_rows(flat[a:b], table, bits[a:b], n, shift, mag, inf)
+
+    return np.float32(max(_run_chunks(run, len(chunks))))
 
 
 def _views(x):
