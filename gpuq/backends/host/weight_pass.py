@@ -13,20 +13,21 @@ float16 as uint16 bits through the widening table, float32 as it is):
 2. ``loops.finalize_one``: the scale (rounded to the scale dtype) and zero point;
 3. per element: the code (``loops.quantize_one``, or :func:`float_round`: ``loops.fp8_of``'s
    bits), its dequantized value in float32 as ``gpuq.dequantize`` forms it (``(q - zp) * s``, or
-   ``fp8_table[q] * s``, the table's value formed from the same rounded bits), and
-   in float64 the value and the round-trip error of the finite elements;
+   ``fp8_table[q] * s``, the table's value formed from the same rounded bits) into a float32
+   row, and from it and the input, in float64, the sums of the finite elements (:func:`_figures`);
 4. the codes packed into compressed-tensors' words (offset-binary fields, little-endian,
    ``serving.packing``) or written as fp8 bytes, and the group's sums of x^2 and of the
    error^2 and its max abs error added to the call's figures.
 
 :func:`micro_rows` does the same for float codes under scales chosen per group by a rule (MX's
-e8m0 and NVFP4's e4m3 scales: compressed-tensors' microscaling layouts, gpt-oss's experts): the
-group's ``max |x|`` by its magnitude bits, the rule's scale byte, the codes packed in their stored
-bytes (fp4 two a byte, fp6 four in three), the figures.
+e8m0 and NVFP4's e4m3 scales: compressed-tensors' microscaling layouts, gpt-oss's experts): a
+row's groups' ``max |x|`` by their magnitude bits and the rule's scale bytes first, then the
+row's codes packed in their stored bytes (fp4 two a byte, fp6 four in three), the figures.
 
-The per-element arithmetic is the loops' own functions (no fastmath); only the float64 sums
-reassociate (:func:`_energy`: 4-wide partial sums), so the report's SQNR may differ from the
-old ``einsum`` in its last digits, never a code or a scale.
+The per-element arithmetic is the loops' own functions or ones proven equal to them on every
+float32 input (no fastmath); only the float64 sums reassociate (:func:`_energy`,
+:func:`_energy_of`: 4-wide partial sums), so the report's SQNR may differ from the old
+``einsum`` in its last digits, never a code or a scale.
 """
 
 from __future__ import annotations
@@ -113,8 +114,8 @@ def round_consts(fmt: str) -> tuple:
     NaN's code, its sign rule and its value as ``formats.fp8_table`` holds it (fp8: the quiet
     NaN with the sign; fp4/fp6: +0).
 
-    >>> round_consts("e4m3fn")[:5]
-    (np.float32(1048576.0), np.float32(16384.0), np.float32(7.523164e-37), np.float32(448.0), np.int32(20))
+    >>> [float(c) for c in round_consts("e4m3fn")[:2]], round_consts("e4m3fn")[3:6]
+    ([1048576.0, 16384.0], (np.float32(448.0), np.int32(20), np.int32(127)))
     """
     mbits, bias, _, max_bits, max_code, _, _, _, nan_code = formats._FP8[fmt]
     bits = formats._BITS[fmt]
