@@ -402,7 +402,8 @@ def in_memory(folder: str, scheme: str, device: str = "cpu") -> float:
     return time.perf_counter() - t0
 
 
-def profile(folder: str, out: str, scheme: str, tmp: str, top: int, device: str = "cpu", sync: bool = True) -> str:
+def profile(folder: str, out: str, scheme: str, tmp: str, top: int, device: str = "cpu",
+            sync: bool = True) -> str:
     """The command under cProfile (after :func:`settle`): its ``top`` rows by cumulative time,
     as pstats prints them."""
     prof = os.path.join(tmp, f"{scheme}.prof")

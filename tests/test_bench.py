@@ -348,7 +348,8 @@ def test_checkpoint_bench_reps_and_llmcompressor(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "fake"), ck.REPO]))
     folder, out_json = tmp_path / "model", tmp_path / "figures.json"
     assert ck.main(["--scale", "64", "--layers", "1", "--scheme", "int4", "--top", "0", "--no-warmup",
-                    "--reps", "3", "--pause", "0", "--dir", str(folder), "--tmp", str(tmp_path), "--json", str(out_json),
+                    "--reps", "3", "--pause", "0", "--dir", str(folder), "--tmp", str(tmp_path),
+                    "--json", str(out_json),
                     "--llmcompressor", sys.executable, "--llmc-runs", "2"]) == 0
     with open(out_json) as f:
         row = json.load(f)["schemes"]["int4"]

@@ -516,8 +516,8 @@ def quantize_blocks(x, code, symmetric, eps, scale_dtype, block, out):
         s0, s1 = chunks[i]
         return block_strips(flat, table, bits, s0, s1, rows, n, br, bc, code.qmin, code.qmax, symmetric,
                             np.float32(eps), SCALE_FORMATS[scale_dtype], shift, mag, inf, f,
-                            out.reshape(-1), scales, accs[i], cnts[i], np.empty(bc, np.float32), np.empty(bc), np.empty(bc),
-                            np.zeros(cols, bits.dtype))
+                            out.reshape(-1), scales, accs[i], cnts[i], np.empty(bc, np.float32), np.empty(bc),
+                            np.empty(bc), np.zeros(cols, bits.dtype))
 
     failed = _run_chunks(run, len(chunks))
     if any(r >= 0 for r in failed):
