@@ -21,6 +21,11 @@ compressed-tensors, it reports in one run:
   layout behind the command);
 * ``ratio_to_copy``: that time over a warm copy of ``model.safetensors`` (the file is
   copied once to warm the page cache, then timed);
+* before every timed copy and every timed run, ``os.sync()`` and a ``--pause`` (untimed;
+  ``--no-sync`` skips both) empty the writeback queue and let a VM take back the memory freed
+  by the step before (:func:`settle`), so each step starts from the same state whatever ran
+  before it; the dirty + writeback memory found before each run and its peak during one are
+  reported;
 * ``peak_rss_mib``: the peak RSS of the command's process tree (the sum over the process
   and its descendants, polled every 10 ms);
 * ``in_memory_s``: the same Linear weights, already in memory as bfloat16, through
@@ -182,14 +187,49 @@ def _tree_rss(pid: int) -> int:
     return total
 
 
+def dirty_mib() -> float:
+    """The page cache's dirty and under-writeback memory (``/proc/meminfo`` Dirty + Writeback),
+    MiB; 0 where there is no such file."""
+    try:
+        with open("/proc/meminfo") as f:
+            kb = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in f)}
+    except OSError:
+        return 0.0
+    return (kb.get("Dirty", 0) + kb.get("Writeback", 0)) / 1024
+
+
+#: Seconds to wait after the flush (``--pause``): see :func:`settle`.
+PAUSE_S = 3.0
+
+
+def settle(sync: bool, pause: float | None = None) -> float:
+    """Before a timed step: with ``sync``, flush every dirty page to disk (``os.sync``, untimed),
+    so each copy and each run starts with an empty writeback queue and is not throttled for
+    the pages a step before it wrote (the kernel slows a writer down while the dirty pages
+    are over its limits, whoever wrote them), then wait ``pause`` seconds (:data:`PAUSE_S`).
+
+    The wait is for virtual machines that hand freed memory back to the host (virtio_balloon's
+    free page reporting, this project's VMs): the pages of a file just removed (the previous
+    copy, the previous output) are reported within seconds, and a step that writes new pages
+    then pays a host fault for each one (measured: 1.2 GB of pwrite 0.3 s right after such a
+    removal, 1.1-2.7 s a few seconds later). After the wait every step starts from that state,
+    whichever ran before it. Returns the dirty MiB found before the flush."""
+    before = dirty_mib()
+    if sync and hasattr(os, "sync"):
+        os.sync()
+        time.sleep(PAUSE_S if pause is None else pause)
+    return before
+
+
 def run_measured(argv: list, env: dict | None = None) -> dict:
     """Run ``argv``; its wall time, its CPU time (user + system, its descendants' included: less
-    sensitive to a shared machine's load than the wall time), the peak RSS of its process tree
-    and its exit status."""
+    sensitive to a shared machine's load than the wall time), the peak RSS of its process tree,
+    the peak of the machine's dirty + writeback memory while it ran (``dirty_peak_mib``: the
+    kernel throttles writers above its limits) and its exit status."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err)
-        peak = 0
+        peak = dirty = 0
         # Polling the tree every 10 ms sees the sum over worker processes. The kernel's
         # ru_maxrss is no use here: a child started by vfork inherits this process's own
         # high-water mark (the in-memory step's gigabytes) until its exec.
@@ -198,24 +238,27 @@ def run_measured(argv: list, env: dict | None = None) -> dict:
             if pid:
                 break
             peak = max(peak, _tree_rss(proc.pid))
+            dirty = max(dirty, dirty_mib())
             time.sleep(0.01)
         wall = time.perf_counter() - t0
         cpu = usage.ru_utime + usage.ru_stime
         proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
-        return {"wall_s": wall, "cpu_s": cpu, "peak_rss_mib": peak / MIB, "rc": proc.returncode,
+        return {"wall_s": wall, "cpu_s": cpu, "peak_rss_mib": peak / MIB, "dirty_peak_mib": dirty,
+                "rc": proc.returncode,
                 "stdout": out.read().decode(errors="replace"),
                 "stderr": err.read().decode(errors="replace")}
 
 
-def warm_copy(src: str, tmp: str, warm_first: bool = True) -> float:
+def warm_copy(src: str, tmp: str, warm_first: bool = True, sync: bool = True) -> float:
     """Seconds of a copy of ``src`` with the page cache warm (a first, untimed copy warms it
-    unless ``warm_first`` is False)."""
+    unless ``warm_first`` is False), after :func:`settle`."""
     dst = os.path.join(tmp, "copy.safetensors")
     if warm_first:
         shutil.copyfile(src, dst)
         os.remove(dst)
+    settle(sync)
     t0 = time.perf_counter()
     shutil.copyfile(src, dst)
     t = time.perf_counter() - t0
@@ -223,14 +266,16 @@ def warm_copy(src: str, tmp: str, warm_first: bool = True) -> float:
     return t
 
 
-def timed_runs(argv: list, src: str, out: str, tmp: str, reps: int, copy_s: float) -> tuple:
+def timed_runs(argv: list, src: str, out: str, tmp: str, reps: int, copy_s: float, sync: bool = True) -> tuple:
     """``reps`` runs of ``argv``, each after a warm copy of ``src`` (so the two see the same
-    load on a shared machine; the first run's is ``copy_s``, timed already): ``(the median run's
-    figures with "runs" (every wall time), the copies' seconds)``; the CPU time is the runs'
-    median, the peak RSS the largest."""
-    runs, copies = [], []
+    load on a shared machine; the first run's is ``copy_s``, timed already), each copy and
+    run after :func:`settle`: ``(the median run's figures with "runs" (every wall time) and
+    "dirty_before_mib" (what each run's flush found), the copies' seconds)``; the CPU time is
+    the runs' median, the peak RSS and the dirty peak the largest."""
+    runs, copies, dirty = [], [], []
     for i in range(reps):
-        copies.append(warm_copy(src, tmp, warm_first=False) if i else copy_s)  # the file is warm
+        copies.append(warm_copy(src, tmp, warm_first=False, sync=sync) if i else copy_s)  # the file is warm
+        dirty.append(settle(sync))
         m = run_measured(argv)
         if m["rc"] != 0:
             raise RuntimeError(f"the command failed ({m['rc']}): {m['stderr'][-2000:]}")
@@ -238,7 +283,8 @@ def timed_runs(argv: list, src: str, out: str, tmp: str, reps: int, copy_s: floa
         runs.append(m)
     median = sorted(runs, key=lambda r: r["wall_s"])[(reps - 1) // 2]
     return {**median, "cpu_s": statistics.median(r["cpu_s"] for r in runs),
-            "peak_rss_mib": max(r["peak_rss_mib"] for r in runs), "runs": [r["wall_s"] for r in runs]}, copies
+            "peak_rss_mib": max(r["peak_rss_mib"] for r in runs), "runs": [r["wall_s"] for r in runs],
+            "dirty_peak_mib": max(r["dirty_peak_mib"] for r in runs), "dirty_before_mib": dirty}, copies
 
 
 def command(folder: str, out: str, scheme: str, device: str = "cpu") -> list:
@@ -356,11 +402,14 @@ def in_memory(folder: str, scheme: str, device: str = "cpu") -> float:
     return time.perf_counter() - t0
 
 
-def profile(folder: str, out: str, scheme: str, tmp: str, top: int, device: str = "cpu") -> str:
-    """The command under cProfile: its ``top`` rows by cumulative time, as pstats prints them."""
+def profile(folder: str, out: str, scheme: str, tmp: str, top: int, device: str = "cpu",
+            sync: bool = True) -> str:
+    """The command under cProfile (after :func:`settle`): its ``top`` rows by cumulative time,
+    as pstats prints them."""
     prof = os.path.join(tmp, f"{scheme}.prof")
     argv = command(folder, out, scheme, device)
     argv[1:1] = ["-m", "cProfile", "-o", prof]
+    settle(sync)
     res = subprocess.run(argv, capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"profiled run failed ({res.returncode}): {res.stderr[-2000:]}")
@@ -399,7 +448,7 @@ def run(args) -> dict:
         if result["cuda"] != "gpu":
             print("CuPy is the tests' stand-in (the CPU execution of the kernels): a dry run, no GPU figure")
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
-        copy_s = warm_copy(src, tmp)
+        copy_s = warm_copy(src, tmp, sync=args.sync)
         result["warm_copy_s"] = copy_s
         print(f"warm copy: {copy_s:.3f} s ({size / copy_s / 1e9:.2f} GB/s)")
         for scheme in args.scheme:
@@ -410,15 +459,17 @@ def run(args) -> dict:
                 warm = make_folder(os.path.join(tmp, "warmup"), 32, 1)
                 subprocess.run(command(warm, out, scheme, args.device), check=True, capture_output=True)
                 remove_output(out)
-            m, copies = timed_runs(command(folder, out, scheme, args.device), src, out, tmp, args.reps, copy_s)
+            m, copies = timed_runs(command(folder, out, scheme, args.device), src, out, tmp, args.reps, copy_s,
+                                   args.sync)
             mem_s = in_memory(folder, scheme, args.device)
-            table = profile(folder, out, scheme, tmp, args.top, args.device) if args.top > 0 else ""
+            table = profile(folder, out, scheme, tmp, args.top, args.device, args.sync) if args.top > 0 else ""
             remove_output(out)
             copy_med = statistics.median(copies)
             row = {"wall_s": m["wall_s"], "cpu_s": m["cpu_s"], "ratio_to_copy": m["wall_s"] / copy_med,
                    "runs": m["runs"], "copies_s": copies,
                    "input_gb_s": size / m["wall_s"] / 1e9,
-                   "peak_rss_mib": m["peak_rss_mib"], "in_memory_s": mem_s,
+                   "peak_rss_mib": m["peak_rss_mib"], "in_memory_s": mem_s, "synced": args.sync,
+                   "dirty_peak_mib": m["dirty_peak_mib"], "dirty_before_mib": m["dirty_before_mib"],
                    "load_before": list(load), "profile": table}
             result["schemes"][scheme] = row
             print(f"\n== {scheme} ({' '.join(SCHEMES[scheme]['argv'])}), load {load[0]:.2f} {load[1]:.2f} "
@@ -431,7 +482,9 @@ def run(args) -> dict:
             print(f"command wall: {m['wall_s']:.2f} s (CPU {m['cpu_s']:.2f} s) = {row['ratio_to_copy']:.1f}x the warm "
                   f"copy ({copy_med:.2f} s); "
                   f"{row['input_gb_s']:.2f} GB/s of input; peak RSS {m['peak_rss_mib']:.0f} MiB; "
-                  f"{'the GPU pass' if args.device == 'cuda' else 'gpuq.quantize'} in memory {mem}")
+                  f"{'the GPU pass' if args.device == 'cuda' else 'gpuq.quantize'} in memory {mem}; "
+                  f"dirty + writeback {'flushed' if args.sync else 'not flushed'} before each step "
+                  f"(found {max(m['dirty_before_mib']):.0f} MiB), peak {m['dirty_peak_mib']:.0f} MiB during a run")
             if result.get("cuda") == "gpu":
                 row["target_met"] = row["input_gb_s"] >= TARGET_GB_S
                 print(f"input {row['input_gb_s']:.2f} GB/s against the target of {TARGET_GB_S:g} GB/s: "
@@ -464,11 +517,17 @@ def main(argv=None) -> int:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="the command's --device (cuda: on a GPU, the one-pass weight kernel)")
     p.add_argument("--json", help="write the figures to this file too")
+    p.add_argument("--no-sync", dest="sync", action="store_false",
+                   help="do not flush dirty pages (os.sync, untimed) before each timed copy and run: "
+                        "each step then pays for the writeback of the steps before it")
     p.add_argument("--llmcompressor", metavar="PYTHON",
                    help="an interpreter with llm-compressor installed (a side environment): time its "
                         "model_free_ptq beside the command, alternated (int4: W4A16, fp8: FP8_DYNAMIC)")
     p.add_argument("--llmc-runs", type=int, default=2, help="runs of each tool in that comparison")
+    p.add_argument("--pause", type=float, default=PAUSE_S,
+                   help="seconds to wait after each flush (see settle: VMs that report freed memory)")
     args = p.parse_args(argv)
+    globals()["PAUSE_S"] = args.pause
     args.scheme = args.scheme or ["int4", "fp8"]
     result = run(args)
     if args.json:

@@ -284,7 +284,7 @@ def test_checkpoint_bench_tiny(tmp_path, capsys):
     folder = tmp_path / "model"
     out_json = tmp_path / "figures.json"
     assert ck.main(["--scale", "64", "--layers", "1", "--scheme", "fp8", "--top", "15", "--no-warmup",
-                    "--dir", str(folder), "--tmp", str(tmp_path), "--json", str(out_json)]) == 0
+                    "--pause", "0", "--dir", str(folder), "--tmp", str(tmp_path), "--json", str(out_json)]) == 0
     with open(folder / "config.json") as f:
         cfg = json.load(f)
     assert (cfg["model_type"], cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"],
@@ -348,13 +348,16 @@ def test_checkpoint_bench_reps_and_llmcompressor(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "fake"), ck.REPO]))
     folder, out_json = tmp_path / "model", tmp_path / "figures.json"
     assert ck.main(["--scale", "64", "--layers", "1", "--scheme", "int4", "--top", "0", "--no-warmup",
-                    "--reps", "3", "--dir", str(folder), "--tmp", str(tmp_path), "--json", str(out_json),
+                    "--reps", "3", "--pause", "0", "--dir", str(folder), "--tmp", str(tmp_path),
+                    "--json", str(out_json),
                     "--llmcompressor", sys.executable, "--llmc-runs", "2"]) == 0
     with open(out_json) as f:
         row = json.load(f)["schemes"]["int4"]
     assert len(row["runs"]) == len(row["copies_s"]) == 3 and row["wall_s"] == sorted(row["runs"])[1]
     assert row["ratio_to_copy"] == pytest.approx(row["wall_s"] / sorted(row["copies_s"])[1])
     assert 0 < row["cpu_s"]
+    # each run after a flush (os.sync): what it found, and the dirty peak during a run
+    assert row["synced"] is True and len(row["dirty_before_mib"]) == 3 and row["dirty_peak_mib"] >= 0
     cmp = row["llmcompressor"]
     assert [len(cmp["gpuq"]), len(cmp["llmcompressor"])] == [2, 2]
     assert all(r["call_s"] is not None and 0 <= r["call_s"] < r["wall_s"] for r in cmp["llmcompressor"])
@@ -362,3 +365,16 @@ def test_checkpoint_bench_reps_and_llmcompressor(tmp_path, monkeypatch):
     argv = ck.llmc_command("PY", "/m", "/o", "fp8")
     assert argv[0] == "PY" and argv[-3:] == ["/m", "/o", "FP8_DYNAMIC"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fake", "figures.json", "model"]
+
+
+def test_checkpoint_bench_settle_flushes_and_waits(monkeypatch):
+    """settle: os.sync then the pause where asked, nothing where not; it reports the dirty MiB."""
+    from bench import checkpoint as ck
+
+    calls = []
+    monkeypatch.setattr(ck.os, "sync", lambda: calls.append("sync"))
+    monkeypatch.setattr(ck.time, "sleep", lambda s: calls.append(s))
+    assert ck.settle(True, 0.25) >= 0 and calls == ["sync", 0.25]
+    calls.clear()
+    assert ck.settle(False) >= 0 and calls == []
+    assert ck.dirty_mib() >= 0

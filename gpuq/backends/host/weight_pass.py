@@ -11,21 +11,23 @@ float16 as uint16 bits through the widening table, float32 as it is):
    finite values, and 0 is in every range ``finalize_one`` forms, so replacing NaN/Inf by 0
    and skipping them give the same parameters);
 2. ``loops.finalize_one``: the scale (rounded to the scale dtype) and zero point;
-3. per element: the code (``loops.quantize_one`` or ``loops.fp8_of``), its dequantized value
-   in float32 as ``gpuq.dequantize`` forms it (``(q - zp) * s``, or ``fp8_table[q] * s``), and
-   in float64 the value and the round-trip error of the finite elements;
+3. per element: the code (``loops.quantize_one``, or :func:`float_round`: ``loops.fp8_of``'s
+   bits), its dequantized value in float32 as ``gpuq.dequantize`` forms it (``(q - zp) * s``, or
+   ``fp8_table[q] * s``, the table's value formed from the same rounded bits) into a float32
+   row, and from it and the input, in float64, the sums of the finite elements (:func:`_figures`);
 4. the codes packed into compressed-tensors' words (offset-binary fields, little-endian,
    ``serving.packing``) or written as fp8 bytes, and the group's sums of x^2 and of the
    error^2 and its max abs error added to the call's figures.
 
 :func:`micro_rows` does the same for float codes under scales chosen per group by a rule (MX's
-e8m0 and NVFP4's e4m3 scales: compressed-tensors' microscaling layouts, gpt-oss's experts): the
-group's ``max |x|`` by its magnitude bits, the rule's scale byte, the codes packed in their stored
-bytes (fp4 two a byte, fp6 four in three), the figures.
+e8m0 and NVFP4's e4m3 scales: compressed-tensors' microscaling layouts, gpt-oss's experts): a
+row's groups' ``max |x|`` by their magnitude bits and the rule's scale bytes first, then the
+row's codes packed in their stored bytes (fp4 two a byte, fp6 four in three), the figures.
 
-The per-element arithmetic is the loops' own functions (no fastmath); only the float64 sums
-reassociate (:func:`_energy`: 4-wide partial sums), so the report's SQNR may differ from the
-old ``einsum`` in its last digits, never a code or a scale.
+The per-element arithmetic is the loops' own functions or ones proven equal to them on every
+float32 input (no fastmath); only the float64 sums reassociate (:func:`_energy`,
+:func:`_energy_of`: 4-wide partial sums), so the report's SQNR may differ from the old
+``einsum`` in its last digits, never a code or a scale.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from numba.extending import overload
 from ..._dtypes import dtype_name, is_bfloat16
 from . import formats, threads
 from .affine import float16_table
-from .loops import JIT, e2m1_of, finalize_one, float_of_key, fp8_of, fp8_one, load, quantize_one, round_scale, run_keys
+from .loops import (JIT, finalize_one, float_of_key, fp8_one, load, quantize_one, round_scale,
+                    run_keys)
 from .qparams import KEY_INT, SCALE_FORMATS, key_constants
 
 _FMAX = np.float32(np.finfo(np.float32).max)
@@ -57,6 +60,24 @@ def _energy(a, d, n, acc):
         # max |d| through its bits: non-negative floats order as integers, an integer max
         # vectorizes where a float one does not
         top = max(top, np.float64(abs(d[j])).view(np.int64))
+    acc[0] += sa
+    acc[1] += sd
+    acc[2] = max(acc[2], np.int64(top).view(np.float64))
+
+
+@njit(nogil=True, cache=True, boundscheck=False, fastmath={"reassoc", "nsz", "nnan"})
+def _energy_of(xs, table, sv, n, acc):
+    """:func:`_energy` of ``a = xs[:n]`` (``loops.load``, exactly widened) and ``d = a - sv[:n]``
+    (the float32 dequantized values), formed in the sums' loop: no float64 scratch written and
+    read again. Only for segments with no NaN or Inf (``sv`` from finite ``xs``)."""
+    sa = sd = 0.0
+    top = np.int64(0)
+    for j in range(n):
+        a = np.float64(load(xs, j, table))
+        d = a - np.float64(sv[j])
+        sa += a * a
+        sd += d * d
+        top = max(top, np.float64(abs(d)).view(np.int64))
     acc[0] += sa
     acc[1] += sd
     acc[2] = max(acc[2], np.int64(top).view(np.float64))
@@ -84,30 +105,118 @@ def _pack_fields(sq, g, ob):
         ob[g // 2] = sq[g - 1]
 
 
-def _float_code(v, s, f):
-    """The float code of ``v / s``: ``loops.fp8_of`` with the constants ``f``, or, where ``f`` is
-    None, fp4's ``loops.e2m1_of`` (the same bits; the loop over it vectorizes, as the API's fp4
-    kernels use it)."""
+def round_consts(fmt: str) -> tuple:
+    """:func:`float_round`'s constants of the saturating float code ``fmt`` (``formats``' names:
+    e4m3fn, e5m2, e2m1fn, e2m3fn, e3m2fn): ``(mul, low, rebase, limit, shift, nan_code,
+    sign_shift, sign_bit, nan_sign, nan_value)``, from the layout's mantissa bits ``m`` and
+    bias ``B``: ``mul = 2**(23 - m)``, ``low = 2**(24 - B - m)`` (the magic of the subnormal
+    step), ``rebase = 2**(B - 127)``, ``limit`` the largest finite value, ``shift = 23 - m``;
+    NaN's code, its sign rule and its value as ``formats.fp8_table`` holds it (fp8: the quiet
+    NaN with the sign; fp4/fp6: +0).
 
-
-@overload(_float_code, inline="always")
-def _float_code_impl(v, s, f):
-    if isinstance(f, types.NoneType):
-        return lambda v, s, f: e2m1_of(v, s)
-    return lambda v, s, f: fp8_of(v, s, f)
+    >>> [float(c) for c in round_consts("e4m3fn")[:2]], round_consts("e4m3fn")[3:6]
+    ([1048576.0, 16384.0], (np.float32(448.0), np.int32(20), np.int32(127)))
+    """
+    mbits, bias, _, max_bits, max_code, _, _, _, nan_code = formats._FP8[fmt]
+    bits = formats._BITS[fmt]
+    keeps = formats._nan_keeps_sign(fmt)
+    f32, i32 = np.float32, np.int32
+    return (f32(2.0 ** (23 - mbits)), f32(2.0 ** (24 - bias - mbits)), f32(2.0 ** (bias - 127)),
+            np.uint32(max_bits).view(f32), i32(23 - mbits), i32(nan_code), i32(32 - bits), i32(1 << (bits - 1)),
+            i32(0xFF if keeps else 0), f32(np.nan) if keeps else f32(0))
 
 
 @njit(inline="always")
-def _fp8_segment(xs, os, s, f, table, values, w, sa, sd):
-    """fp8 codes ``os`` of the ``w`` elements of ``xs`` at scale ``s`` (fp4's where ``f`` is
-    None: :func:`_float_code`), and each element's value and round-trip error in float64
-    (``sa``, ``sd``) for the figures."""
-    for j in range(w):  # the codes apart: a table lookup in the loop stops it vectorizing
-        os[j] = _float_code(load(xs, j, table), s, f)
+def float_round(v, s, g):
+    """``(code, value)`` of ``v / s`` in a saturating float code (``g`` = :func:`round_consts`):
+    ``loops.fp8_of``'s code (a NaN quotient takes ``v``'s sign, as there) and the code's value
+    in float32 as ``formats.fp8_table`` holds it, from the same rounded bits: no table lookup,
+    32-bit lanes, so the loop over it vectorizes.
+
+    The magnitude ``a`` is rounded to nearest even on the code's grid by a float addition:
+    ``(a + M) - M`` with ``M = 2**e * mul`` (``e`` the exponent of ``a``: the sum's last bit
+    is the code's last mantissa bit), at least ``low`` (the subnormal step's magic), each step
+    exact but the one rounding; above ``limit`` (Inf included) the largest value. The code is
+    the bits of ``r * 2**(B - 127)`` (the exponent rebased from float32's bias to the code's;
+    a subnormal code's value lands on a float32 subnormal, exactly) shifted down by ``shift``.
+    Equal to ``fp8_of`` and to the table on every float32 quotient (all 2**32 checked once, for
+    each layout; tests/test_fp8_encode_bits.py checks a sample)."""
+    mul, low, rebase, limit, shift, nan_code, sshift, sbit, nan_sign, nan_value = g
+    t = np.float32(v / s)
+    t = np.float32(np.copysign(t, v)) if t != t else t
+    a = abs(t)
+    m = np.int32(np.float32(a).view(np.int32) & np.int32(0x7F800000)).view(np.float32) * mul
+    m = m if m > low else low
+    r = (a + m) - m
+    r = limit if a > limit else r
+    u = np.float32(t).view(np.int32)
+    sign = (u >> sshift) & sbit
+    nan = a != a
+    code = np.int32(np.float32(r * rebase).view(np.int32) >> shift)
+    code = (nan_code | (sign & nan_sign)) if nan else (code | sign)
+    top = u & np.int32(-0x80000000)
+    value = np.int32(np.float32(r).view(np.int32) | top).view(np.float32)
+    if nan:
+        value = np.int32(np.float32(nan_value).view(np.int32) | (top if nan_sign else np.int32(0))).view(np.float32)
+    return np.uint8(code), value
+
+
+@njit(inline="always")
+def e2m1_round(v, s):
+    """``(code, value)`` of ``v / s`` in fp4 (e2m1): ``loops.e2m1_of``'s code and the code's
+    value in float32 (``formats.fp8_table("e2m1fn", ...)``'s) from the same ``rint``: the
+    magnitude's value is ``rint(a * step) / step`` (exact: ``step`` a power of two) up to 6, the
+    sign the code's (NaN: the +0 code, value +0). All 2**32 quotients checked once."""
+    t = np.float32(v / s)
+    a = abs(t)
+    low, mid = a < np.float32(2), a < np.float32(4)
+    step = np.float32(2) if low else (np.float32(1) if mid else np.float32(0.5))
+    inv = np.float32(0.5) if low else (np.float32(1) if mid else np.float32(2))
+    first = np.float32(0) if low else (np.float32(2) if mid else np.float32(4))
+    k = np.rint(a * step)
+    c = min(k + first, np.float32(7))
+    m = min(k * inv, np.float32(6))
+    nan = a != a
+    c = np.float32(0) if nan else c
+    m = np.float32(0) if nan else m
+    neg = np.signbit(t) and not nan
+    return np.uint8(c + (np.float32(8) if neg else np.float32(0))), -m if neg else m
+
+
+@njit(inline="always")
+def _fp8_segment(xs, os, s, g, table, w, sv):
+    """Float codes ``os`` of the ``w`` elements of ``xs`` at scale ``s`` (:func:`float_round`
+    with ``g``, or fp4's :func:`e2m1_round` where ``g`` is None: the same bits, faster), and
+    their dequantized values ``value * s`` in float32 as ``gpuq.dequantize`` forms them into
+    ``sv`` (float32: the loop stays in 32-bit lanes, 8 an AVX2 instruction; storing float64
+    there halved its width, and measured no faster than the old table lookup)."""
+    if g is None:
+        for j in range(w):
+            q, value = e2m1_round(load(xs, j, table), s)
+            os[j] = q
+            sv[j] = value * s
+    else:
+        for j in range(w):
+            q, value = float_round(load(xs, j, table), s, g)
+            os[j] = q
+            sv[j] = value * s
+
+
+@njit(inline="always")
+def _figures(xs, table, sv, w, sa, sd, bad, acc, cnt):
+    """Add the figures of ``xs[:w]`` against its dequantized values ``sv[:w]`` (float32) to
+    ``acc``: straight from both (:func:`_energy_of`), or, where the segment holds a NaN or
+    +/-Inf (``bad``, rare), through the float64 scratch ``sa``/``sd`` with the non-finite
+    elements left out and counted in ``cnt``."""
+    if not bad:
+        _energy_of(xs, table, sv, w, acc)
+        return
     for j in range(w):
         a = np.float64(load(xs, j, table))
         sa[j] = a
-        sd[j] = a - np.float64(values[os[j]] * s)
+        sd[j] = a - np.float64(sv[j])
+    _drop_nonfinite(xs, table, w, sa, sd, cnt)
+    _energy(sa, sd, w, acc)
 
 
 @njit(inline="always")
@@ -145,7 +254,7 @@ def _finite_range(x, table, base, g):
 
 @njit(**JIT)
 def weight_rows(x, table, bits, r0, r1, n, g, qmin, qmax, symmetric, eps, fmt, shift, mag, inf,
-                f, values, cbits, bias, rb, out, scales, zps, acc, cnt, sq, sa, sd, tensor, given):
+                f, cbits, bias, rb, out, scales, zps, acc, cnt, sq, sv, sa, sd, tensor, given):
     """Rows ``r0:r1`` of a C-order ``[rows, n]`` weight (flat ``x``; ``bits`` its signed-integer
     view), groups of ``g`` along a row (``g == n``: per channel), in one pass.
 
@@ -154,10 +263,10 @@ def weight_rows(x, table, bits, r0, r1, n, g, qmin, qmax, symmetric, eps, fmt, s
     low nibble. compressed-tensors' words: ``rb = 4 * ceil(n * cbits / 32)``, ``bias =
     2**(cbits - 1)`` (offset binary), the rest of a row's last word zeroed; gpuq's files:
     ``rb = n * cbits / 8``, ``bias = 0`` (two's complement, or the unsigned code). fp8 codes
-    (``f`` = ``formats.fp8_consts``, ``values`` = ``formats.fp8_table``): ``out`` is the bytes,
+    (``f`` = :func:`round_consts`): ``out`` is the bytes,
     ``n`` a row. ``scales``/``zps`` (zps None: symmetric) get one slot per group; ``acc``
     (float64: signal, error, max abs error) and ``cnt`` (int64: NaN, +Inf, -Inf) are added to;
-    ``sq`` (uint8), ``sa``/``sd`` (float64) are scratch of ``g`` elements. ``tensor`` True:
+    ``sq`` (uint8), ``sv`` (float32), ``sa``/``sd`` (float64) are scratch of ``g`` elements. ``tensor`` True:
     one scale (and zp) for the whole weight, given in ``scales[0]`` (``zps[0]``), ``g == n``;
     ``given`` True: every group's scale (and zp) is given in its slot (the MSE search's).
     Returns the first row whose parameters ``finalize_one`` refuses (nothing of it written), or -1.
@@ -208,19 +317,14 @@ def weight_rows(x, table, bits, r0, r1, n, g, qmin, qmax, symmetric, eps, fmt, s
                 ob = out_bytes[r * rb + gi * g * cbits // 8:]
                 fs = ob if cbits == 8 else sq
                 for j in range(g):
-                    v = load(xs, j, table)
-                    q = quantize_one(v, s, z, lo_q, hi_q)
+                    q = quantize_one(load(xs, j, table), s, z, lo_q, hi_q)
                     fs[j] = np.uint8((q + bias) & mask)
-                    a = np.float64(v)
-                    sa[j] = a
-                    sd[j] = a - np.float64((np.float32(q) - z) * s)
+                    sv[j] = (np.float32(q) - z) * s
                 if cbits == 4:
                     _pack_fields(sq, g, ob)
             else:
-                _fp8_segment(xs, out[base:base + g], s, f, table, values, g, sa, sd)
-            if bad:  # rare: leave the non-finite elements out of the figures, and count them
-                _drop_nonfinite(xs, table, g, sa, sd, cnt)
-            _energy(sa, sd, g, acc)
+                _fp8_segment(xs, out[base:base + g], s, f, table, g, sv)
+            _figures(xs, table, sv, g, sa, sd, bad, acc, cnt)
     return -1
 
 
@@ -284,9 +388,9 @@ def quantize_rows(x, code, symmetric, eps, scale_dtype, g, tensor, out, packing=
     shift, mag, inf = key_constants(x.dtype)
     fmt = 0 if given is not None else SCALE_FORMATS[scale_dtype]  # given scales are not rounded again
     if code.codec == "float8":
-        f, values, cbits = formats.fp8_consts(code.fp8, True), formats.fp8_table(code.fp8, np.float32), 8
+        f, cbits = round_consts(code.fp8), 8
     else:
-        f, values, cbits = None, None, code.bits
+        f, cbits = None, code.bits
     if packing == "words":
         rb, bias = 4 * -(-n * cbits // 32), 1 << (cbits - 1)
     elif packing == "bytes" and n * cbits % 8 == 0:
@@ -318,10 +422,10 @@ def quantize_rows(x, code, symmetric, eps, scale_dtype, g, tensor, out, packing=
 
     def run(i):
         r0, r1 = chunks[i]
-        sq, sa, sd = np.empty(g, np.uint8), np.empty(g), np.empty(g)
+        sq, sv, sa, sd = np.empty(g, np.uint8), np.empty(g, np.float32), np.empty(g), np.empty(g)
         return weight_rows(flat, table, bits, r0, r1, n, g, code.qmin, code.qmax, symmetric, np.float32(eps),
-                           fmt, shift, mag, inf, f, values, cbits, np.int32(bias), rb, out.reshape(-1), scales, zps,
-                           accs[i], cnts[i], sq, sa, sd, tensor, given is not None)
+                           fmt, shift, mag, inf, f, cbits, np.int32(bias), rb, out.reshape(-1), scales, zps,
+                           accs[i], cnts[i], sq, sv, sa, sd, tensor, given is not None)
 
     failed = _run_chunks(run, len(chunks))
     if any(r >= 0 for r in failed):
@@ -331,7 +435,7 @@ def quantize_rows(x, code, symmetric, eps, scale_dtype, g, tensor, out, packing=
 
 @njit(**JIT)
 def block_strips(x, table, bits, s0, s1, rows, n, br, bc, qmin, qmax, symmetric, eps, fmt, shift, mag, inf,
-                 f, values, out, scales, acc, cnt, sa, sd, tops):
+                 f, out, scales, acc, cnt, sv, sa, sd, tops):
     """Strips ``s0:s1`` (``br`` rows each, the last ragged) of a C-order ``[rows, n]`` weight in
     fp8 blocks of ``br`` x ``bc`` (fine-grained fp8), one strip at a time while it is in cache:
 
@@ -339,9 +443,9 @@ def block_strips(x, table, bits, s0, s1, rows, n, br, bc, qmin, qmax, symmetric,
        +/-Inf takes the range of its finite values (:func:`_finite_range`), as the rows do;
     2. ``finalize_one``: its scale, in ``scales`` (the ``[ceil(rows / br), ceil(n / bc)]`` grid, flat);
     3. the codes (``fp8_of``) into ``out`` (bytes, the weight's shape) and the figures, as
-       :func:`weight_rows` forms them (``values[q] * s`` in float32; ``acc``, ``cnt`` added to).
+       :func:`weight_rows` forms them (the code's value times ``s`` in float32; ``acc``, ``cnt`` added to).
 
-    ``sa``/``sd`` are float64 scratch of ``bc`` elements, ``tops`` of ``ceil(n / bc)`` in ``bits``'
+    ``sv`` (float32), ``sa``/``sd`` (float64) are scratch of ``bc`` elements, ``tops`` of ``ceil(n / bc)`` in ``bits``'
     type. Returns the first strip whose scale ``finalize_one`` refuses, or -1.
     """
     cols = -(-n // bc)
@@ -372,10 +476,8 @@ def block_strips(x, table, bits, s0, s1, rows, n, br, bc, qmin, qmax, symmetric,
                 c0 = r * n + c * bc
                 w = min(n, (c + 1) * bc) - c * bc
                 xs = x[c0:c0 + w]
-                _fp8_segment(xs, out[c0:c0 + w], scales[si * cols + c], f, table, values, w, sa, sd)
-                if tops[c] >= inf:  # rare: the non-finite elements out of the figures, counted
-                    _drop_nonfinite(xs, table, w, sa, sd, cnt)
-                _energy(sa, sd, w, acc)
+                _fp8_segment(xs, out[c0:c0 + w], scales[si * cols + c], f, table, w, sv)
+                _figures(xs, table, sv, w, sa, sd, tops[c] >= inf, acc, cnt)
     return -1
 
 
@@ -403,7 +505,7 @@ def quantize_blocks(x, code, symmetric, eps, scale_dtype, block, out):
         flat = flat.view(np.int16)
     bits = x.reshape(-1).view(KEY_INT[x.dtype.itemsize])
     shift, mag, inf = key_constants(x.dtype)
-    f, values = formats.fp8_consts(code.fp8, True), formats.fp8_table(code.fp8, np.float32)
+    f = round_consts(code.fp8)
     strips, cols = -(-rows // br), -(-n // bc)
     scales = np.empty(strips * cols, np.float32)
     chunks = _chunks(strips, br * n, threads.get_num_threads())
@@ -413,9 +515,9 @@ def quantize_blocks(x, code, symmetric, eps, scale_dtype, block, out):
     def run(i):
         s0, s1 = chunks[i]
         return block_strips(flat, table, bits, s0, s1, rows, n, br, bc, code.qmin, code.qmax, symmetric,
-                            np.float32(eps), SCALE_FORMATS[scale_dtype], shift, mag, inf, f, values,
-                            out.reshape(-1), scales, accs[i], cnts[i], np.empty(bc), np.empty(bc),
-                            np.zeros(cols, bits.dtype))
+                            np.float32(eps), SCALE_FORMATS[scale_dtype], shift, mag, inf, f,
+                            out.reshape(-1), scales, accs[i], cnts[i], np.empty(bc, np.float32), np.empty(bc),
+                            np.empty(bc), np.zeros(cols, bits.dtype))
 
     failed = _run_chunks(run, len(chunks))
     if any(r >= 0 for r in failed):
@@ -527,11 +629,10 @@ def _group_scale_impl(amax, mx, nv):
 
 
 @njit(**JIT)
-def micro_rows(x, table, bits, r0, r1, n, g, shift, mag, inf, f, values, cbits, out, sbytes, mx, nv,
-               acc, cnt, sq, sa, sd):
+def micro_rows(x, table, bits, r0, r1, n, g, shift, mag, inf, f, cbits, out, sbytes, mx, nv,
+               acc, cnt, sq, sv, sa, sd, ss):
     """Rows ``r0:r1`` of a C-order ``[rows, n]`` weight in float codes (fp4, fp6 or fp8: ``f``
-    = ``formats.fp8_consts``, None for fp4's ``loops.e2m1_of``; ``values`` = ``formats.fp8_table``;
-    ``cbits`` the code's width)
+    = :func:`round_consts`, None for fp4's :func:`e2m1_round`; ``cbits`` the code's width)
     with one scale a group of ``g`` along a row, chosen in the pass from the group's ``max |x|``
     (its finite values: 0 for a group of NaN/Inf only), in one pass:
 
@@ -547,33 +648,41 @@ def micro_rows(x, table, bits, r0, r1, n, g, shift, mag, inf, f, values, cbits, 
     One of ``mx``, ``nv`` is None. The group's scale byte goes to ``sbytes`` (one a group), its
     codes to ``out`` (``n * cbits / 8`` bytes a row: fp8 bytes, fp4 two a byte with the first in
     the low nibble, fp6 four in three bytes), and its figures to ``acc``/``cnt`` as in
-    :func:`weight_rows` (the dequantized value ``values[q] * s`` in float32). ``sq`` (uint8),
-    ``sa``/``sd`` (float64) are scratch of ``g`` elements.
+    :func:`weight_rows` (the dequantized value, the code's value times ``s`` in float32). ``sq`` (uint8),
+    ``sv`` (float32), ``sa``/``sd`` (float64) are scratch of ``n`` elements (a row), ``ss``
+    (float32) of ``n / g`` (a row's scales).
     """
     groups = n // g
     rb = n * cbits // 8
     for r in range(r0, r1):
+        # Codes and values of the row's groups into row scratch, then packed and summed once a
+        # row: calls and loops of 16 elements a group cost more than their work (NVFP4, measured).
+        # Packing a row at once is packing each group: a group's codes start on a byte.
+        # The row's scales first, then its codes: the scale's chain of divisions and roundings
+        # of one group does not wait for the codes of the group before (measured: NVFP4 g16 1.2x).
+        row_bad = False
         for gi in range(groups):
             base = r * n + gi * g
-            xs, bs = x[base:base + g], bits[base:base + g]
-            top = _magnitude(bs, mag)
+            top = _magnitude(bits[base:base + g], mag)
             bad = top >= inf
             if bad:  # the finite values' max |x| (0 where there is none)
-                lo, hi, _, _, _ = _finite_range(xs, table, 0, g)
+                lo, hi, _, _, _ = _finite_range(x, table, base, g)
                 amax = abs(max(hi, -lo))
             else:
                 amax = np.float32(float_of_key(top, bits, shift, mag, table))
-            b, s = _group_scale(amax, mx, nv)
+            row_bad |= bad
+            b, ss[gi] = _group_scale(amax, mx, nv)
             sbytes[r * groups + gi] = b
-            ob = out[r * rb + gi * g * cbits // 8:]
-            _fp8_segment(xs, ob if cbits == 8 else sq, s, f, table, values, g, sa, sd)
-            if cbits == 4:
-                _pack_fields(sq, g, ob)
-            elif cbits == 6:
-                _pack_fp6(sq, g, ob)
-            if bad:  # rare: leave the non-finite elements out of the figures, and count them
-                _drop_nonfinite(xs, table, g, sa, sd, cnt)
-            _energy(sa, sd, g, acc)
+        for gi in range(groups):
+            base = r * n + gi * g
+            os = out[r * rb + gi * g:] if cbits == 8 else sq[gi * g:]
+            _fp8_segment(x[base:base + g], os, ss[gi], f, table, g, sv[gi * g:])
+        ob = out[r * rb:]
+        if cbits == 4:
+            _pack_fields(sq, n, ob)
+        elif cbits == 6:
+            _pack_fp6(sq, n, ob)
+        _figures(x[r * n:(r + 1) * n], table, sv, n, sa, sd, row_bad, acc, cnt)
 
 
 def quantize_micro(x, code, g, out, *, mx_table=None, global_scale=None):
@@ -600,9 +709,7 @@ def quantize_micro(x, code, g, out, *, mx_table=None, global_scale=None):
     """
     rows, n = x.shape
     flat, table, bits, (shift, mag, inf) = _views(x)
-    f, values = formats.fp8_consts(code.fp8, True), formats.fp8_table(code.fp8, np.float32)
-    if code.bits == 4:
-        f = None  # fp4: loops.e2m1_of, the same bits as fp8_of with these constants, faster
+    f = None if code.bits == 4 else round_consts(code.fp8)  # fp4: e2m1_round, the same bits, faster
     mx = nv = None
     if global_scale is None:
         mx = mx_table
@@ -619,8 +726,9 @@ def quantize_micro(x, code, g, out, *, mx_table=None, global_scale=None):
 
     def run(i):
         r0, r1 = chunks[i]
-        micro_rows(flat, table, bits, r0, r1, n, g, shift, mag, inf, f, values, code.bits, out.reshape(-1),
-                   sbytes.reshape(-1), mx, nv, accs[i], cnts[i], np.empty(g, np.uint8), np.empty(g), np.empty(g))
+        micro_rows(flat, table, bits, r0, r1, n, g, shift, mag, inf, f, code.bits, out.reshape(-1),
+                   sbytes.reshape(-1), mx, nv, accs[i], cnts[i], np.empty(n, np.uint8),
+                   np.empty(n, np.float32), np.empty(n), np.empty(n), np.empty(n // g, np.float32))
 
     _run_chunks(run, len(chunks))
     return sbytes, _totals(accs), _counts(cnts)
@@ -646,13 +754,20 @@ def amax_rows(x, table, bits, n, shift, mag, inf):
 
 def weight_amax(x) -> np.float32:
     """``max |x|`` (float32) of the finite values of a C-order 2-D weight ``x`` (bfloat16,
-    float16 or float32): :func:`amax_rows`.
+    float16 or float32): :func:`amax_rows`, rows shared among the host threads.
 
     >>> weight_amax(np.float32([[1.0, np.nan], [-2.0, 0.5]]))
     np.float32(2.0)
     """
     flat, table, bits, (shift, mag, inf) = _views(x)
-    return np.float32(amax_rows(flat, table, bits, x.shape[1], shift, mag, inf))
+    rows, n = x.shape
+    chunks = _chunks(rows, n, threads.get_num_threads())  # rows shared among the host threads
+
+    def run(i):
+        a, b = chunks[i][0] * n, chunks[i][1] * n
+        return amax_rows(flat[a:b], table, bits[a:b], n, shift, mag, inf)
+
+    return np.float32(max(_run_chunks(run, len(chunks))))
 
 
 def _views(x):

@@ -186,8 +186,9 @@ def shared_global_scales(model, chosen) -> dict:
     expert's gate/up: :data:`~.selection.FUSED`) quantized together: :func:`gpuq.global_scale`
     of the group's largest ``max |x|`` (finite values), in the dtype of the weight that holds it,
     as llm-compressor links them (vLLM takes the largest of a merged layer's and only warns when
-    they differ). A first read pass over those weights, one at a time, in row blocks: the
-    memory stays one tensor and a float32 block.
+    they differ). A first read pass over those weights, one at a time, each read in place from
+    the page cache (a memory map) by a compiled max over its stored bits: the group's scale
+    needs every member's max before any code is written, so this read is inherent.
 
     >>> shared_global_scales(None, {})
     {}
@@ -201,30 +202,40 @@ def shared_global_scales(model, chosen) -> dict:
         if merged is not None:
             groups.setdefault((parent, merged), []).append(name)
     out = {}
-    for members in groups.values():
-        if len(members) < 2:
-            continue
-        amax, dtype = max(((_finite_amax(model, n), model.specs[n][1]) for n in members), key=lambda t: t[0])
-        out.update(dict.fromkeys(members, gpuq.global_scale(amax=amax, float_dtype=dtype)))
+    opened = {}  # one Checkpoint a shard, open for the whole pass
+    try:
+        for members in groups.values():
+            if len(members) < 2:
+                continue
+            amax, dtype = max(((_finite_amax(model, n, opened), model.specs[n][1]) for n in members),
+                              key=lambda t: t[0])
+            out.update(dict.fromkeys(members, gpuq.global_scale(amax=amax, float_dtype=dtype)))
+    finally:
+        for ckpt in opened.values():
+            ckpt.close()
     return out
 
 
-def _finite_amax(model, name, block=1 << 22) -> np.float32:
-    """``max |x|`` over the finite values of tensor ``name``, as float32."""
-    with Checkpoint(model.shard_path(model.weight_map[name])) as ckpt:
-        x = ckpt.load(name)
-        amax = fused.finite_amax(x)  # the compiled reduction where it serves
-        if amax is not None:
-            return amax
-        rows = max(1, block // max(1, x.size // max(1, x.shape[0])))
-        amax = np.float32(0)
-        for r0 in range(0, x.shape[0], rows):
-            a = np.abs(x[r0:r0 + rows].astype(np.float32))
-            with np.errstate(invalid="ignore"):
-                a = a[np.isfinite(a)]
-            if a.size:
-                amax = max(amax, np.float32(a.max()))
+def _finite_amax(model, name, opened, block=1 << 22) -> np.float32:
+    """``max |x|`` over the finite values of tensor ``name``, as float32. The tensor is read
+    in place (a memory map of the file's pages: no copy) by the compiled reduction, rows
+    shared among the host threads; ``opened`` caches each shard's open Checkpoint."""
+    path = model.shard_path(model.weight_map[name])
+    if path not in opened:
+        opened[path] = Checkpoint(path)
+    x = opened[path].mapped(name)
+    amax = fused.finite_amax(x)  # the compiled reduction where it serves
+    if amax is not None:
         return amax
+    rows = max(1, block // max(1, x.size // max(1, x.shape[0])))
+    amax = np.float32(0)
+    for r0 in range(0, x.shape[0], rows):
+        a = np.abs(x[r0:r0 + rows].astype(np.float32))
+        with np.errstate(invalid="ignore"):
+            a = a[np.isfinite(a)]
+        if a.size:
+            amax = max(amax, np.float32(a.max()))
+    return amax
 
 
 def _quantize_shard(model, shard, path, entries, chosen, kept, device, nonfinite, warn, present, bar,
