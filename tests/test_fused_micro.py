@@ -281,15 +281,7 @@ def test_gpt_oss_experts_take_the_one_pass(tmp_path, monkeypatch, dtype, rule):
     from _serving import tree
     from test_gpt_oss import make_gpt_oss
 
-    from gpuq.checkpoints.files import Checkpoint, write_checkpoint
-
-    make_gpt_oss(tmp_path / "m", experts=2, hidden=64, inter=32, layers=1, dtype=dtype)
-    path = str(tmp_path / "m" / "model.safetensors")
-    with Checkpoint(path) as ckpt:
-        t = {n: ckpt.load(n) for n in ckpt.names}
-    up = t["model.layers.0.mlp.experts.gate_up_proj"]
-    up[1, 3, 7], up[0, 5, 1], up[0, 9, 2], up[1, :32, 4] = np.nan, np.inf, -np.inf, 0
-    write_checkpoint(path, "safetensors", t, None, {"format": "pt"})
+    make_gpt_oss(tmp_path / "m", experts=2, hidden=64, inter=32, layers=1, dtype=dtype, nonfinite=True)
     reports, calls = with_and_without(monkeypatch, "micro_bytes", lambda name: gpuq.checkpoints.quantize(
         tmp_path / "m", tmp_path / name, format="gpt-oss-mxfp4", scale_rule=rule, device="cpu", nonfinite="allow"))
     assert calls == ["one"] * 4  # 2 expert tensors of 2 experts, then none

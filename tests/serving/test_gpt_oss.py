@@ -47,9 +47,12 @@ def ref_encode(w, rule="even") -> tuple:
     return (codes[..., 0::2] | codes[..., 1::2] << 4).astype(np.uint8), (k + 127).astype(np.uint8)
 
 
-def make_gpt_oss(folder, *, experts=3, hidden=64, inter=96, layers=2, dtype=BF16, seed=0) -> dict:
+def make_gpt_oss(folder, *, experts=3, hidden=64, inter=96, layers=2, dtype=BF16, seed=0,
+                 nonfinite=False) -> dict:
     """A gpt-oss-shaped model folder (tensor names and shapes of transformers 5.24's
-    GptOssForCausalLM, random values; no forward pass needed here)."""
+    GptOssForCausalLM, random values; no forward pass needed here). ``nonfinite``: layer 0's
+    ``gate_up_proj`` gets a NaN, a +Inf, a -Inf and an all-zero group of 32 (experts >= 2,
+    hidden >= 32), the one pass's edge rows."""
     from gpuq.checkpoints.files import write_checkpoint
 
     rng = np.random.default_rng(seed)
@@ -68,6 +71,9 @@ def make_gpt_oss(folder, *, experts=3, hidden=64, inter=96, layers=2, dtype=BF16
                   p + "mlp.experts.gate_up_proj_bias": w(experts, 2 * inter),
                   p + "mlp.experts.down_proj": w(experts, inter, hidden),
                   p + "mlp.experts.down_proj_bias": w(experts, hidden)})
+    if nonfinite:
+        up = t["model.layers.0.mlp.experts.gate_up_proj"]
+        up[1, 3, 7], up[0, 5, 1], up[0, 9, 2], up[1, :32, 4] = np.nan, np.inf, -np.inf, 0
     Path(folder).mkdir(parents=True, exist_ok=True)
     write_checkpoint(str(Path(folder, "model.safetensors")), "safetensors", t, None, {"format": "pt"})
     config = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": hidden,
