@@ -332,9 +332,9 @@ def test_no_ml_dtypes_import_and_a_clear_error_without_it():
     # 20 quantize + 20 dequantize + 25 qparams.cu (8, qparams_tiles, 14 of the read-once
     # dynamic kernel: 7 schedules x int8/uint8, and 2 of the staged one) + 90 formats.cu (fp8 20,
     # int4 40, fp6 20, fp4 10) + 6 mse.cu instantiations (int, e4m3, e5m2, fp4, e2m3, e3m2)
-    # + 15 weight_pass.cu (int words, e4m3, e5m2 x warp/block teams x per-tensor, the per-tensor
-    # range, and the e4m3/e5m2 block kernels)
-    assert lines[0] == "3 176"
+    # + 16 weight_pass.cu (int words, e4m3, e5m2 x warp/block teams x per-tensor, the per-tensor
+    # range, the e4m3/e5m2 block kernels, and the microscaling kernel weight_micro)
+    assert lines[0] == "3 177"
     assert "bfloat16 needs the ml_dtypes package" in lines[1]
 
 

@@ -201,6 +201,28 @@ def fp8_consts(fmt: str, saturate: bool) -> tuple:
             u(32 - bits), u(1 << (bits - 1)), u(0xFF if _nan_keeps_sign(fmt) else 0))
 
 
+@functools.cache
+def round_consts(fmt: str) -> tuple:
+    """``weight_pass.float_round``'s constants of the saturating float code ``fmt`` (this
+    module's names: e4m3fn, e5m2, e2m1fn, e2m3fn, e3m2fn): ``(mul, low, rebase, limit, shift, nan_code,
+    sign_shift, sign_bit, nan_sign, nan_value)``, from the layout's mantissa bits ``m`` and
+    bias ``B``: ``mul = 2**(23 - m)``, ``low = 2**(24 - B - m)`` (the magic of the subnormal
+    step), ``rebase = 2**(B - 127)``, ``limit`` the largest finite value, ``shift = 23 - m``;
+    NaN's code, its sign rule and its value as :func:`fp8_table` holds it (fp8: the quiet
+    NaN with the sign; fp4/fp6: +0).
+
+    >>> [float(c) for c in round_consts("e4m3fn")[:2]], round_consts("e4m3fn")[3:6]
+    ([1048576.0, 16384.0], (np.float32(448.0), np.int32(20), np.int32(127)))
+    """
+    mbits, bias, _, max_bits, max_code, _, _, _, nan_code = _FP8[fmt]
+    bits = _BITS[fmt]
+    keeps = _nan_keeps_sign(fmt)
+    f32, i32 = np.float32, np.int32
+    return (f32(2.0 ** (23 - mbits)), f32(2.0 ** (24 - bias - mbits)), f32(2.0 ** (bias - 127)),
+            np.uint32(max_bits).view(f32), i32(23 - mbits), i32(nan_code), i32(32 - bits), i32(1 << (bits - 1)),
+            i32(0xFF if keeps else 0), f32(np.nan) if keeps else f32(0))
+
+
 def _quantize_fp8_block_compiled(xb, ob, params, scratch, *, kernels, fmt, saturate):
     form = affine.kernel_form(xb, ob, params)
     if form is None:  # a strided or multi-axis block: the ufunc loop, the same bits

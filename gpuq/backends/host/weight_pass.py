@@ -38,6 +38,7 @@ from numba.extending import overload
 
 from ..._dtypes import dtype_name, is_bfloat16
 from . import formats, threads
+from .formats import round_consts
 from .affine import float16_table
 from .loops import (JIT, finalize_one, float_of_key, fp8_one, load, quantize_one, round_scale,
                     run_keys)
@@ -103,27 +104,6 @@ def _pack_fields(sq, g, ob):
         ob[j] = sq[2 * j] | (sq[2 * j + 1] << np.uint8(4))
     if g % 2:
         ob[g // 2] = sq[g - 1]
-
-
-def round_consts(fmt: str) -> tuple:
-    """:func:`float_round`'s constants of the saturating float code ``fmt`` (``formats``' names:
-    e4m3fn, e5m2, e2m1fn, e2m3fn, e3m2fn): ``(mul, low, rebase, limit, shift, nan_code,
-    sign_shift, sign_bit, nan_sign, nan_value)``, from the layout's mantissa bits ``m`` and
-    bias ``B``: ``mul = 2**(23 - m)``, ``low = 2**(24 - B - m)`` (the magic of the subnormal
-    step), ``rebase = 2**(B - 127)``, ``limit`` the largest finite value, ``shift = 23 - m``;
-    NaN's code, its sign rule and its value as ``formats.fp8_table`` holds it (fp8: the quiet
-    NaN with the sign; fp4/fp6: +0).
-
-    >>> [float(c) for c in round_consts("e4m3fn")[:2]], round_consts("e4m3fn")[3:6]
-    ([1048576.0, 16384.0], (np.float32(448.0), np.int32(20), np.int32(127)))
-    """
-    mbits, bias, _, max_bits, max_code, _, _, _, nan_code = formats._FP8[fmt]
-    bits = formats._BITS[fmt]
-    keeps = formats._nan_keeps_sign(fmt)
-    f32, i32 = np.float32, np.int32
-    return (f32(2.0 ** (23 - mbits)), f32(2.0 ** (24 - bias - mbits)), f32(2.0 ** (bias - 127)),
-            np.uint32(max_bits).view(f32), i32(23 - mbits), i32(nan_code), i32(32 - bits), i32(1 << (bits - 1)),
-            i32(0xFF if keeps else 0), f32(np.nan) if keeps else f32(0))
 
 
 @njit(inline="always")
