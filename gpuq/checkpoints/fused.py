@@ -118,12 +118,12 @@ def covers(x, scheme, device, method: str) -> bool:
     if not (is_bfloat16(x.dtype) or x.dtype in (np.float16, np.float32)):
         return False
     code, one_pass = scheme.code, getattr(scheme.layout, "one_pass", None)  # the layout says what it takes
-    # MXFP8 on a GPU: choose_qparams' e8m0 scales, then the GPU's fp8 pass
-    if one_pass == "micro" and device.name == "cuda" and code.bits == 8:
-        return (method == "minmax" and scheme.strategy == "group" and scheme.scale_dtype == _E8M0
-                and code.codec == "float8" and x.shape[1] % scheme.group_size == 0)
-    if one_pass == "micro" and device.name == "cuda" and scheme.group_size not in (16, 32):  # weight_micro's groups
-        return False
+    if one_pass == "micro" and device.name == "cuda":
+        if code.bits == 8:  # MXFP8: choose_qparams' e8m0 scales, then the GPU's fp8 pass
+            return (method == "minmax" and scheme.strategy == "group" and scheme.scale_dtype == _E8M0
+                    and code.codec == "float8" and x.shape[1] % scheme.group_size == 0)
+        if scheme.group_size not in (16, 32):  # weight_micro's groups; else the host's conditions below
+            return False
     if one_pass == "micro":  # fp4/fp6/fp8 under MX or NVFP4 scales, chosen in the host's pass
         return (method == "minmax" and scheme.scale_dtype in (_E8M0, _E4M3)
                 and code.codec == "float8" and code.bits in (4, 6, 8) and x.shape[1] % scheme.group_size == 0
