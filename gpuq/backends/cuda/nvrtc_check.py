@@ -253,8 +253,9 @@ def ftz_independent_of(base: Result, cupy: Result) -> Result:
     a, b = _normalise_ptx(base.code).splitlines(), _normalise_ptx(cupy.code).splitlines()
     # Unread global declarations in one build and not the other are set aside on both sides
     # (a namespace-scope constant was seen declared in the -ftz=false build alone in one CI run).
-    only_a = {ln for ln in a if ln not in set(b) and _DECLARED.match(ln)}
-    added = {ln for ln in b if ln not in set(a) and _DECLARED.match(ln)}
+    in_a, in_b = set(a), set(b)
+    only_a = {ln for ln in a if ln not in in_b and _DECLARED.match(ln)}
+    added = {ln for ln in b if ln not in in_a and _DECLARED.match(ln)}
     a = [ln for ln in a if ln not in only_a]
     kept = [ln for ln in b if ln not in added]
     body = "\n".join(kept)
