@@ -230,8 +230,8 @@ def _quantize_fp8_block_compiled(xb, ob, params, scratch, *, kernels, fmt, satur
         return
     x, o, (run, (s,)), rows = form
     x, table = affine.kernel_input(x)
-    affine.launch(kernels.quantize_fp8, kernels.quantize_fp8_rows, rows, x, table, o.view(_U8), run, s,
-                  fp8_consts(fmt, saturate))
+    affine.launch(kernels.quantize_fp8, kernels.quantize_fp8_rows, rows, x, table, o.view(_U8), run,
+                  affine.readonly(s), fp8_consts(fmt, saturate))
 
 
 def _dequantize_fp8_block_compiled(qb, ob, params, scratch, *, kernels, fmt, ct):
@@ -240,8 +240,8 @@ def _dequantize_fp8_block_compiled(qb, ob, params, scratch, *, kernels, fmt, ct)
         _dequantize_fp8_block(qb, ob, params, scratch, fmt=fmt, ct=ct)
         return
     q, o, (run, (s,)), rows = form
-    affine.launch(kernels.dequantize_fp8, kernels.dequantize_fp8_rows, rows, q, fp8_table(fmt, ct),
-                  affine.kernel_output(o), run, s)
+    affine.launch(kernels.dequantize_fp8, kernels.dequantize_fp8_rows, rows, affine.readonly(q),
+                  fp8_table(fmt, ct), affine.kernel_output(o), run, affine.readonly(s))
 
 
 def quantize_fp8(src, scheme, scales, out_bits, fmt, saturate) -> None:
@@ -411,8 +411,8 @@ def quantize_int4(src, scheme, scales, zps, packed, signed) -> None:
     compiled = _int4_kernel_args(src, scheme, zps, ct)
     if compiled is not None:
         kernels, m = compiled
-        s = scales.reshape(-1)
-        z = None if zps is None else zps.reshape(-1).astype(ct)
+        s = affine.readonly(scales.reshape(-1))
+        z = None if zps is None else affine.readonly(zps.reshape(-1).astype(ct))
 
         def kchunk(a, b, _, scratch):
             x, table = affine.kernel_input(read(a, b))
@@ -446,8 +446,9 @@ def dequantize_int4(packed, scheme, scales, zps, out, signed) -> None:
     compiled = _int4_kernel_args(out, scheme, zps, ct)
     if compiled is not None:
         kernels, m = compiled
-        s = scales.reshape(-1)
-        z = None if zps is None else zps.reshape(-1).astype(ct)
+        s = affine.readonly(scales.reshape(-1))
+        z = None if zps is None else affine.readonly(zps.reshape(-1).astype(ct))
+        packed = affine.readonly(packed)
         kout = affine.kernel_output(flat_out)
 
         def kchunk(a, b, _, scratch):
@@ -481,7 +482,7 @@ def quantize_fp4(src, scheme, scales, packed) -> None:
     compiled = _int4_kernel_args(src, scheme, None, scales.dtype)
     if compiled is not None:
         kernels, m = compiled
-        s, f = scales.reshape(-1), fp8_consts("e2m1fn", True)
+        s, f = affine.readonly(scales.reshape(-1)), fp8_consts("e2m1fn", True)
 
         def kchunk(a, b, _, scratch):
             x, table = affine.kernel_input(read(a, b))
@@ -508,10 +509,11 @@ def dequantize_fp4(packed, scheme, scales, out) -> None:
     def fill(flat_out):
         if compiled is not None:  # the int4 walk with e2m1's value table
             kernels, m = compiled
-            s, kout = scales.reshape(-1), affine.kernel_output(flat_out)
+            s, kout = affine.readonly(scales.reshape(-1)), affine.kernel_output(flat_out)
+            codes = affine.readonly(packed)
 
             def chunk(a, b, _, scratch):
-                kernels.dequantize_fp4(packed[a // 2:(b + 1) // 2], kout[a:b], a, *m, values, s)
+                kernels.dequantize_fp4(codes[a // 2:(b + 1) // 2], kout[a:b], a, *m, values, s)
         else:
             def chunk(a, b, _, scratch):
                 codes = scratch.buffer("codes4", _I8, b - a)

@@ -35,9 +35,9 @@ import math
 
 import numpy as np
 
-from ..._dtypes import compute_dtype, is_bfloat16
+from ..._dtypes import compute_dtype
 from . import choice, formats, qparams
-from .affine import float16_table
+from .affine import kernel_input
 from .threads import get_num_threads, run_blocks
 
 #: Candidates per block, and their factors ``p_i = float32((100 - i) / 100)`` (``i = 0``:
@@ -161,7 +161,7 @@ class _Search:
         ct = self.ct
         sc = np.where(s != 0, s, np.float32(1)).astype(ct)  # a left-out candidate: any scale, unused
         if self.kernels is not None:
-            x, table = _kernel_input(tile.reshape(-1))
+            x, table = kernel_input(tile.reshape(-1))
             if self.code.codec == "float8":
                 self.kernels_mse().fp8_errors(x, table, tile.shape[1], sc, formats.fp8_table(self.code.fp8, ct),
                                               formats.fp8_consts(self.code.fp8, True), errs, c0, c1)
@@ -205,16 +205,6 @@ class _Search:
         self.scales[slots] = s[rows, best]
         if self.zps is not None:
             self.zps[slots] = z[rows, best]
-
-
-def _kernel_input(flat):
-    """A flat tile as the compiled loops take it: float16 as uint16 bits with the widening
-    table, bfloat16 as int16 bits (widened by a shift), others as they are."""
-    if flat.dtype == np.float16:
-        return flat.view(np.uint16), float16_table()
-    if is_bfloat16(flat.dtype):
-        return flat.view(np.int16), None
-    return flat, None
 
 
 def _ranges(shape, inner):

@@ -23,10 +23,10 @@ import math
 
 import numpy as np
 
-from ..._dtypes import compute_dtype, is_bfloat16
+from ..._dtypes import compute_dtype
 from . import blocks
 from . import choice
-from .affine import block_loop, float16_table
+from .affine import block_loop, kernel_input, readonly
 from .threads import get_num_threads, run_blocks
 
 #: Elements per reduction unit: its min and max pass both run over data in cache.
@@ -84,17 +84,13 @@ def quantize_dynamic(x, scheme, code, symmetric, eps, scale_dtype="float32", che
 def _dynamic_rows_compiled(xb, qb, span, scratch, *, plan):
     """One block of rows through the compiled one-pass kernel."""
     r0, r1 = span
-    x, table = xb.reshape(-1), None
-    if x.dtype == np.float16:
-        x, table = x.view(np.uint16), float16_table()
-    elif is_bfloat16(x.dtype):
-        x = x.view(np.int16)  # bfloat16 bits, widened by a shift in the kernel
+    x, table = kernel_input(xb.reshape(-1))  # bfloat16 as its bits, widened by a shift in the kernel
     it = KEY_INT[xb.dtype.itemsize]
     shift, mag, inf = key_constants(xb.dtype)
     zps = None if plan.zps is None else plan.zps[r0:r1]
     bad = plan.kernels.quantize_dynamic_rows(
-        x, table, xb.reshape(-1).view(it), xb.shape[1], qb.reshape(-1), plan.scales[r0:r1], zps,
-        plan.qmin, plan.qmax, plan.symmetric, np.float32(plan.eps), SCALE_FORMATS[plan.scale_dtype],
+        x, table, readonly(xb.reshape(-1).view(it)), xb.shape[1], qb.reshape(-1), plan.scales[r0:r1], zps,
+        plan.qmin, plan.qmax, int(plan.symmetric), np.float32(plan.eps), SCALE_FORMATS[plan.scale_dtype],
         plan.ct.type(0), shift, mag, inf, plan.check)
     if bad >= 0:
         lo, hi = row_minmax(xb, plan.kernels)
@@ -267,7 +263,7 @@ def _slot_minmax(x, kept, kernels):
     it = KEY_INT[x.dtype.itemsize]
     shift, mag, inf = key_constants(x.dtype)
     kmin, kmax = np.empty(slots, it), np.empty(slots, it)
-    kernels.minmax_keys_rows(layout, span.view(it), math.prod(x.shape[kept:]), kmin, kmax, shift, mag, inf)
+    kernels.minmax_keys_rows(layout, readonly(span.view(it)), math.prod(x.shape[kept:]), kmin, kmax, shift, mag, inf)
     return _floats_of_keys(kmin, kmax, x.dtype, shift, mag)
 
 
@@ -294,7 +290,7 @@ def row_minmax(rows, kernels):
     it = KEY_INT[rows.dtype.itemsize]
     shift, mag, inf = key_constants(rows.dtype)
     kmin, kmax = np.empty(rows.shape[0], it), np.empty(rows.shape[0], it)
-    kernels.minmax_keys(rows.reshape(-1).view(it), rows.shape[1], kmin, kmax, shift, mag, inf)
+    kernels.minmax_keys(readonly(rows.reshape(-1).view(it)), rows.shape[1], kmin, kmax, shift, mag, inf)
     return _floats_of_keys(kmin, kmax, rows.dtype, shift, mag)
 
 

@@ -39,7 +39,7 @@ from numba.extending import overload
 from ..._dtypes import dtype_name, is_bfloat16
 from . import formats, threads
 from .formats import round_consts
-from .affine import float16_table
+from .affine import float16_table, readonly
 from .loops import (JIT, finalize_one, float_of_key, fp8_one, load, quantize_one, round_scale,
                     run_keys)
 from .qparams import KEY_INT, SCALE_FORMATS, key_constants
@@ -359,13 +359,8 @@ def quantize_rows(x, code, symmetric, eps, scale_dtype, g, tensor, out, packing=
     ([1.0], '0x4f', (61.25, 0.25, 0.5), {'nan': 0, 'posinf': 0, 'neginf': 0})
     """
     rows, n = x.shape
-    flat, table = x.reshape(-1), None
-    if x.dtype == np.float16:
-        flat, table = flat.view(np.uint16), _float16_table()
-    elif is_bfloat16(x.dtype):
-        flat = flat.view(np.int16)  # bfloat16 bits, widened by a shift in the loop
-    bits = x.reshape(-1).view(KEY_INT[x.dtype.itemsize])
-    shift, mag, inf = key_constants(x.dtype)
+    flat, table, bits, (shift, mag, inf) = _views(x)
+    symmetric = int(symmetric)  # 0, 1, or 2 (scale_rule="full"): one compiled loop for True and 1
     fmt = 0 if given is not None else SCALE_FORMATS[scale_dtype]  # given scales are not rounded again
     if code.codec == "float8":
         f, cbits = round_consts(code.fp8), 8
@@ -478,13 +473,8 @@ def quantize_blocks(x, code, symmetric, eps, scale_dtype, block, out):
     """
     rows, n = x.shape
     br, bc = (min(b, d) if b > 0 else d for b, d in zip(block, x.shape))
-    flat, table = x.reshape(-1), None
-    if x.dtype == np.float16:
-        flat, table = flat.view(np.uint16), _float16_table()
-    elif is_bfloat16(x.dtype):
-        flat = flat.view(np.int16)
-    bits = x.reshape(-1).view(KEY_INT[x.dtype.itemsize])
-    shift, mag, inf = key_constants(x.dtype)
+    flat, table, bits, (shift, mag, inf) = _views(x)
+    symmetric = int(symmetric)
     f = round_consts(code.fp8)
     strips, cols = -(-rows // br), -(-n // bc)
     scales = np.empty(strips * cols, np.float32)
@@ -521,8 +511,8 @@ def nonfinite_in(x) -> bool:
     >>> nonfinite_in(np.float32([[1.0, np.inf]])), nonfinite_in(np.float16([[1.0, 2.0]]))
     (True, False)
     """
-    _, mag, inf = key_constants(x.dtype)
-    return bool(has_nonfinite(x.reshape(-1).view(KEY_INT[x.dtype.itemsize]), mag, inf, x.shape[1]))
+    _, _, bits, (_, mag, inf) = _views(x)
+    return bool(has_nonfinite(bits, mag, inf, x.shape[1]))
 
 
 def _run_chunks(run, k):
@@ -555,16 +545,6 @@ def _chunks(rows: int, n: int, nthreads: int) -> list:
     k = max(1, min(nthreads, rows, rows * n // _MIN_CHUNK))
     bounds = [rows * i // k for i in range(k + 1)]
     return [(bounds[i], bounds[i + 1]) for i in range(k)]
-
-
-_TABLE = []
-
-
-def _float16_table():
-    """float16's widening table, made once per process."""
-    if not _TABLE:
-        _TABLE.append(float16_table())
-    return _TABLE[0]
 
 
 # --- fp4/fp6/fp8 codes under MX or NVFP4 scales (compressed-tensors' microscaling layouts) --------
@@ -753,10 +733,12 @@ def weight_amax(x) -> np.float32:
 def _views(x):
     """``(flat, table, bits, (shift, mag, inf))`` of a C-order weight as the loops read it: its
     flat elements (float16 as uint16 bits with the widening ``table``, bfloat16 as int16
-    bits), their signed-integer view and its order-key constants (``qparams.key_constants``)."""
+    bits), their signed-integer view and its order-key constants (``qparams.key_constants``);
+    the views read-only, as the compiled loops take every input (``affine.readonly``)."""
+    x = readonly(x)
     flat, table = x.reshape(-1), None
     if x.dtype == np.float16:
-        flat, table = flat.view(np.uint16), _float16_table()
+        flat, table = flat.view(np.uint16), float16_table()
     elif is_bfloat16(x.dtype):
         flat = flat.view(np.int16)  # bfloat16 bits, widened by a shift in the loop
     return flat, table, x.reshape(-1).view(KEY_INT[x.dtype.itemsize]), key_constants(x.dtype)
