@@ -262,3 +262,77 @@ def dynamic_shared_edits(text: str) -> list[tuple[int, int, str]]:
         new = f"{ctype}* const {name} = reinterpret_cast<{ctype}*>(::cudasim::g_dynamic_smem);"
         edits.append((t.start, toks[j].end, new))
     return edits
+
+
+#: Words before a ``(`` that do not name the function being declared.
+_NOT_A_NAME = frozenset({"__launch_bounds__", "__align__", "alignas", "decltype", "sizeof", "noexcept",
+                         "__attribute__", "operator", "static_assert"})
+
+
+def _top_items(toks: list[Token]) -> list[tuple[str | None, list[Token]]]:
+    """``(name, tokens)`` of each namespace-scope declaration of ``toks``: a function's name is
+    the word before its parameter list, a class's the word after ``struct``/``class``; None where
+    neither is found (a ``using``, a variable). ``namespace X {`` is seen through."""
+    items, start, k = [], 0, 0
+    while k < len(toks):
+        t = toks[k]
+        if t.kind == "ident" and t.text == "namespace" and k + 2 < len(toks) and toks[k + 2].text == "{":
+            k += 3
+            start = k
+            continue
+        if t.kind == "punct" and t.text == "}" and k == start:  # a namespace's end
+            k += 1
+            start = k
+            continue
+        if t.kind == "punct" and t.text in ("{", ";"):
+            end = matching(toks, k) if t.text == "{" else k
+            if end + 1 < len(toks) and toks[end + 1].text == ";":
+                end += 1
+            items.append((_item_name(toks[start:k]), toks[start:end + 1]))
+            k = start = end + 1
+            continue
+        if t.kind == "punct" and t.text in ("(", "["):
+            k = matching(toks, k)
+        k += 1
+    return items
+
+
+def _item_name(head: list[Token]) -> str | None:
+    for j, t in enumerate(head):
+        if t.kind == "ident" and t.text in ("struct", "class") and j + 1 < len(head):
+            return head[j + 1].text
+    for j, t in enumerate(head[:-1]):
+        if t.kind == "ident" and head[j + 1].text == "(" and t.text not in _NOT_A_NAME:
+            return t.text
+    return None
+
+
+def arch_dependent(text: str) -> set[str]:
+    """The names of the namespace-scope functions and classes of ``text`` whose code can differ
+    between GPU architectures: each whose declaration holds (or is preceded by, as the first
+    line of an ``#if`` region) an architecture macro (``__CUDA_ARCH__``,
+    ``__CUDA_ARCH_FEAT_SM90_ALL``, ...), and each that names one of those, and so on. By the
+    words a declaration holds: an over-estimate (a name used for anything marks the user).
+
+    >>> src = '''__device__ int soft(int x) { return x; }
+    ... #if __CUDA_ARCH__ >= 890
+    ... __device__ int hw(int x) { return x + 1; }
+    ... #endif
+    ... struct Op { __device__ int operator()(int x) const { return hw(x); } };
+    ... template <int N> __global__ void k1(int* p) { p[0] = Op{}(N); }
+    ... template <int N> __global__ void k2(int* p) { p[0] = soft(N); }'''
+    >>> sorted(arch_dependent(src))
+    ['Op', 'hw', 'k1']
+    """
+    items = _top_items(tokenize(text))
+    marked = {name for name, toks in items
+              if name and any(t.kind == "ident" and t.text.startswith("__CUDA_ARCH") for t in toks)}
+    words = [(name, {t.text for t in toks if t.kind == "ident"}) for name, toks in items if name]
+    grew = True
+    while grew:
+        grew = False
+        for name, used in words:
+            if name not in marked and used & marked:
+                marked.add(name)
+                grew = True
+    return marked

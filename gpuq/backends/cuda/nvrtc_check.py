@@ -191,14 +191,15 @@ CUPY_APPENDS = ("-ftz=true", "-arch=sm_{arch}", "--device-as-default-execution-s
 FTZ_OVERRIDE = re.compile(r'^nvrtc: warning: "--ftz\(-ftz\)=false" followed by "--ftz\(-ftz\)=true"$')
 
 
-def compile_as_cupy(nvrtc: Nvrtc, source: str, arch: str) -> Result:
+def compile_as_cupy(nvrtc: Nvrtc, source: str, arch: str, names=None) -> Result:
     """Compile ``source`` with the option list ``cupy.RawModule`` really passes for
-    compute capability ``arch`` (e.g. ``"90"``): the contract's options, then CuPy's.
+    compute capability ``arch`` (e.g. ``"90"``): the contract's options, then CuPy's;
+    ``names`` (default: every instantiation of ``source``) the name expressions to compile.
 
     ``ok`` unless NVRTC fails or logs anything besides :data:`FTZ_OVERRIDE`;
     ``overridden`` says whether that known line was there.
     """
-    names = list(registry.SOURCES[source]())
+    names = list(registry.SOURCES[source]() if names is None else names)
     options = tuple(registry.OPTIONS) + tuple(o.format(arch=arch) for o in CUPY_APPENDS)
     rc, log, code, lowered = nvrtc.compile(registry.source_text(source), source, options, names)
     lines = [line.strip() for line in log.splitlines() if line.strip()]
