@@ -36,10 +36,10 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from ..._dtypes import dtype_name, is_bfloat16
+from ..._dtypes import dtype_name
 from . import formats, threads
 from .formats import round_consts
-from .affine import float16_table, readonly
+from .affine import kernel_input, readonly
 from .loops import (JIT, finalize_one, float_of_key, fp8_one, load, quantize_one, round_scale,
                     run_keys)
 from .qparams import KEY_INT, SCALE_FORMATS, key_constants
@@ -736,9 +736,5 @@ def _views(x):
     bits), their signed-integer view and its order-key constants (``qparams.key_constants``);
     the views read-only, as the compiled loops take every input (``affine.readonly``)."""
     x = readonly(x)
-    flat, table = x.reshape(-1), None
-    if x.dtype == np.float16:
-        flat, table = flat.view(np.uint16), float16_table()
-    elif is_bfloat16(x.dtype):
-        flat = flat.view(np.int16)  # bfloat16 bits, widened by a shift in the loop
+    flat, table = kernel_input(x.reshape(-1))
     return flat, table, x.reshape(-1).view(KEY_INT[x.dtype.itemsize]), key_constants(x.dtype)
